@@ -1,0 +1,87 @@
+"""pyspark-abs: Asynchronous Barrier Snapshotting for PySpark Structured Streaming.
+
+Stateful pandas operators whose state and outputs are snapshotted every micro-batch epoch
+and committed to Delta Lake tables through a two-phase commit, exactly once.
+
+The lifecycle, module by module: ``operator`` (what you write) → ``keygroups`` and
+``execution`` (running it per key group) → ``envelope`` → ``precommit`` (tasks write files)
+→ ``barrier`` (markers) → ``alignment`` → ``manifest`` (PREPARED, COMMITTED) → ``store``
+(Delta) → ``coordinator`` and ``committer`` (phase 2) → ``recovery`` → ``snapshots`` (read).
+"""
+
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import (
+    AbsError,
+    AlignmentError,
+    CommitError,
+    ConfigError,
+    InjectedFault,
+    InvalidTimeoutError,
+    ManifestError,
+    OperatorDefinitionError,
+    OperatorError,
+    PipelineMismatchError,
+    PrecommitFileError,
+    SchemaMismatchError,
+    SnapshotNotFoundError,
+    SnapshotRootError,
+    StateEncodingError,
+    StateNotSetError,
+    TableSchemaError,
+)
+from pyspark_abs.faults import Fault, FaultAction, FaultStep
+from pyspark_abs.manifest import EpochStatus
+from pyspark_abs.operator import (
+    Clock,
+    KeyGroupContext,
+    KeyGroupResult,
+    KeyState,
+    Operator,
+    TimeoutMode,
+    operator,
+    vectorized_operator,
+)
+from pyspark_abs.pipeline import DeltaSink, Pipeline, PipelineQuery
+from pyspark_abs.session import local_session
+from pyspark_abs.snapshots import SnapshotInfo, Snapshots
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbsConfig",
+    "AbsError",
+    "AlignmentError",
+    "Clock",
+    "CommitError",
+    "ConfigError",
+    "DeltaSink",
+    "EpochStatus",
+    "Fault",
+    "FaultAction",
+    "FaultStep",
+    "InjectedFault",
+    "InvalidTimeoutError",
+    "KeyGroupContext",
+    "KeyGroupResult",
+    "KeyState",
+    "ManifestError",
+    "Operator",
+    "OperatorDefinitionError",
+    "OperatorError",
+    "Pipeline",
+    "PipelineMismatchError",
+    "PipelineQuery",
+    "PrecommitFileError",
+    "SchemaMismatchError",
+    "SnapshotInfo",
+    "SnapshotNotFoundError",
+    "SnapshotRootError",
+    "Snapshots",
+    "StateEncodingError",
+    "StateNotSetError",
+    "TableSchemaError",
+    "TimeoutMode",
+    "local_session",
+    "operator",
+    "vectorized_operator",
+]

@@ -1,0 +1,129 @@
+"""Typed pipeline configuration.
+
+A configuration is built from code (:class:`AbsConfig`) or from ``spark.abs.*`` keys of the
+Spark session's configuration (:meth:`AbsConfig.from_spark_conf`), which is how
+``spark-submit --conf spark.abs.commitMode=sync`` reaches a pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from pyspark_abs.errors import ConfigError
+from pyspark_abs.faults import Fault
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CommitMode = Literal["sync", "async"]
+
+SPARK_CONF_PREFIX = "spark.abs."
+
+
+@dataclass(frozen=True)
+class AbsConfig:
+    """How a pipeline snapshots and commits.
+
+    Attributes:
+        commit_mode: ``"async"`` returns from a micro-batch once its epoch is PREPARED and
+            commits in an ordered background committer; ``"sync"`` returns only after the
+            epoch is COMMITTED.
+        key_groups: Number of key groups K. Keys are grouped by ``pmod(hash(key), K)`` and
+            the operator runs once per key group and epoch. K bounds the useful parallelism.
+        max_pending_epochs: In async mode, how many PREPARED epochs may wait for the
+            committer before the next micro-batch blocks.
+        snapshots: When False, only sink outputs are written and committed (one Delta
+            commit per sink and epoch, idempotent by epoch); no state table, no manifest.
+            This is the baseline the overhead benchmark compares against.
+        target_file_bytes: A pre-commit task starts a new Parquet file once the current
+            one reaches this size.
+        faults: Faults to inject at named protocol steps, for tests and demos.
+    """
+
+    commit_mode: CommitMode = "async"
+    key_groups: int = 256
+    max_pending_epochs: int = 2
+    snapshots: bool = True
+    target_file_bytes: int = 128 * 1024 * 1024
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.commit_mode not in ("sync", "async"):
+            raise ConfigError(f"commit_mode must be 'sync' or 'async', got {self.commit_mode!r}")
+        _require_positive("key_groups", self.key_groups)
+        _require_positive("max_pending_epochs", self.max_pending_epochs)
+        _require_positive("target_file_bytes", self.target_file_bytes)
+        if not isinstance(self.snapshots, bool):
+            raise ConfigError(f"snapshots must be True or False, got {self.snapshots!r}")
+        for fault in self.faults:
+            if not isinstance(fault, Fault):
+                raise ConfigError(f"faults must hold Fault objects, got {fault!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> AbsConfig:
+        """Build a configuration from a mapping of field names to values.
+
+        Strings are converted to the field's type, so values read from a file or a Spark
+        conf work unchanged.
+
+        Raises:
+            ConfigError: A key is unknown or a value cannot be converted.
+        """
+        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "faults"}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown configuration key(s) {unknown}; known keys are {sorted(known)}"
+            )
+        converted = {name: _convert(name, known[name].type, v) for name, v in values.items()}
+        return cls(**converted)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_spark_conf(cls, spark: SparkSession) -> AbsConfig:
+        """Build a configuration from the session's ``spark.abs.*`` keys.
+
+        ``spark.abs.commitMode`` sets ``commit_mode``, ``spark.abs.keyGroups`` sets
+        ``key_groups``, and so on (camelCase of the field name).
+
+        Raises:
+            ConfigError: A ``spark.abs.*`` key is unknown or its value is invalid.
+        """
+        values = {
+            _snake(key[len(SPARK_CONF_PREFIX) :]): value
+            for key, value in spark.conf.getAll.items()
+            if key.startswith(SPARK_CONF_PREFIX)
+        }
+        try:
+            return cls.from_mapping(values)
+        except ConfigError as err:
+            raise ConfigError(f"in Spark conf {SPARK_CONF_PREFIX}*: {err}") from None
+
+
+def _snake(camel: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
+
+
+def _require_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _convert(name: str, annotation: object, value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    kind = str(annotation)
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "bool":
+            lowered = value.strip().lower()
+            if lowered not in ("true", "false"):
+                raise ValueError(value)
+            return lowered == "true"
+    except ValueError:
+        raise ConfigError(f"{name}: cannot read {value!r} as {kind}") from None
+    return value

@@ -1,0 +1,335 @@
+"""The driver-side coordinator: one run of the snapshot protocol per micro-batch.
+
+For micro-batch (epoch) e, called from ``foreachBatch``:
+
+1. Process and pre-commit: one Spark job runs the operator and the pre-commit tasks; each
+   partition writes its files and yields one barrier marker.
+2. Align: exactly one marker per partition, and every listed file exists with its size.
+3. Prepare: append PREPARED with the file list and source offsets to the manifest. This is
+   the decision point: from here on epoch e is committed, at the latest by recovery.
+4. Commit: one Delta transaction per table, idempotent by application transaction
+   (pipeline/table, version e); then append COMMITTED with every table's version. Sync mode
+   does this before the micro-batch returns; async mode hands it to the ordered committer.
+
+A micro-batch that Spark replays after a crash is not processed again once its epoch is
+decided: a PREPARED epoch is committed from its manifest entry, and the replay only advances
+Spark's own state store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from pyspark_abs.alignment import align, check_files
+from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
+from pyspark_abs.checkpoint import CheckpointReader
+from pyspark_abs.committer import OrderedCommitter
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import AbsError, SnapshotRootError, rebuild_from_text
+from pyspark_abs.faults import FaultInjector, FaultStep
+from pyspark_abs.manifest import (
+    EpochDecision,
+    EpochLog,
+    EpochStatus,
+    ManifestEntry,
+    check_transition,
+    entries_to_table,
+)
+from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
+from pyspark_abs.store import DeltaStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger("pyspark_abs")
+
+
+@dataclass(frozen=True)
+class SnapshotLayout:
+    """Where a pipeline's tables live.
+
+    Attributes:
+        pipeline: The pipeline's name.
+        root: The snapshot root.
+        operator: The operator's name.
+        targets: The tables the pre-commit tasks write, state table first.
+    """
+
+    pipeline: str
+    root: str
+    operator: str
+    targets: tuple[TableTarget, ...] = field(default_factory=tuple)
+
+    @property
+    def manifest_uri(self) -> str:
+        """Location of the ``_manifest`` table."""
+        return f"{self.root}/_manifest"
+
+    @property
+    def tables(self) -> dict[str, str]:
+        """Table id to location, in commit order."""
+        return {t.table: t.uri for t in self.targets}
+
+    def app_id(self, table: str) -> str:
+        """The Delta application transaction id of a table."""
+        return f"pyspark-abs/{self.pipeline}/{table}"
+
+
+class EpochCoordinator:
+    """Runs the snapshot protocol for one pipeline run (see the module docstring)."""
+
+    def __init__(
+        self,
+        layout: SnapshotLayout,
+        config: AbsConfig,
+        store: DeltaStore,
+        epochs: EpochLog,
+        checkpoint: CheckpointReader,
+        run_id: str,
+        key_groups: int,
+    ) -> None:
+        self.layout = layout
+        self.config = config
+        self.store = store
+        self.epochs = epochs
+        self.checkpoint = checkpoint
+        self.run_id = run_id
+        self.key_groups = key_groups
+        self.faults = FaultInjector(config.faults)
+        self.failure: BaseException | None = None
+        self._manifest_lock = threading.Lock()
+        self._query_id: str | None = None
+        self._committer: OrderedCommitter | None = None
+        if config.snapshots and config.commit_mode == "async":
+            self._committer = OrderedCommitter(self.commit_epoch, config.max_pending_epochs)
+
+    @property
+    def pending_epochs(self) -> int:
+        """Epochs PREPARED in this run and waiting for the background committer."""
+        return self._committer.pending if self._committer else 0
+
+    def recover(self) -> list[int]:
+        """Commit every PREPARED epoch that has no COMMITTED entry; return their epochs."""
+        finished = []
+        for entry in self.epochs.pending():
+            log.info("recovery: committing epoch %d, PREPARED by run %s", entry.epoch, entry.run_id)
+            self.commit_epoch(entry)
+            finished.append(entry.epoch)
+        return finished
+
+    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """The ``foreachBatch`` function: run the protocol for one micro-batch."""
+        try:
+            if self._committer is not None:
+                self._committer.raise_if_failed()
+            if self.config.snapshots:
+                self._process_snapshot(batch, batch_id)
+            else:
+                self._process_sinks_only(batch, batch_id)
+        except BaseException as err:
+            self.failure = err
+            raise
+
+    def drain(self) -> None:
+        """Wait until the background committer has committed every PREPARED epoch."""
+        if self._committer is not None:
+            self._committer.drain()
+
+    def close(self) -> None:
+        """Stop the background committer after it has committed what it holds."""
+        if self._committer is not None:
+            self._committer.close()
+
+    def _process_snapshot(self, batch: DataFrame, batch_id: int) -> None:
+        epoch = batch_id
+        decision = self.epochs.decide(epoch)
+        if decision is not EpochDecision.PROCESS:
+            prepared = self.epochs.prepared(epoch)
+            if decision is EpochDecision.FINISH_REPLAY and prepared is not None:
+                self.commit_epoch(prepared)
+            log.info("epoch %d is already decided; the replayed micro-batch is discarded", epoch)
+            _advance_spark_state(batch)
+            return
+
+        offsets = self.checkpoint.offsets(batch_id)
+        # Step 1: process and pre-commit, in one Spark job.
+        started = time.perf_counter()
+        try:
+            markers = self._precommit(batch, epoch)
+        except BaseException as err:
+            raise self._abort(epoch, (), _task_error(err)) from err
+        batch_ms = _ms_since(started)
+        # Step 2: align.
+        started = time.perf_counter()
+        try:
+            aligned = align(self.layout.operator, epoch, markers, offsets.shuffle_partitions)
+            check_files(epoch, aligned.files, self._file_sizes)
+            self.faults.at(FaultStep.AFTER_ALIGN, epoch)
+        except BaseException as err:
+            raise self._abort(epoch, [f for m in markers for f in m.files], err) from None
+        align_ms = _ms_since(started)
+        # Step 3: prepare.
+        started = time.perf_counter()
+        previous = self.epochs.latest_decided()
+        entry = ManifestEntry(
+            pipeline=self.layout.pipeline,
+            epoch=epoch,
+            status=EpochStatus.PREPARED,
+            recorded_at=_now(),
+            run_id=self.run_id,
+            query_id=self._current_query_id(),
+            batch_id=batch_id,
+            commit_mode=self.config.commit_mode,
+            num_partitions=aligned.num_partitions,
+            key_groups=self.key_groups,
+            tables=self.layout.tables,
+            files=aligned.files,
+            rows=aligned.rows_by_table(),
+            bytes=aligned.bytes_by_table(),
+            state_keys=((previous.state_keys or 0) if previous else 0) + aligned.keys_delta,
+            source_offsets=offsets.source_offsets,
+            watermark_ms=offsets.watermark_ms,
+            batch_ms=batch_ms,
+            precommit_ms=aligned.precommit_ms,
+            align_ms=align_ms,
+        )
+        self._record(entry)
+        entry = replace(entry, prepare_ms=_ms_since(started))
+        self.faults.at(FaultStep.AFTER_PREPARED, epoch)
+        # Step 4: commit, now or in the background.
+        if self._committer is None:
+            self.commit_epoch(entry)
+        else:
+            self._committer.submit(entry)
+
+    def commit_epoch(self, prepared: ManifestEntry) -> None:
+        """Phase 2 for one PREPARED epoch: commit every table, then record COMMITTED.
+
+        Idempotent: a table that already holds the epoch's transaction is not committed
+        again, so recovery may run this any number of times.
+        """
+        epoch = prepared.epoch
+        started = time.perf_counter()
+        versions = {}
+        for position, (table, uri) in enumerate(prepared.tables.items()):
+            files = [f for f in prepared.files if f.table == table]
+            result = self.store.commit_files(uri, files, self.layout.app_id(table), epoch)
+            versions[table] = result.version
+            if position == 0:
+                self.faults.at(FaultStep.BETWEEN_TABLE_COMMITS, epoch)
+        committed = prepared.transition(
+            EpochStatus.COMMITTED,
+            run_id=self.run_id,
+            files=(),
+            table_versions=versions,
+            commit_ms=_ms_since(started),
+        )
+        self._record(committed)
+        log.info(
+            "epoch %d COMMITTED: rows %s, state keys %s, batch %.0f ms, pre-commit %.0f ms, "
+            "align %.0f ms, prepare %.0f ms, commit %.0f ms",
+            epoch,
+            dict(committed.rows),
+            committed.state_keys,
+            committed.batch_ms or 0.0,
+            committed.precommit_ms or 0.0,
+            committed.align_ms or 0.0,
+            committed.prepare_ms or 0.0,
+            committed.commit_ms or 0.0,
+        )
+        self.faults.at(FaultStep.AFTER_COMMITTED, epoch)
+
+    def _process_sinks_only(self, batch: DataFrame, batch_id: int) -> None:
+        """Snapshots off: pre-commit and commit sink outputs, one transaction per sink."""
+        epoch = batch_id
+        offsets = self.checkpoint.offsets(batch_id)
+        markers = self._precommit(batch, epoch)
+        aligned = align(self.layout.operator, epoch, markers, offsets.shuffle_partitions)
+        check_files(epoch, aligned.files, self._file_sizes)
+        for table, uri in self.layout.tables.items():
+            files = [f for f in aligned.files if f.table == table]
+            result = self.store.commit_files(uri, files, self.layout.app_id(table), epoch)
+            if not result.committed:
+                self.store.delete_files(uri, [f.path for f in files])
+
+    def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:
+        plan = PrecommitPlan(
+            operator=self.layout.operator,
+            epoch=epoch,
+            targets=self.layout.targets,
+            target_file_bytes=self.config.target_file_bytes,
+            faults=self.config.faults,
+        )
+        rows = batch.mapInArrow(PrecommitTask(plan), MARKER_DDL).collect()
+        return [BarrierMarker.from_dict(r.asDict(recursive=True)) for r in rows]
+
+    def _file_sizes(self, files: Sequence[FileEntry]) -> list[int | None]:
+        sizes: dict[FileEntry, int | None] = {}
+        for table, uri in self.layout.tables.items():
+            mine = [f for f in files if f.table == table]
+            sizes.update(zip(mine, self.store.file_sizes(uri, [f.path for f in mine]), strict=True))
+        return [sizes.get(f) for f in files]
+
+    def _record(self, entry: ManifestEntry) -> None:
+        """Append an entry to the manifest (durably), then to the in-memory log."""
+        with self._manifest_lock:
+            check_transition(entry.epoch, self.epochs.status(entry.epoch), entry.status)
+            try:
+                self.store.append(self.layout.manifest_uri, entries_to_table([entry]))
+            except Exception as err:
+                raise SnapshotRootError(
+                    f"epoch {entry.epoch}: cannot record {entry.status.value} in the manifest "
+                    f"at {self.layout.manifest_uri}: {err}"
+                ) from err
+            self.epochs.record(entry)
+
+    def _abort(self, epoch: int, files: Sequence[FileEntry], err: BaseException) -> BaseException:
+        """Record ABORTED (best effort), delete the epoch's listed files, return the error."""
+        for table, uri in self.layout.tables.items():
+            self.store.delete_files(uri, [f.path for f in files if f.table == table])
+        entry = ManifestEntry(
+            pipeline=self.layout.pipeline,
+            epoch=epoch,
+            status=EpochStatus.ABORTED,
+            recorded_at=_now(),
+            run_id=self.run_id,
+            query_id=self._current_query_id(),
+            batch_id=epoch,
+            commit_mode=self.config.commit_mode,
+            error=f"{type(err).__name__}: {err}"[:4000],
+        )
+        try:
+            self._record(entry)
+        except AbsError as record_err:
+            log.warning("epoch %d: could not record ABORTED: %s", epoch, record_err)
+        return err
+
+    def _current_query_id(self) -> str | None:
+        if self._query_id is None:
+            self._query_id = self.checkpoint.query_id()
+        return self._query_id
+
+
+def _advance_spark_state(batch: DataFrame) -> None:
+    """Run a replayed micro-batch without writing anything, so Spark's state store advances."""
+    batch.write.format("noop").mode("overwrite").save()
+
+
+def _task_error(err: BaseException) -> BaseException:
+    """The pyspark-abs error raised inside a Spark task, rebuilt from Spark's report."""
+    rebuilt = rebuild_from_text(str(err))
+    return rebuilt if rebuilt is not None else err
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

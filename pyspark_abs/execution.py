@@ -1,0 +1,654 @@
+"""Running an operator on one key group in one epoch.
+
+:func:`run_key_group` is the pure part: given the key group's rows, its current state and the
+epoch's clocks, it fires expired timeouts, calls the user's function, checks what it
+returned, and computes the key group's new state, the changed keys (upserts and tombstones)
+and the outputs. :class:`KeyGroupTask` is the thin adapter Spark calls through
+``applyInPandasWithState``; it keeps the key group's state as one blob in Spark's state store
+and emits the envelope.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_abs.envelope import envelope_frame
+from pyspark_abs.errors import (
+    AbsError,
+    InvalidTimeoutError,
+    OperatorError,
+    SchemaMismatchError,
+)
+from pyspark_abs.operator import (
+    Clock,
+    KeyGroupContext,
+    KeyGroupFunction,
+    KeyGroupResult,
+    KeyState,
+    PerKeyFunction,
+    TimeoutMode,
+)
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT, check_columns, frame_to_arrow
+from pyspark_abs.state_codec import BatchCodec
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.state import GroupState
+
+
+@dataclass(frozen=True)
+class OperatorPlan:
+    """An operator resolved against its input: everything the tasks need, picklable.
+
+    Attributes:
+        name: Operator id.
+        key_columns: Key column names.
+        input_schema: Columns of the input rows the function sees.
+        state_schema: Declared state columns, all nullable.
+        outputs: Output names and schemas, in declaration order.
+        timeout: The clock of key timeouts.
+        per_key: The per-key function, or None.
+        vectorized: The key-group function, or None.
+        snapshots: Whether state changes are emitted for the snapshot.
+    """
+
+    name: str
+    key_columns: tuple[str, ...]
+    input_schema: pa.Schema
+    state_schema: pa.Schema
+    outputs: tuple[tuple[str, pa.Schema], ...]
+    timeout: TimeoutMode
+    per_key: PerKeyFunction | None
+    vectorized: KeyGroupFunction | None
+    snapshots: bool = True
+
+    @cached_property
+    def key_schema(self) -> pa.Schema:
+        """The key columns with their input types (nullable)."""
+        return pa.schema([self.input_schema.field(k).with_nullable(True) for k in self.key_columns])
+
+    @cached_property
+    def blob_schema(self) -> pa.Schema:
+        """A key group's state: key columns, state columns and ``_timeout``."""
+        return pa.schema([*self.key_schema, *self.state_schema, pa.field(TIMEOUT, pa.int64())])
+
+    @cached_property
+    def change_schema(self) -> pa.Schema:
+        """A key group's state changes: the blob schema plus ``_deleted``."""
+        return self.blob_schema.append(pa.field(DELETED, pa.bool_()))
+
+    @cached_property
+    def state_table_schema(self) -> pa.Schema:
+        """The state table: key and state columns, then the reserved columns."""
+        return pa.schema(
+            [
+                *self.key_schema,
+                *self.state_schema,
+                pa.field(KEY_GROUP, pa.int32()),
+                pa.field(EPOCH, pa.int64()),
+                pa.field(DELETED, pa.bool_()),
+                pa.field(TIMEOUT, pa.int64()),
+            ]
+        )
+
+    @cached_property
+    def state_codec(self) -> BatchCodec:
+        """Codec of the key-group state blob."""
+        return BatchCodec(self.blob_schema, f"state of operator {self.name!r}")
+
+    @cached_property
+    def change_codec(self) -> BatchCodec:
+        """Codec of state-change payloads."""
+        return BatchCodec(self.change_schema, f"state changes of operator {self.name!r}")
+
+    @cached_property
+    def output_codecs(self) -> tuple[BatchCodec, ...]:
+        """Codecs of output payloads, by output index."""
+        return tuple(
+            BatchCodec(schema, f"output {name!r} of operator {self.name!r}")
+            for name, schema in self.outputs
+        )
+
+
+@dataclass(frozen=True)
+class KeyGroupOutcome:
+    """The result of one key group in one epoch.
+
+    Attributes:
+        state: The key group's complete new state (blob schema).
+        changes: Upserts and tombstones of the keys whose state changed (change schema).
+        outputs: Output rows, by output index.
+        keys_delta: Keys added minus keys removed.
+        next_timeout_ms: The earliest timeout among the key group's keys, if any.
+    """
+
+    state: pa.Table
+    changes: pa.Table
+    outputs: tuple[pa.Table, ...]
+    keys_delta: int
+    next_timeout_ms: int | None
+
+
+def run_key_group(
+    plan: OperatorPlan,
+    key_group: int,
+    rows: pd.DataFrame,
+    state: pa.Table,
+    clock: Clock,
+    epoch: int | None,
+) -> KeyGroupOutcome:
+    """Run the operator on one key group for one epoch.
+
+    Args:
+        plan: The operator.
+        key_group: The key group.
+        rows: The key group's input rows of this epoch (possibly none).
+        state: The key group's current state (blob schema).
+        clock: The epoch's processing time and watermark.
+        epoch: The epoch, for messages and the function's context.
+
+    Raises:
+        OperatorError: The function raised, or returned state for a key of another group.
+        SchemaMismatchError: The function returned frames that do not fit the schemas.
+        InvalidTimeoutError: A returned timeout is not allowed.
+    """
+    where = f"operator {plan.name!r}, epoch {epoch}, key group {key_group}"
+    keys = list(plan.key_columns)
+    current = state.to_pandas()
+    current_index = _key_index(state.select(keys), keys)
+    row_keys = _arrow_keys(rows, plan, where).to_pandas()
+    row_index = _key_index(row_keys, keys).unique()
+    fired = _expired(plan, current, current_index, row_index, clock)
+    called_index = row_index.append(current_index[fired]) if fired.any() else row_index
+
+    if plan.vectorized is not None:
+        ctx = KeyGroupContext(
+            operator=plan.name,
+            epoch=epoch,
+            key_group=key_group,
+            clock=clock,
+            timed_out=current.loc[fired, keys].reset_index(drop=True),
+        )
+        try:
+            result = plan.vectorized(rows, current.copy(), ctx)
+        except AbsError:
+            raise
+        except Exception as err:
+            raise OperatorError(f"{where}: the function raised {_describe(err)}") from err
+        if result is None:
+            result = KeyGroupResult()
+        elif not isinstance(result, KeyGroupResult):
+            raise SchemaMismatchError(
+                f"{where}: the function returned {type(result).__name__}; a vectorized "
+                f"operator returns a KeyGroupResult (or None)"
+            )
+        outputs = _vectorized_outputs(plan, result.output, where)
+    else:
+        result, outputs = _run_per_key(plan, rows, row_keys, current, fired, clock, where)
+
+    return _apply_state(plan, state, current_index, called_index, result, outputs, clock, where)
+
+
+def _run_per_key(
+    plan: OperatorPlan,
+    rows: pd.DataFrame,
+    row_keys: pd.DataFrame,
+    current: pd.DataFrame,
+    fired: np.ndarray[Any, np.dtype[np.bool_]],
+    clock: Clock,
+    where: str,
+) -> tuple[KeyGroupResult, tuple[pa.Table, ...]]:
+    """Call a per-key function for every key with rows and every timed-out key."""
+    assert plan.per_key is not None
+    keys = list(plan.key_columns)
+    fields = plan.state_schema.names
+    existing: dict[tuple[Any, ...], int] = {
+        _norm_key(k): i for i, k in enumerate(current[keys].itertuples(index=False, name=None))
+    }
+    values: list[dict[str, Any]] = current[fields].to_dict("records")  # type: ignore[assignment]
+    timeouts = current[TIMEOUT].tolist()
+    upserts: list[dict[str, Any]] = []
+    removed: list[tuple[Any, ...]] = []
+    collected: list[_OutputRows] = [_OutputRows() for _ in plan.outputs]
+
+    def call(key: tuple[Any, ...], key_rows: pd.DataFrame, timed_out: bool) -> None:
+        position = existing.get(key)
+        old_timeout = None if position is None else _ms_or_none(timeouts[position])
+        handle = KeyState(
+            key,
+            fields,
+            None if position is None else values[position],
+            timeout_mode=plan.timeout,
+            clock=clock,
+            has_timed_out=timed_out,
+            timeout_ms=old_timeout,
+        )
+        assert plan.per_key is not None
+        try:
+            returned = plan.per_key(key, key_rows, handle)
+        except AbsError:
+            raise
+        except Exception as err:
+            raise OperatorError(
+                f"{where}, key {key!r}: the function raised {_describe(err)}"
+            ) from err
+        _collect_per_key_output(plan, returned, collected, f"{where}, key {key!r}")
+        if handle.removed:
+            removed.append(key)
+        elif handle.exists:
+            row = dict(zip(keys, key, strict=True))
+            row.update(handle.get())
+            row[TIMEOUT] = handle.new_timeout_ms
+            upserts.append(row)
+
+    if len(rows):
+        groups = row_keys.groupby(keys, sort=False, dropna=False).indices
+        for key, positions in groups.items():
+            key_tuple = key if isinstance(key, tuple) else (key,)
+            call(_norm_key(key_tuple), rows.iloc[positions], False)
+    no_rows = rows.iloc[0:0]
+    for key in current.loc[fired, keys].itertuples(index=False, name=None):
+        call(_norm_key(key), no_rows, True)
+
+    result = KeyGroupResult(
+        state=pd.DataFrame.from_records(upserts, columns=[*keys, *fields, TIMEOUT]),
+        removed=pd.DataFrame.from_records(removed, columns=keys),
+    )
+    outputs = tuple(
+        rows_.to_arrow(schema, f"{where}: output {name!r}")
+        for rows_, (name, schema) in zip(collected, plan.outputs, strict=True)
+    )
+    return result, outputs
+
+
+class _OutputRows:
+    """Rows a per-key function returned for one output, collected over a key group."""
+
+    def __init__(self) -> None:
+        self.frames: list[pd.DataFrame] = []
+        self.records: list[Mapping[str, Any]] = []
+
+    def add(self, rows: Any, what: str) -> None:
+        if rows is None:
+            return
+        if isinstance(rows, pd.DataFrame):
+            self.frames.append(rows)
+        elif isinstance(rows, Mapping):
+            self.records.append(rows)
+        elif isinstance(rows, Iterable) and not isinstance(rows, (str, bytes)):
+            for row in rows:
+                if not isinstance(row, Mapping):
+                    raise SchemaMismatchError(
+                        f"{what}: returned rows must be dicts, got {type(row).__name__}"
+                    )
+                self.records.append(row)
+        else:
+            raise SchemaMismatchError(
+                f"{what}: returned {type(rows).__name__}; return a DataFrame, a dict (one "
+                f"row), a list of dicts, or None"
+            )
+
+    def to_arrow(self, schema: pa.Schema, what: str) -> pa.Table:
+        frames = list(self.frames)
+        if self.records:
+            frames.append(pd.DataFrame.from_records(self.records))
+        if not frames:
+            return schema.empty_table()
+        for frame in frames:
+            check_columns(frame, schema.names, what)
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return frame_to_arrow(frame, schema, what)
+
+
+def _collect_per_key_output(
+    plan: OperatorPlan, returned: Any, collected: list[_OutputRows], what: str
+) -> None:
+    if len(plan.outputs) == 1:
+        collected[0].add(returned, what)
+        return
+    if returned is None:
+        return
+    names = [name for name, _ in plan.outputs]
+    if not isinstance(returned, Mapping) or not set(returned) <= set(names):
+        raise SchemaMismatchError(
+            f"{what}: an operator with several outputs returns a dict from output name "
+            f"({names}) to rows, got {_short(returned)}"
+        )
+    for name, rows in returned.items():
+        collected[names.index(name)].add(rows, f"{what}, output {name!r}")
+
+
+def _vectorized_outputs(
+    plan: OperatorPlan,
+    output: pd.DataFrame | Mapping[str, pd.DataFrame] | None,
+    where: str,
+) -> tuple[pa.Table, ...]:
+    names = [name for name, _ in plan.outputs]
+    by_name: Mapping[str, pd.DataFrame | None]
+    if output is None:
+        by_name = {}
+    elif isinstance(output, pd.DataFrame):
+        if len(names) != 1:
+            raise SchemaMismatchError(
+                f"{where}: the operator has outputs {names}; return KeyGroupResult(output="
+                f"{{name: frame}}) to say which output a frame belongs to"
+            )
+        by_name = {names[0]: output}
+    elif isinstance(output, Mapping):
+        unknown = sorted(set(output) - set(names))
+        if unknown:
+            raise SchemaMismatchError(
+                f"{where}: output(s) {unknown} are not declared; the outputs are {names}"
+            )
+        by_name = output
+    else:
+        raise SchemaMismatchError(
+            f"{where}: KeyGroupResult.output must be a DataFrame or a dict of DataFrames, "
+            f"got {type(output).__name__}"
+        )
+    tables = []
+    for name, schema in plan.outputs:
+        frame = by_name.get(name)
+        if frame is None:
+            tables.append(schema.empty_table())
+            continue
+        what = f"{where}: output {name!r}"
+        check_columns(frame, schema.names, what)
+        tables.append(frame_to_arrow(frame, schema, what))
+    return tuple(tables)
+
+
+def _apply_state(
+    plan: OperatorPlan,
+    state: pa.Table,
+    current_index: pd.Index,
+    called_index: pd.Index,
+    result: KeyGroupResult,
+    outputs: tuple[pa.Table, ...],
+    clock: Clock,
+    where: str,
+) -> KeyGroupOutcome:
+    """Check the returned state, diff it against the current state, and build the outcome."""
+    keys = list(plan.key_columns)
+    upserts = _upsert_table(plan, result.state, where)
+    removed = _removed_table(plan, result.removed, where)
+    up_index = _key_index(upserts.select(keys), keys)
+    rm_index = _key_index(removed, keys)
+
+    if up_index.has_duplicates:
+        raise SchemaMismatchError(
+            f"{where}: returned state holds key(s) {_few(up_index[up_index.duplicated()])} "
+            f"more than once"
+        )
+    both = up_index.intersection(rm_index)
+    if len(both):
+        raise SchemaMismatchError(
+            f"{where}: key(s) {_few(both)} are both updated and removed; do one or the other"
+        )
+    foreign = ~(up_index.isin(current_index) | up_index.isin(called_index))
+    foreign_rm = ~(rm_index.isin(current_index) | rm_index.isin(called_index))
+    if foreign.any() or foreign_rm.any():
+        strangers = up_index[foreign].append(rm_index[foreign_rm])
+        raise OperatorError(
+            f"{where}: returned state for key(s) {_few(strangers)} that have neither rows "
+            f"nor state in this key group; an operator may only change keys it was called for"
+        )
+    _check_timeouts(plan, upserts, clock, where)
+
+    # Keys the function was called for keep no timeout unless it set one again.
+    reset = (
+        called_index.isin(current_index)
+        & ~called_index.isin(up_index)
+        & ~called_index.isin(rm_index)
+    )
+    if reset.any():
+        positions = current_index.get_indexer(called_index[reset])
+        carried = state.take(positions)
+        carried = carried.filter(pc.is_valid(carried[TIMEOUT]))
+        if carried.num_rows:
+            carried = carried.set_column(
+                carried.schema.get_field_index(TIMEOUT),
+                TIMEOUT,
+                pa.nulls(carried.num_rows, pa.int64()),
+            )
+            upserts = pa.concat_tables([upserts, carried])
+            up_index = _key_index(upserts.select(keys), keys)
+
+    positions = current_index.get_indexer(up_index)
+    is_new = positions < 0
+    changed = is_new.copy()
+    existing = ~is_new
+    if existing.any():
+        before = state.take(positions[existing])
+        after = upserts.filter(pa.array(existing))
+        changed[existing] = ~_rows_equal(before, after)
+    rm_positions = current_index.get_indexer(rm_index)
+    gone = rm_positions >= 0
+
+    keep = np.ones(state.num_rows, dtype=bool)
+    keep[positions[existing & changed]] = False
+    keep[rm_positions[gone]] = False
+    written = upserts.filter(pa.array(changed))
+    new_state = pa.concat_tables([state.filter(pa.array(keep)), written])
+
+    tombstones = _tombstones(plan, removed.filter(pa.array(gone)))
+    changes = pa.concat_tables(
+        [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), tombstones]
+    )
+    next_timeout = pc.min(new_state[TIMEOUT]).as_py() if new_state.num_rows else None
+    return KeyGroupOutcome(
+        state=new_state,
+        changes=changes,
+        outputs=outputs,
+        keys_delta=int(is_new.sum()) - int(gone.sum()),
+        next_timeout_ms=next_timeout,
+    )
+
+
+def _upsert_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
+    if frame is None:
+        return plan.blob_schema.empty_table()
+    what = f"{where}: returned state"
+    columns = [*plan.key_columns, *plan.state_schema.names]
+    check_columns(frame, columns, what, optional=[TIMEOUT])
+    if TIMEOUT not in frame.columns:
+        frame = frame.assign(**{TIMEOUT: pd.Series([None] * len(frame), dtype="Int64")})
+    return frame_to_arrow(frame, plan.blob_schema, what)
+
+
+def _removed_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
+    if frame is None:
+        return plan.key_schema.empty_table()
+    what = f"{where}: removed keys"
+    check_columns(frame, plan.key_columns, what)
+    return frame_to_arrow(frame, plan.key_schema, what)
+
+
+def _tombstones(plan: OperatorPlan, keys: pa.Table) -> pa.Table:
+    n = keys.num_rows
+    arrays: list[Any] = [keys[k] for k in plan.key_columns]
+    arrays += [pa.nulls(n, f.type) for f in plan.state_schema]
+    arrays += [pa.nulls(n, pa.int64()), pa.array(np.ones(n, dtype=bool))]
+    return pa.Table.from_arrays(arrays, schema=plan.change_schema)
+
+
+def _check_timeouts(plan: OperatorPlan, upserts: pa.Table, clock: Clock, where: str) -> None:
+    set_ = upserts.filter(pc.is_valid(upserts[TIMEOUT]))
+    if not set_.num_rows:
+        return
+    if plan.timeout is TimeoutMode.NONE:
+        raise InvalidTimeoutError(
+            f"{where}: returned state sets _timeout, but the operator was declared without "
+            f"a timeout; declare timeout='processing_time' or 'event_time'"
+        )
+    earliest = pc.min(set_[TIMEOUT]).as_py()
+    if plan.timeout is TimeoutMode.EVENT_TIME:
+        if clock.watermark_ms is not None and earliest < clock.watermark_ms:
+            raise InvalidTimeoutError(
+                f"{where}: a key's _timeout {earliest} is older than the watermark "
+                f"{clock.watermark_ms}; event-time timeouts must not be in the past"
+            )
+    elif earliest <= clock.processing_time_ms:
+        raise InvalidTimeoutError(
+            f"{where}: a key's _timeout {earliest} is not after the processing time "
+            f"{clock.processing_time_ms}; processing-time timeouts must be in the future"
+        )
+
+
+def _expired(
+    plan: OperatorPlan,
+    current: pd.DataFrame,
+    current_index: pd.Index,
+    row_index: pd.Index,
+    clock: Clock,
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Keys whose timeout fires now: set, below the threshold, and without rows."""
+    none = np.zeros(len(current), dtype=bool)
+    if plan.timeout is TimeoutMode.NONE or not len(current):
+        return none
+    threshold = (
+        clock.watermark_ms if plan.timeout is TimeoutMode.EVENT_TIME else clock.processing_time_ms
+    )
+    if threshold is None:
+        return none
+    timeouts = current[TIMEOUT]
+    due = (timeouts.notna() & (timeouts < threshold)).to_numpy(dtype=bool)
+    return due & ~current_index.isin(row_index)
+
+
+def _rows_equal(before: pa.Table, after: pa.Table) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Row-wise equality of two tables of the same schema; nulls equal nulls, NaN equals NaN."""
+    same = np.ones(before.num_rows, dtype=bool)
+    for name in before.column_names:
+        a = before[name].combine_chunks()
+        b = after[name].combine_chunks()
+        same &= _column_equal(a, b)
+    return same
+
+
+def _column_equal(a: Any, b: Any) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    kind = a.type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
+        return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    equal = pc.fill_null(pc.equal(a, b), False)
+    if pa.types.is_floating(kind):
+        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return np.asarray(pc.fill_null(pc.or_(equal, both_null), False).to_numpy(zero_copy_only=False))
+
+
+def _arrow_keys(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
+    """The rows' key columns with the key schema's types, for exact key matching."""
+    if not len(rows):
+        return plan.key_schema.empty_table()
+    return frame_to_arrow(rows, plan.key_schema, f"{where}: input key columns")
+
+
+def _key_index(keys: pa.Table | pd.DataFrame, names: list[str]) -> pd.Index:
+    frame = keys.to_pandas() if isinstance(keys, pa.Table) else keys
+    index: pd.Index = (
+        pd.Index(frame[names[0]]) if len(names) == 1 else pd.MultiIndex.from_frame(frame[names])
+    )
+    return index
+
+
+def _norm_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Key tuples that compare equal whatever their source: NaN and NA become None."""
+    return tuple(None if _is_missing(v) else v for v in key)
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _ms_or_none(value: Any) -> int | None:
+    return None if _is_missing(value) else int(value)
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".replace("\n", " ")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _few(index: pd.Index) -> str:
+    items = list(index[:5])
+    more = f" and {len(index) - 5} more" if len(index) > 5 else ""
+    return f"{items}{more}"
+
+
+def current_epoch() -> int | None:
+    """The epoch (micro-batch id) of the running Spark task, if it is a streaming task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty("streaming.sql.batchId") if context else None
+    return int(value) if value is not None else None
+
+
+class KeyGroupTask:
+    """The function Spark's ``applyInPandasWithState`` calls once per key group and epoch."""
+
+    def __init__(self, plan: OperatorPlan) -> None:
+        self.plan = plan
+
+    def __call__(
+        self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], group_state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        """Run the key group and yield its envelope rows."""
+        plan = self.plan
+        key_group = int(key[0])
+        chunks = [f for f in frames if len(f)]
+        if chunks:
+            rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+            rows = rows.drop(columns=[KEY_GROUP])
+        else:
+            rows = plan.input_schema.empty_table().to_pandas()
+        state = (
+            plan.state_codec.decode(group_state.get[0])
+            if group_state.exists
+            else plan.blob_schema.empty_table()
+        )
+        clock = Clock(group_state.getCurrentProcessingTimeMs(), _watermark(group_state))
+        outcome = run_key_group(plan, key_group, rows, state, clock, current_epoch())
+
+        if not outcome.state.num_rows:
+            if group_state.exists:
+                group_state.remove()
+        elif outcome.changes.num_rows:
+            group_state.update((plan.state_codec.encode(outcome.state),))
+        if outcome.next_timeout_ms is not None:
+            if plan.timeout is TimeoutMode.EVENT_TIME:
+                group_state.setTimeoutTimestamp(outcome.next_timeout_ms)
+            else:
+                delay = outcome.next_timeout_ms - clock.processing_time_ms
+                group_state.setTimeoutDuration(max(1, delay))
+
+        changes = None
+        if plan.snapshots and outcome.changes.num_rows:
+            changes = (outcome.changes, plan.change_codec.encode(outcome.changes))
+        outputs = [
+            (i, table, plan.output_codecs[i].encode(table))
+            for i, table in enumerate(outcome.outputs)
+            if table.num_rows
+        ]
+        if changes is not None or outputs:
+            yield envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+
+
+def _watermark(group_state: GroupState) -> int | None:
+    try:
+        return int(group_state.getCurrentWatermarkMs())
+    except Exception:
+        return None

@@ -1,0 +1,278 @@
+"""The manifest: the durable log of epoch transitions, and its state machine.
+
+The manifest is a Delta table (``_manifest`` under the snapshot root) with one row per
+transition of an epoch. Appending PREPARED is the decision point of the two-phase commit:
+from then on the epoch will be committed, at the latest by recovery. COMMITTED records the
+Delta version of every table, which together form the consistent cut of the epoch.
+
+Allowed transitions of one epoch::
+
+    (none) ──► PREPARED ──► COMMITTED
+       │          ▲
+       └► ABORTED ┘   (an aborted epoch is replayed by Spark and may be prepared again)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+import pyarrow as pa
+
+from pyspark_abs.barrier import FILE_TYPE, FileEntry
+from pyspark_abs.errors import ManifestError
+
+FORMAT_VERSION = 1
+"""Version of the manifest's layout, stored in the table description."""
+
+
+class EpochStatus(str, Enum):
+    """Status of an epoch in the manifest."""
+
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+class EpochDecision(str, Enum):
+    """What the coordinator does with a micro-batch, given the manifest."""
+
+    PROCESS = "process"
+    """A new epoch: pre-commit, align, prepare, commit."""
+    FINISH_REPLAY = "finish_replay"
+    """Spark replays a PREPARED epoch: the decision stands; commit it, discard the replay."""
+    SKIP_REPLAY = "skip_replay"
+    """Spark replays a COMMITTED epoch: discard the replay."""
+
+
+_ALLOWED: dict[EpochStatus | None, frozenset[EpochStatus]] = {
+    None: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
+    EpochStatus.ABORTED: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
+    EpochStatus.PREPARED: frozenset({EpochStatus.COMMITTED}),
+    EpochStatus.COMMITTED: frozenset(),
+}
+
+_INT_MAP = pa.map_(pa.string(), pa.int64())
+_STR_MAP = pa.map_(pa.string(), pa.string())
+
+_MANIFEST_FIELDS: list[pa.Field[Any]] = [
+    pa.field("pipeline", pa.string()),
+    pa.field("epoch", pa.int64()),
+    pa.field("status", pa.string()),
+    pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+    pa.field("run_id", pa.string()),
+    pa.field("query_id", pa.string()),
+    pa.field("batch_id", pa.int64()),
+    pa.field("commit_mode", pa.string()),
+    pa.field("num_partitions", pa.int32()),
+    pa.field("key_groups", pa.int32()),
+    pa.field("tables", _STR_MAP),
+    pa.field("files", pa.list_(FILE_TYPE)),
+    pa.field("table_versions", _INT_MAP),
+    pa.field("rows", _INT_MAP),
+    pa.field("bytes", _INT_MAP),
+    pa.field("state_keys", pa.int64()),
+    pa.field("source_offsets", pa.string()),
+    pa.field("watermark_ms", pa.int64()),
+    pa.field("batch_ms", pa.float64()),
+    pa.field("precommit_ms", pa.float64()),
+    pa.field("align_ms", pa.float64()),
+    pa.field("prepare_ms", pa.float64()),
+    pa.field("commit_ms", pa.float64()),
+    pa.field("error", pa.string()),
+]
+MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
+"""Schema of the ``_manifest`` table."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One transition of one epoch.
+
+    Attributes:
+        pipeline: The pipeline's name.
+        epoch: The epoch.
+        status: The status the epoch enters.
+        recorded_at: When the transition was recorded.
+        run_id: The pipeline run (process) that recorded it.
+        query_id: Spark's id of the checkpoint that produced the epoch.
+        batch_id: Spark's micro-batch id.
+        commit_mode: ``sync`` or ``async``.
+        num_partitions: Partitions that acknowledged the epoch.
+        key_groups: Key groups the operator used.
+        tables: Table id to table URI, for every table of the pipeline.
+        files: Pre-committed files (PREPARED).
+        table_versions: Delta version of each table as of this epoch (COMMITTED).
+        rows: Rows pre-committed per table.
+        bytes: Bytes pre-committed per table.
+        state_keys: Live keys in the operator's state after the epoch.
+        source_offsets: The source offsets Spark recorded for the micro-batch.
+        watermark_ms: The micro-batch's event-time watermark.
+        batch_ms: Wall time of processing plus pre-commit.
+        precommit_ms: The slowest task's time writing files.
+        align_ms: Time to align markers and verify files.
+        prepare_ms: Time to record PREPARED.
+        commit_ms: Time to commit all tables.
+        error: Why the epoch was aborted (ABORTED).
+    """
+
+    pipeline: str
+    epoch: int
+    status: EpochStatus
+    recorded_at: dt.datetime
+    run_id: str
+    query_id: str | None = None
+    batch_id: int | None = None
+    commit_mode: str | None = None
+    num_partitions: int | None = None
+    key_groups: int | None = None
+    tables: Mapping[str, str] = field(default_factory=dict)
+    files: tuple[FileEntry, ...] = ()
+    table_versions: Mapping[str, int] = field(default_factory=dict)
+    rows: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    state_keys: int | None = None
+    source_offsets: str | None = None
+    watermark_ms: int | None = None
+    batch_ms: float | None = None
+    precommit_ms: float | None = None
+    align_ms: float | None = None
+    prepare_ms: float | None = None
+    commit_ms: float | None = None
+    error: str | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        """The entry as a row of MANIFEST_SCHEMA."""
+        row = {name: getattr(self, name) for name in MANIFEST_SCHEMA.names}
+        row["status"] = self.status.value
+        row["files"] = [f.to_dict() for f in self.files]
+        for name in ("tables", "table_versions", "rows", "bytes"):
+            row[name] = list(row[name].items())
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ManifestEntry:
+        """Build an entry from a row of MANIFEST_SCHEMA (``Table.to_pylist()``)."""
+        values = dict(row)
+        values["status"] = EpochStatus(values["status"])
+        values["files"] = tuple(FileEntry.from_dict(f) for f in values["files"] or ())
+        for name in ("tables", "table_versions", "rows", "bytes"):
+            values[name] = dict(values[name] or ())
+        return cls(**values)
+
+    def transition(self, status: EpochStatus, **changes: Any) -> ManifestEntry:
+        """A copy of this entry for the next transition, recorded now."""
+        return replace(self, status=status, recorded_at=dt.datetime.now(dt.timezone.utc), **changes)
+
+
+def entries_to_table(entries: Iterable[ManifestEntry]) -> pa.Table:
+    """Manifest rows as an Arrow table."""
+    return pa.Table.from_pylist([e.to_row() for e in entries], schema=MANIFEST_SCHEMA)
+
+
+def check_transition(epoch: int, current: EpochStatus | None, new: EpochStatus) -> None:
+    """Raise if an epoch may not move from ``current`` to ``new``.
+
+    Raises:
+        ManifestError: The transition is not allowed.
+    """
+    if new not in _ALLOWED[current]:
+        shown = current.value if current else "no entry"
+        raise ManifestError(
+            f"epoch {epoch} cannot go from {shown} to {new.value}; the manifest was changed "
+            f"by another writer or is damaged. Run validate on the snapshot root"
+        )
+
+
+class EpochLog:
+    """The manifest folded into the current status of every epoch."""
+
+    def __init__(self, entries: Iterable[ManifestEntry] = ()) -> None:
+        self._entries: list[ManifestEntry] = []
+        self._latest: dict[int, ManifestEntry] = {}
+        self._prepared: dict[int, ManifestEntry] = {}
+        for entry in sorted(entries, key=_order):
+            self.record(entry)
+
+    @property
+    def entries(self) -> list[ManifestEntry]:
+        """All entries, in the order they were recorded."""
+        return list(self._entries)
+
+    def record(self, entry: ManifestEntry) -> None:
+        """Add a transition after checking it is allowed.
+
+        Raises:
+            ManifestError: The transition is not allowed, or a PREPARED epoch is not newer
+                than every epoch already decided.
+        """
+        current = self.status(entry.epoch)
+        check_transition(entry.epoch, current, entry.status)
+        if entry.status is EpochStatus.PREPARED:
+            latest = self.latest_decided()
+            if latest is not None and entry.epoch <= latest.epoch:
+                raise ManifestError(
+                    f"epoch {entry.epoch} cannot be PREPARED after epoch {latest.epoch}; "
+                    f"epochs are decided in order"
+                )
+            self._prepared[entry.epoch] = entry
+        self._entries.append(entry)
+        self._latest[entry.epoch] = entry
+
+    def status(self, epoch: int) -> EpochStatus | None:
+        """The epoch's current status, or None if it has no entry."""
+        entry = self._latest.get(epoch)
+        return entry.status if entry else None
+
+    def latest(self, epoch: int) -> ManifestEntry | None:
+        """The epoch's latest entry."""
+        return self._latest.get(epoch)
+
+    def prepared(self, epoch: int) -> ManifestEntry | None:
+        """The epoch's PREPARED entry, which holds its files and offsets."""
+        return self._prepared.get(epoch)
+
+    def pending(self) -> list[ManifestEntry]:
+        """PREPARED entries of epochs not yet COMMITTED, oldest first."""
+        return [
+            self._prepared[e]
+            for e in sorted(self._prepared)
+            if self._latest[e].status is EpochStatus.PREPARED
+        ]
+
+    def committed(self) -> list[ManifestEntry]:
+        """COMMITTED entries, oldest first."""
+        return [
+            self._latest[e]
+            for e in sorted(self._latest)
+            if self._latest[e].status is EpochStatus.COMMITTED
+        ]
+
+    def latest_decided(self) -> ManifestEntry | None:
+        """The entry of the newest PREPARED or COMMITTED epoch."""
+        return self._latest[max(self._prepared)] if self._prepared else None
+
+    def decide(self, epoch: int) -> EpochDecision:
+        """What to do with a micro-batch of ``epoch``."""
+        status = self.status(epoch)
+        if status is EpochStatus.COMMITTED:
+            return EpochDecision.SKIP_REPLAY
+        if status is EpochStatus.PREPARED:
+            return EpochDecision.FINISH_REPLAY
+        latest = self.latest_decided()
+        if latest is not None and epoch < latest.epoch:
+            raise ManifestError(
+                f"Spark runs epoch {epoch}, older than epoch {latest.epoch} already decided, "
+                f"but epoch {epoch} has no decision; the manifest and the checkpoint do not "
+                f"belong together"
+            )
+        return EpochDecision.PROCESS
+
+
+def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
+    """Replay order: by epoch, then by the only valid order of one epoch's transitions."""
+    rank = {EpochStatus.ABORTED: 0, EpochStatus.PREPARED: 1, EpochStatus.COMMITTED: 2}
+    return (entry.epoch, rank[entry.status], entry.recorded_at)

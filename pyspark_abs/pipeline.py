@@ -1,0 +1,433 @@
+"""Pipelines: a streaming source, a stateful operator, Delta sinks, and a snapshot root.
+
+:class:`Pipeline` wires the ABS lifecycle into one streaming query::
+
+    source ─► key groups ─► operator (applyInPandasWithState) ─► envelope
+           ─► pre-commit tasks (files + barrier markers) ─► coordinator (foreachBatch):
+              align ─► PREPARED ─► commit tables ─► COMMITTED
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from pyspark_abs.checkpoint import CheckpointReader
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.envelope import ENVELOPE_DDL, STATE_DDL, Kind
+from pyspark_abs.errors import AbsError, OperatorDefinitionError, rebuild_from_text
+from pyspark_abs.execution import KeyGroupTask, OperatorPlan
+from pyspark_abs.keygroups import key_group_column
+from pyspark_abs.manifest import EpochLog
+from pyspark_abs.operator import Operator, TimeoutMode
+from pyspark_abs.precommit import TableTarget
+from pyspark_abs.recovery import check_lineage, open_manifest
+from pyspark_abs.schema import KEY_GROUP, RESERVED_COLUMNS, resolve_struct, to_arrow
+from pyspark_abs.snapshots import Snapshots, state_table_description
+from pyspark_abs.store import DeltaStore, TableSpec, normalize_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
+
+_TIMEOUT_CONF = {
+    TimeoutMode.NONE: GroupStateTimeout.NoTimeout,
+    TimeoutMode.PROCESSING_TIME: GroupStateTimeout.ProcessingTimeTimeout,
+    TimeoutMode.EVENT_TIME: GroupStateTimeout.EventTimeTimeout,
+}
+_PARTITION_TYPES = (
+    pa.types.is_string,
+    pa.types.is_integer,
+    pa.types.is_date32,
+    pa.types.is_boolean,
+)
+
+
+@dataclass(frozen=True)
+class DeltaSink:
+    """A Delta table an operator output is committed to.
+
+    Attributes:
+        path: The table's location (local path or object-store URL).
+        partition_by: Hive partition columns (string, integer, date or boolean).
+    """
+
+    path: str
+    partition_by: tuple[str, ...] = ()
+
+
+SinkLike = str | DeltaSink
+
+
+class Pipeline:
+    """A stateful streaming pipeline whose state and outputs are snapshotted each epoch.
+
+    Example::
+
+        pipeline = Pipeline(
+            "wordcount",
+            words,                      # a streaming DataFrame with a "word" column
+            word_count,                 # an Operator
+            root="/data/abs/wordcount",
+            sinks={"output": "/data/tables/word_counts"},
+        )
+        query = pipeline.start(available_now=True)
+        query.await_termination()
+        pipeline.snapshots.state("word_count").show()
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: DataFrame,
+        operator: Operator,
+        *,
+        root: str,
+        sinks: Mapping[str, SinkLike] | SinkLike,
+        checkpoint: str | None = None,
+        config: AbsConfig | None = None,
+    ) -> None:
+        """Declare a pipeline.
+
+        Args:
+            name: Pipeline id; the snapshot root is bound to it.
+            source: A streaming DataFrame holding the operator's key columns.
+            operator: The stateful operator.
+            root: Snapshot root for the manifest and the state table.
+            sinks: Output name to Delta table; a single table for a one-output operator.
+            checkpoint: Spark checkpoint location (default: ``<root>/_checkpoint``).
+            config: Snapshot configuration (default: from ``spark.abs.*`` Spark conf).
+
+        Raises:
+            OperatorDefinitionError: The source, operator and sinks do not fit together.
+            ConfigError: The configuration is invalid.
+        """
+        if (
+            not isinstance(name, str)
+            or not name
+            or not name.replace("_", "").replace("-", "").isalnum()
+        ):
+            raise OperatorDefinitionError(
+                f"pipeline name {name!r} must be non-empty and use only letters, digits, '_' "
+                f"and '-'"
+            )
+        if not isinstance(operator, Operator):
+            raise OperatorDefinitionError(
+                f"pipeline {name!r}: operator must be built with @operator or "
+                f"@vectorized_operator, got {type(operator).__name__}"
+            )
+        if not getattr(source, "isStreaming", False):
+            raise OperatorDefinitionError(
+                f"pipeline {name!r}: the source must be a streaming DataFrame "
+                f"(spark.readStream...), got {type(source).__name__}"
+            )
+        self.name = name
+        self.source = source
+        self.operator = operator
+        self.spark = source.sparkSession
+        self.config = config if config is not None else AbsConfig.from_spark_conf(self.spark)
+        self.root = normalize_uri(root)
+        self.checkpoint = normalize_uri(checkpoint) if checkpoint else f"{self.root}/_checkpoint"
+        self.plan = _resolve(name, source, operator, self.config.snapshots)
+        self.sinks = _resolve_sinks(name, self.plan, sinks)
+
+    @property
+    def snapshots(self) -> Snapshots:
+        """Read access to this pipeline's snapshots."""
+        return Snapshots(self.root, self.spark)
+
+    def start(
+        self, *, processing_time: str | None = None, available_now: bool = False
+    ) -> PipelineQuery:
+        """Recover the snapshot root, then start the streaming query.
+
+        Args:
+            processing_time: Trigger interval, e.g. ``"10 seconds"`` (default: as fast as
+                possible).
+            available_now: Process what is available now, then stop.
+
+        Raises:
+            SnapshotRootError: The root is not writable.
+            PipelineMismatchError: The root or checkpoint belongs to another pipeline or
+                checkpoint.
+            TableSchemaError: An existing table has another schema.
+        """
+        store = DeltaStore()
+        store.ensure_root(self.root)
+        layout = SnapshotLayout(self.name, self.root, self.plan.name, self._targets())
+        checkpoint = CheckpointReader(self.spark, self.checkpoint)
+        epochs = EpochLog()
+        if self.config.snapshots:
+            epochs = open_manifest(store, self.root, self.name)
+            check_lineage(epochs, checkpoint, self.root)
+        for spec in self._table_specs(layout):
+            store.ensure_table(spec)
+        coordinator = EpochCoordinator(
+            layout,
+            self.config,
+            store,
+            epochs,
+            checkpoint,
+            run_id=uuid.uuid4().hex,
+            key_groups=self.config.key_groups,
+        )
+        try:
+            coordinator.recover()
+            query = self._start_query(coordinator, processing_time, available_now)
+        except BaseException:
+            coordinator.close()
+            raise
+        return PipelineQuery(query, coordinator, self)
+
+    def run(self) -> PipelineQuery:
+        """Process everything available now, wait until done, and return the query."""
+        query = self.start(available_now=True)
+        query.await_termination()
+        return query
+
+    def _start_query(
+        self, coordinator: EpochCoordinator, processing_time: str | None, available_now: bool
+    ) -> StreamingQuery:
+        keyed = self.source.withColumn(
+            KEY_GROUP, key_group_column(self.plan.key_columns, self.config.key_groups)
+        )
+        envelope = keyed.groupBy(KEY_GROUP).applyInPandasWithState(
+            KeyGroupTask(self.plan),
+            ENVELOPE_DDL,
+            STATE_DDL,
+            "update",
+            _TIMEOUT_CONF[self.plan.timeout],
+        )
+        writer = (
+            envelope.writeStream.outputMode("update")
+            .foreachBatch(coordinator.process_batch)
+            .option("checkpointLocation", self.checkpoint)
+            .queryName(self.name)
+        )
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        elif processing_time:
+            writer = writer.trigger(processingTime=processing_time)
+        return writer.start()
+
+    def _targets(self) -> tuple[TableTarget, ...]:
+        targets = []
+        if self.config.snapshots:
+            targets.append(
+                TableTarget(
+                    table=f"state/{self.plan.name}",
+                    uri=f"{self.root}/state/{self.plan.name}",
+                    kind=Kind.STATE,
+                    index=0,
+                    payload_schema=self.plan.change_schema,
+                    table_schema=self.plan.state_table_schema,
+                )
+            )
+        for index, (output, schema) in enumerate(self.plan.outputs):
+            sink = self.sinks[output]
+            targets.append(
+                TableTarget(
+                    table=f"sink/{output}",
+                    uri=normalize_uri(sink.path),
+                    kind=Kind.OUTPUT,
+                    index=index,
+                    payload_schema=schema,
+                    table_schema=schema,
+                    partition_by=sink.partition_by,
+                )
+            )
+        return tuple(targets)
+
+    def _table_specs(self, layout: SnapshotLayout) -> list[TableSpec]:
+        return [
+            TableSpec(
+                target.table,
+                target.uri,
+                target.table_schema,
+                target.partition_by,
+                state_table_description(self.plan) if target.kind is Kind.STATE else None,
+            )
+            for target in layout.targets
+        ]
+
+
+class PipelineQuery:
+    """A running pipeline: its Spark streaming query and its snapshot coordinator."""
+
+    def __init__(
+        self, query: StreamingQuery, coordinator: EpochCoordinator, pipeline: Pipeline
+    ) -> None:
+        self.query = query
+        self.pipeline = pipeline
+        self._coordinator = coordinator
+        self._finished = False
+
+    @property
+    def run_id(self) -> str:
+        """Id of this pipeline run, recorded with every manifest entry it writes."""
+        return self._coordinator.run_id
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the streaming query is running."""
+        return bool(self.query.isActive)
+
+    @property
+    def pending_epochs(self) -> int:
+        """PREPARED epochs waiting for the background committer."""
+        return self._coordinator.pending_epochs
+
+    def await_termination(self, timeout: int | None = None) -> bool:
+        """Wait for the query to end, then commit what is PREPARED and stop the committer.
+
+        Args:
+            timeout: Seconds to wait; None waits until the query ends.
+
+        Returns:
+            Whether the query has ended.
+
+        Raises:
+            AbsError: The pipeline failed; the error says where and what to do.
+        """
+        try:
+            if timeout is None:
+                self.query.awaitTermination()
+                ended = True
+            else:
+                ended = bool(self.query.awaitTermination(timeout))
+        except StreamingQueryException as err:
+            self._finish(failed=True)
+            raise self._error(err) from err
+        if ended:
+            self._finish(failed=False)
+        return ended
+
+    def process_all_available(self) -> None:
+        """Block until the query has processed everything available in its sources."""
+        try:
+            self.query.processAllAvailable()
+        except StreamingQueryException as err:
+            self._finish(failed=True)
+            raise self._error(err) from err
+
+    def stop(self) -> None:
+        """Stop the query, commit every PREPARED epoch, and stop the committer."""
+        self.query.stop()
+        self._finish(failed=self._coordinator.failure is not None)
+
+    def _finish(self, failed: bool) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self._coordinator.drain()
+        except AbsError:
+            if not failed:
+                raise
+        finally:
+            self._coordinator.close()
+
+    def _error(self, err: StreamingQueryException) -> BaseException:
+        failure = self._coordinator.failure
+        if failure is not None:
+            return failure
+        rebuilt = rebuild_from_text(str(err))
+        return rebuilt if rebuilt is not None else err
+
+
+def _resolve(name: str, source: DataFrame, operator: Operator, snapshots: bool) -> OperatorPlan:
+    columns = source.columns
+    clashes = [c for c in columns if c in RESERVED_COLUMNS]
+    if clashes:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: source column(s) {clashes} use names reserved by "
+            f"pyspark-abs {list(RESERVED_COLUMNS)}; rename them"
+        )
+    missing = [k for k in operator.key if k not in columns]
+    if missing:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: key column(s) {missing} of operator {operator.name!r} are not "
+            f"in the source, which has {columns}"
+        )
+    state = resolve_struct(operator.state_schema, f"operator {operator.name!r} state_schema")
+    state_names = [f.name for f in state.fields]
+    overlap = [c for c in state_names if c in operator.key or c in RESERVED_COLUMNS]
+    if overlap or not state_names:
+        raise OperatorDefinitionError(
+            f"operator {operator.name!r}: state_schema must declare at least one column and "
+            f"no key or reserved column, got {state_names}"
+        )
+    outputs = tuple(
+        (out, to_arrow(resolve_struct(schema, f"operator {operator.name!r} output {out!r}")))
+        for out, schema in operator.outputs
+    )
+    return OperatorPlan(
+        name=operator.name,
+        key_columns=operator.key,
+        input_schema=to_arrow(source.schema),
+        state_schema=to_arrow(state, nullable=True),
+        outputs=outputs,
+        timeout=operator.timeout,
+        per_key=operator.per_key,
+        vectorized=operator.vectorized,
+        snapshots=snapshots,
+    )
+
+
+def _resolve_sinks(
+    name: str, plan: OperatorPlan, sinks: Mapping[str, SinkLike] | SinkLike
+) -> dict[str, DeltaSink]:
+    outputs = [out for out, _ in plan.outputs]
+    if isinstance(sinks, (str, DeltaSink)):
+        if len(outputs) != 1:
+            raise OperatorDefinitionError(
+                f"pipeline {name!r}: operator {plan.name!r} has outputs {outputs}; pass sinks "
+                f"as a dict from output name to table"
+            )
+        sinks = {outputs[0]: sinks}
+    if not isinstance(sinks, Mapping):
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: sinks must be a table path, a DeltaSink, or a dict of them"
+        )
+    missing = [o for o in outputs if o not in sinks]
+    extra = [s for s in sinks if s not in outputs]
+    if missing or extra:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: every output of operator {plan.name!r} needs exactly one sink; "
+            f"missing {missing}, unknown {extra}"
+        )
+    resolved = {}
+    schemas = dict(plan.outputs)
+    for output in outputs:
+        sink = sinks[output]
+        sink = sink if isinstance(sink, DeltaSink) else DeltaSink(str(sink))
+        _check_partitioning(name, output, schemas[output], sink.partition_by)
+        resolved[output] = DeltaSink(sink.path, tuple(sink.partition_by))
+    return resolved
+
+
+def _check_partitioning(name: str, output: str, schema: pa.Schema, columns: Sequence[str]) -> None:
+    for column in columns:
+        if column not in schema.names:
+            raise OperatorDefinitionError(
+                f"pipeline {name!r}: sink of output {output!r} is partitioned by {column!r}, "
+                f"which is not an output column ({schema.names})"
+            )
+        kind = schema.field(column).type
+        if not any(check(kind) for check in _PARTITION_TYPES):
+            raise OperatorDefinitionError(
+                f"pipeline {name!r}: sink of output {output!r} cannot be partitioned by "
+                f"{column!r} of type {kind}; use a string, integer, date or boolean column"
+            )
+    if len(columns) and len(columns) == len(schema.names):
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: sink of output {output!r} must keep at least one column "
+            f"that is not a partition column"
+        )

@@ -1,0 +1,138 @@
+"""Schemas: declared Spark schemas, their Arrow form, and checked pandas-to-Arrow conversion."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
+
+SchemaLike = str | StructType
+"""A schema as a DDL string (``"word string, count long"``) or a ``StructType``."""
+
+TIMEOUT = "_timeout"
+DELETED = "_deleted"
+KEY_GROUP = "_key_group"
+EPOCH = "_epoch"
+RESERVED_COLUMNS = (KEY_GROUP, EPOCH, DELETED, TIMEOUT)
+"""Columns the state table adds to the key and state columns, in table order."""
+
+
+def resolve_struct(schema: SchemaLike, what: str) -> StructType:
+    """Turn a declared schema into a ``StructType``.
+
+    DDL strings are parsed by Spark, so an active session is needed for them.
+
+    Raises:
+        OperatorDefinitionError: The schema cannot be parsed or is not a struct.
+    """
+    if isinstance(schema, StructType):
+        return schema
+    if not isinstance(schema, str):
+        raise OperatorDefinitionError(
+            f"{what} must be a DDL string or a StructType, got {type(schema).__name__}"
+        )
+    try:
+        parsed = StructType.fromDDL(schema)
+    except Exception as err:
+        raise OperatorDefinitionError(
+            f"{what} {schema!r} is not a valid DDL schema: {err}"
+        ) from err
+    if not isinstance(parsed, StructType):
+        raise OperatorDefinitionError(f"{what} {schema!r} must be a list of columns")
+    return parsed
+
+
+def to_arrow(struct: StructType, *, nullable: bool = False) -> pa.Schema:
+    """The Arrow schema Spark uses for ``struct`` (timestamps as microseconds in UTC).
+
+    Args:
+        struct: The Spark schema.
+        nullable: Make every top-level field nullable (state columns must hold tombstones).
+    """
+    schema = to_arrow_schema(struct, timezone="UTC")
+    if nullable:
+        schema = pa.schema([f.with_nullable(True) for f in schema])
+    return schema
+
+
+def to_spark(schema: pa.Schema) -> StructType:
+    """The Spark schema of an Arrow schema."""
+    return from_arrow_schema(schema)
+
+
+def check_columns(
+    frame: pd.DataFrame,
+    expected: Sequence[str],
+    what: str,
+    optional: Sequence[str] = (),
+) -> None:
+    """Check that ``frame`` has exactly the expected columns (in any order).
+
+    Raises:
+        SchemaMismatchError: Columns are missing, unexpected or duplicated.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise SchemaMismatchError(
+            f"{what}: expected a pandas DataFrame, got {type(frame).__name__}"
+        )
+    names = [str(c) for c in frame.columns]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    missing = [c for c in expected if c not in names]
+    extra = [c for c in names if c not in expected and c not in optional]
+    if duplicated or missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing column(s) {missing}")
+        if extra:
+            parts.append(f"unexpected column(s) {extra}")
+        if duplicated:
+            parts.append(f"duplicated column(s) {duplicated}")
+        raise SchemaMismatchError(
+            f"{what}: {'; '.join(parts)}; the declared columns are {list(expected)}"
+        )
+
+
+def frame_to_arrow(frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+    """Convert a pandas frame to ``schema``, column by column, with a precise error.
+
+    The frame must already have every column of ``schema`` (see :func:`check_columns`);
+    other columns are ignored.
+
+    Raises:
+        SchemaMismatchError: A column cannot be converted to its declared type, or holds
+            nulls where the schema does not allow them.
+    """
+    arrays = []
+    for field in schema:
+        column = frame[field.name]
+        try:
+            array = pa.array(column, type=field.type, from_pandas=True)
+        except (
+            pa.ArrowInvalid,
+            pa.ArrowTypeError,
+            pa.ArrowNotImplementedError,
+            TypeError,
+            ValueError,
+            OverflowError,
+        ) as err:
+            raise SchemaMismatchError(
+                f"{what}: column {field.name!r} cannot be converted to {field.type} "
+                f"(pandas dtype {column.dtype}): {err}"
+            ) from None
+        if not field.nullable and array.null_count:
+            raise SchemaMismatchError(
+                f"{what}: column {field.name!r} is declared NOT NULL but holds "
+                f"{array.null_count} null value(s)"
+            )
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    """An empty pandas frame with the pandas dtypes Arrow gives ``schema``."""
+    return schema.empty_table().to_pandas()

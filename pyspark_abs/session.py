@@ -1,0 +1,49 @@
+"""A local SparkSession set up the way pyspark-abs pipelines and their tests need it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+
+def local_session(
+    app_name: str = "pyspark-abs",
+    *,
+    cores: int = 2,
+    max_failures: int | None = None,
+    shuffle_partitions: int = 4,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Get or create a local SparkSession for pipelines, notebooks and tests.
+
+    Python workers run this interpreter (``PYSPARK_PYTHON`` is set to ``sys.executable``),
+    the UI is off, timestamps are in UTC, and the log is quiet.
+
+    Args:
+        app_name: Spark application name.
+        cores: Local worker threads.
+        max_failures: Attempts per task, e.g. 3 to let Spark retry failed tasks
+            (``local[N,F]``); None for Spark's local default of one attempt.
+        shuffle_partitions: ``spark.sql.shuffle.partitions`` for new checkpoints.
+        conf: More Spark configuration.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    master = f"local[{cores}]" if max_failures is None else f"local[{cores},{max_failures}]"
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.stopTimeout", "60s")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,260 @@
+"""Reading snapshots: the epochs of a snapshot root, and state and sinks as of an epoch.
+
+The state table of an operator is a changelog: one row per key and epoch in which the key's
+state changed, with ``_deleted`` marking removals. The state as of epoch e is the latest row
+per key among those with ``_epoch <= e``, without tombstones, read at the table version that
+the manifest records for e.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
+from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.recovery import manifest_owner
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
+from pyspark_abs.store import DeltaStore, load_dataframe, normalize_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pyspark_abs.execution import OperatorPlan
+
+
+def state_table_description(plan: OperatorPlan) -> str:
+    """The description stored in an operator's state table: its key and state columns."""
+    return json.dumps(
+        {
+            "operator": plan.name,
+            "key": list(plan.key_columns),
+            "state": plan.state_schema.names,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One epoch of a snapshot root.
+
+    Attributes:
+        epoch: The epoch.
+        status: PREPARED, COMMITTED or ABORTED.
+        recorded_at: When the epoch reached its status.
+        table_versions: Delta version of each table as of the epoch (COMMITTED only).
+        rows: Rows the epoch wrote per table.
+        bytes: Bytes the epoch wrote per table.
+        state_keys: Live keys in the operator's state after the epoch.
+        batch_ms: Processing plus pre-commit time.
+        precommit_ms: The slowest task's time writing files.
+        align_ms: Time to align markers and verify files.
+        prepare_ms: Time to record PREPARED.
+        commit_ms: Time to commit the tables.
+        watermark_ms: The epoch's event-time watermark.
+        source_offsets: The source offsets Spark recorded for the epoch.
+        error: Why the epoch was aborted.
+    """
+
+    epoch: int
+    status: EpochStatus
+    recorded_at: dt.datetime
+    table_versions: Mapping[str, int] = field(default_factory=dict)
+    rows: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    state_keys: int | None = None
+    batch_ms: float | None = None
+    precommit_ms: float | None = None
+    align_ms: float | None = None
+    prepare_ms: float | None = None
+    commit_ms: float | None = None
+    watermark_ms: int | None = None
+    source_offsets: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_entry(cls, entry: ManifestEntry) -> SnapshotInfo:
+        """The snapshot view of an epoch's latest manifest entry."""
+        return cls(
+            epoch=entry.epoch,
+            status=entry.status,
+            recorded_at=entry.recorded_at,
+            table_versions=dict(entry.table_versions),
+            rows=dict(entry.rows),
+            bytes=dict(entry.bytes),
+            state_keys=entry.state_keys,
+            batch_ms=entry.batch_ms,
+            precommit_ms=entry.precommit_ms,
+            align_ms=entry.align_ms,
+            prepare_ms=entry.prepare_ms,
+            commit_ms=entry.commit_ms,
+            watermark_ms=entry.watermark_ms,
+            source_offsets=entry.source_offsets,
+            error=entry.error,
+        )
+
+
+class Snapshots:
+    """Read access to the snapshots under a snapshot root.
+
+    Listing needs no Spark; reading state and sinks as DataFrames needs a SparkSession
+    (Delta's JVM jars are used when present, but are not needed).
+    """
+
+    def __init__(self, root: str, spark: SparkSession | None = None) -> None:
+        """Open a snapshot root for reading.
+
+        Raises:
+            SnapshotNotFoundError: There is no manifest under ``root``.
+        """
+        self.root = normalize_uri(root)
+        self.spark = spark
+        self._store = DeltaStore()
+        if not self._store.exists(f"{self.root}/_manifest"):
+            raise SnapshotNotFoundError(
+                f"{self.root} is not a pyspark-abs snapshot root (it has no _manifest table)"
+            )
+
+    @property
+    def pipeline(self) -> str | None:
+        """The pipeline the root belongs to."""
+        return manifest_owner(self._store, self.root)
+
+    def list(self, *, include_aborted: bool = False) -> builtins.list[SnapshotInfo]:
+        """Every epoch with its latest status, oldest first.
+
+        Args:
+            include_aborted: Also list epochs whose last attempt was aborted.
+        """
+        log = self._log()
+        infos = []
+        for entry in log.entries:
+            latest = log.latest(entry.epoch)
+            if latest is not entry:
+                continue
+            if entry.status is EpochStatus.ABORTED and not include_aborted:
+                continue
+            infos.append(SnapshotInfo.from_entry(entry))
+        return sorted(infos, key=lambda i: i.epoch)
+
+    def get(self, epoch: int) -> SnapshotInfo:
+        """One epoch.
+
+        Raises:
+            SnapshotNotFoundError: The epoch is not in the manifest.
+        """
+        entry = self._log().latest(epoch)
+        if entry is None:
+            raise SnapshotNotFoundError(f"epoch {epoch} is not in snapshot root {self.root}")
+        return SnapshotInfo.from_entry(entry)
+
+    def latest(self) -> SnapshotInfo | None:
+        """The newest COMMITTED epoch, or None."""
+        committed = self._log().committed()
+        return SnapshotInfo.from_entry(committed[-1]) if committed else None
+
+    def operators(self) -> builtins.list[str]:
+        """Names of the operators whose state the root holds."""
+        return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith("state/"))
+
+    def sinks(self) -> builtins.list[str]:
+        """Names of the outputs committed to sinks."""
+        return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith("sink/"))
+
+    def manifest(self) -> DataFrame:
+        """The ``_manifest`` table as a DataFrame, one row per epoch transition."""
+        spark = self._spark()
+        uri = f"{self.root}/_manifest"
+        return load_dataframe(spark, uri, int(self._store.open(uri).version()))
+
+    def state(
+        self, operator: str, epoch: int | None = None, *, with_metadata: bool = False
+    ) -> DataFrame:
+        """An operator's state as of a committed epoch, one row per live key.
+
+        Args:
+            operator: The operator's name.
+            epoch: A COMMITTED epoch; None for the newest.
+            with_metadata: Also return ``_key_group``, ``_epoch`` (the epoch of the key's
+                last change) and ``_timeout``.
+
+        Raises:
+            SnapshotNotFoundError: The operator or epoch is unknown or not committed.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        table = f"state/{operator}"
+        entry = self._committed(epoch, table, f"operator {operator!r}")
+        uri = entry.tables[table]
+        meta = json.loads(self._store.description(uri) or "{}")
+        keys: list[str] = meta["key"]
+        changes = load_dataframe(self._spark(), uri, entry.table_versions[table])
+        latest = Window.partitionBy(*keys).orderBy(F.col(EPOCH).desc())
+        state = (
+            changes.where(F.col(EPOCH) <= entry.epoch)
+            .withColumn("_abs_rank", F.row_number().over(latest))
+            .where((F.col("_abs_rank") == 1) & ~F.col(DELETED))
+        )
+        columns = [*keys, *meta["state"]]
+        if with_metadata:
+            columns += [KEY_GROUP, EPOCH, TIMEOUT]
+        return state.select(*columns)
+
+    def sink(self, output: str, epoch: int | None = None) -> DataFrame:
+        """A sink table as of a committed epoch.
+
+        Raises:
+            SnapshotNotFoundError: The output or epoch is unknown or not committed.
+        """
+        table = f"sink/{output}"
+        entry = self._committed(epoch, table, f"output {output!r}")
+        return load_dataframe(self._spark(), entry.tables[table], entry.table_versions[table])
+
+    def _committed(self, epoch: int | None, table: str, what: str) -> ManifestEntry:
+        log = self._log()
+        committed = log.committed()
+        if not committed:
+            raise SnapshotNotFoundError(f"snapshot root {self.root} has no committed epoch yet")
+        if epoch is None:
+            entry = committed[-1]
+        else:
+            found = log.latest(epoch)
+            if found is None or found.status is not EpochStatus.COMMITTED:
+                status = found.status.value if found else "not in the manifest"
+                raise SnapshotNotFoundError(
+                    f"epoch {epoch} of snapshot root {self.root} is {status}; committed epochs "
+                    f"are {committed[0].epoch}..{committed[-1].epoch}"
+                )
+            entry = found
+        if table not in entry.table_versions:
+            known = sorted(entry.table_versions)
+            raise SnapshotNotFoundError(
+                f"{what} is not in snapshot root {self.root}; it holds tables {known}"
+            )
+        return entry
+
+    def _tables(self) -> builtins.list[str]:
+        committed = self._log().committed()
+        return list(committed[-1].table_versions) if committed else []
+
+    def _log(self) -> EpochLog:
+        rows = self._store.read(f"{self.root}/_manifest").to_pylist()
+        return EpochLog(ManifestEntry.from_row(r) for r in rows)
+
+    def _spark(self) -> SparkSession:
+        if self.spark is not None:
+            return self.spark
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is None:
+            raise ConfigError(
+                "reading snapshots as DataFrames needs a SparkSession; pass one to Snapshots()"
+            )
+        self.spark = active
+        return active

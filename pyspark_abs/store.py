@@ -1,0 +1,330 @@
+"""Delta Lake access. Every read and write of a Delta table goes through this module.
+
+Writes use delta-rs (``deltalake``), which needs no JVM, and only table features that
+delta-spark also reads. Reads into Spark use ``format("delta")`` when Delta is on Spark's
+classpath, and otherwise list the files of the wanted version with delta-rs and read them as
+Parquet.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from pyspark_abs.barrier import FileEntry
+from pyspark_abs.errors import CommitError, SnapshotRootError, TableSchemaError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+EPOCH_KEY = "pyspark_abs.epoch"
+APP_ID_KEY = "pyspark_abs.app_id"
+
+
+def normalize_uri(location: str) -> str:
+    """A table location as delta-rs and pyarrow want it: absolute path or URL."""
+    if "://" in location:
+        return location.rstrip("/")
+    return os.path.abspath(os.path.expanduser(location))
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A Delta table the pipeline writes.
+
+    Attributes:
+        table: Table id, e.g. ``state/word_count``.
+        uri: The table's location.
+        schema: Its Arrow schema.
+        partition_by: Its partition columns.
+        description: Description stored in the table's metadata.
+    """
+
+    table: str
+    uri: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...] = ()
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """The outcome of :meth:`DeltaStore.commit_files`.
+
+    Attributes:
+        version: The table's version as of the epoch.
+        committed: Whether this call committed the files.
+    """
+
+    version: int
+    committed: bool
+
+
+class DeltaStore:
+    """Reads and writes the Delta tables of a snapshot root and its sinks."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, DeltaTable] = {}
+        self._lock = threading.Lock()
+
+    def ensure_root(self, root: str) -> None:
+        """Create the snapshot root if needed and check that it is writable.
+
+        Raises:
+            SnapshotRootError: The root cannot be created or written.
+        """
+        probe = f".abs-probe-{uuid.uuid4().hex}"
+        try:
+            fs, path = pafs.FileSystem.from_uri(root)
+            fs.create_dir(path, recursive=True)
+            with fs.open_output_stream(f"{path}/{probe}") as out:
+                out.write(b"ok")
+            fs.delete_file(f"{path}/{probe}")
+        except (OSError, pa.ArrowException) as err:
+            raise SnapshotRootError(
+                f"snapshot root {root} is not writable: {err}. Check the path and its "
+                f"permissions, or choose another root"
+            ) from None
+
+    def exists(self, uri: str) -> bool:
+        """Whether a Delta table exists at ``uri``."""
+        return bool(DeltaTable.is_deltatable(uri))
+
+    def ensure_table(self, spec: TableSpec) -> None:
+        """Create the table, or check that the existing one has the declared schema.
+
+        Raises:
+            TableSchemaError: The existing table's columns or partitioning differ.
+            SnapshotRootError: The table cannot be created.
+        """
+        if not self.exists(spec.uri):
+            try:
+                DeltaTable.create(
+                    spec.uri,
+                    spec.schema,
+                    mode="ignore",
+                    partition_by=list(spec.partition_by) or None,
+                    description=spec.description,
+                )
+            except (DeltaError, OSError) as err:
+                raise SnapshotRootError(
+                    f"cannot create table {spec.table} at {spec.uri}: {err}"
+                ) from None
+            return
+        table = self.open(spec.uri)
+        actual = arrow_schema(table)
+        problems = schema_differences(spec.schema, actual)
+        partitions = tuple(table.metadata().partition_columns)
+        if partitions != spec.partition_by:
+            problems.append(
+                f"partitioned by {list(partitions)}, declared {list(spec.partition_by)}"
+            )
+        if problems:
+            raise TableSchemaError(
+                f"table {spec.table} at {spec.uri} exists with another schema: "
+                f"{'; '.join(problems)}. Use a new table location, or declare the table's "
+                f"schema"
+            )
+
+    def open(self, uri: str) -> DeltaTable:
+        """The table at ``uri``, brought up to date (cached per location).
+
+        Raises:
+            SnapshotRootError: No Delta table exists there.
+        """
+        with self._lock:
+            table = self._tables.get(uri)
+            try:
+                if table is None:
+                    table = self._tables[uri] = DeltaTable(uri)
+                else:
+                    table.update_incremental()
+            except TableNotFoundError:
+                raise SnapshotRootError(f"no Delta table at {uri}") from None
+            return table
+
+    def description(self, uri: str) -> str | None:
+        """The description stored in a table's metadata."""
+        description: str | None = self.open(uri).metadata().description
+        return description
+
+    def read(self, uri: str, version: int | None = None) -> pa.Table:
+        """A table's rows (at ``version``, or the latest)."""
+        if version is None:
+            return self.open(uri).to_pyarrow_table()
+        return DeltaTable(uri, version=version).to_pyarrow_table()
+
+    def append(self, uri: str, rows: pa.Table) -> int:
+        """Append rows to a table in one commit and return the new version."""
+        write_deltalake(uri, rows, mode="append")
+        return int(self.open(uri).version())
+
+    def commit_files(
+        self, uri: str, files: Sequence[FileEntry], app_id: str, epoch: int
+    ) -> CommitResult:
+        """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
+
+        The commit carries the application transaction ``(app_id, epoch)``. If the table
+        already holds that transaction or a later one, nothing is committed and the version
+        that committed ``epoch`` is returned. With no files, nothing is committed and the
+        current version is returned.
+
+        Raises:
+            CommitError: The Delta commit failed, or the table's transactions say the epoch
+                was committed but its commit cannot be found.
+        """
+        table = self.open(uri)
+        done = table.transaction_version(app_id)
+        if done is not None and done >= epoch:
+            return CommitResult(self._version_of(table, uri, app_id, epoch), committed=False)
+        if not files:
+            return CommitResult(int(table.version()), committed=False)
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(
+                path=f.path,
+                size=f.size_bytes,
+                partition_values=f.partitions,
+                modification_time=now_ms,
+                data_change=True,
+                stats=f.stats,
+            )
+            for f in files
+        ]
+        try:
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(table.metadata().partition_columns) or None,
+                commit_properties=CommitProperties(
+                    custom_metadata={EPOCH_KEY: str(epoch), APP_ID_KEY: app_id},
+                    app_transactions=[Transaction(app_id, epoch)],
+                ),
+            )
+            table.update_incremental()
+        except (DeltaError, OSError) as err:
+            raise CommitError(
+                f"epoch {epoch}: committing {len(files)} file(s) to the table at {uri} "
+                f"failed: {err}. The epoch stays PREPARED and is committed on restart"
+            ) from err
+        return CommitResult(int(table.version()), committed=True)
+
+    def _version_of(self, table: DeltaTable, uri: str, app_id: str, epoch: int) -> int:
+        for commit in table.history():
+            if commit.get(APP_ID_KEY) == app_id and commit.get(EPOCH_KEY) == str(epoch):
+                return int(commit["version"])
+        raise CommitError(
+            f"the table at {uri} records transaction {app_id!r} at epoch "
+            f"{table.transaction_version(app_id)}, but no commit of epoch {epoch}; the table "
+            f"was changed outside pyspark-abs. Run validate on the snapshot root"
+        )
+
+    def file_sizes(self, uri: str, paths: Sequence[str]) -> list[int | None]:
+        """Sizes of files under a table root; None for a missing file."""
+        fs, root = pafs.FileSystem.from_uri(uri)
+        infos = fs.get_file_info([f"{root}/{p}" for p in paths])
+        return [None if i.type == pafs.FileType.NotFound else int(i.size) for i in infos]
+
+    def delete_files(self, uri: str, paths: Sequence[str]) -> None:
+        """Delete files under a table root that no Delta log references; missing is fine."""
+        fs, root = pafs.FileSystem.from_uri(uri)
+        for path in paths:
+            try:
+                fs.delete_file(f"{root}/{path}")
+            except FileNotFoundError:
+                continue
+
+
+def schema_differences(declared: pa.Schema, actual: pa.Schema) -> list[str]:
+    """Differences in column names and types (nullability is ignored)."""
+    problems = []
+    declared_types = {f.name: f.type for f in declared}
+    actual_types = {f.name: f.type for f in actual}
+    missing = [n for n in declared_types if n not in actual_types]
+    extra = [n for n in actual_types if n not in declared_types]
+    if missing:
+        problems.append(f"it lacks column(s) {missing}")
+    if extra:
+        problems.append(f"it has extra column(s) {extra}")
+    for name, kind in declared_types.items():
+        if name in actual_types and not _same_type(kind, actual_types[name]):
+            problems.append(f"column {name!r} is {actual_types[name]}, declared {kind}")
+    return problems
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Type equality that ignores field nullability and Arrow's large/view variants."""
+    normalize: dict[pa.DataType, pa.DataType] = {
+        pa.large_string(): pa.string(),
+        pa.string_view(): pa.string(),
+        pa.large_binary(): pa.binary(),
+        pa.binary_view(): pa.binary(),
+    }
+    a, b = normalize.get(a, a), normalize.get(b, b)
+    if pa.types.is_nested(a) and pa.types.is_nested(b):
+        return str(_strip_nullability(a)) == str(_strip_nullability(b))
+    return bool(a.equals(b))
+
+
+def _strip_nullability(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _strip_nullability(f.type)) for f in kind])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(_strip_nullability(kind.value_type))
+    if pa.types.is_map(kind):
+        return pa.map_(_strip_nullability(kind.key_type), _strip_nullability(kind.item_type))
+    return kind
+
+
+_DELTA_ON_CLASSPATH: dict[int, bool] = {}
+
+
+def spark_reads_delta(spark: SparkSession) -> bool:
+    """Whether Spark can read ``format("delta")`` (Delta's JVM jars are on its classpath)."""
+    key = id(spark)
+    if key not in _DELTA_ON_CLASSPATH:
+        try:
+            jvm: Any = getattr(spark, "_jvm", None)
+            session: Any = getattr(spark, "_jsparkSession", None)
+            jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+                "delta", session.sessionState().conf()
+            )
+            _DELTA_ON_CLASSPATH[key] = True
+        except Exception:
+            _DELTA_ON_CLASSPATH[key] = False
+    return _DELTA_ON_CLASSPATH[key]
+
+
+def load_dataframe(spark: SparkSession, uri: str, version: int) -> DataFrame:
+    """A Delta table at ``version`` as a Spark DataFrame, with or without Delta's jars."""
+    if spark_reads_delta(spark):
+        return spark.read.format("delta").option("versionAsOf", version).load(uri)
+    from pyspark_abs.schema import to_spark
+
+    table = DeltaTable(uri, version=version)
+    schema = to_spark(arrow_schema(table))
+    files = table.file_uris()
+    if not files:
+        return spark.createDataFrame([], schema)
+    reader = spark.read.schema(schema)
+    if table.metadata().partition_columns:
+        reader = reader.option("basePath", uri)
+    return reader.parquet(*files)
+
+
+def arrow_schema(table: DeltaTable) -> pa.Schema:
+    """A Delta table's schema as a pyarrow schema."""
+    exported: Any = table.schema().to_arrow()
+    return pa.schema(exported)

@@ -13,7 +13,8 @@ For micro-batch (epoch) e, called from ``foreachBatch``:
 
 A micro-batch that Spark replays after a crash is not processed again once its epoch is
 decided: a PREPARED epoch is committed from its manifest entry, and the replay only advances
-Spark's own state store.
+Spark's own state store. An idle epoch, a no-data micro-batch that Spark runs for timeouts
+and that changes nothing, is not recorded: its snapshot would equal the previous one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pyspark_abs.alignment import align, check_files
 from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
-from pyspark_abs.checkpoint import CheckpointReader
+from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.committer import OrderedCommitter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import AbsError, SnapshotRootError, rebuild_from_text
@@ -104,6 +105,8 @@ class EpochCoordinator:
         self.faults = FaultInjector(config.faults)
         self.failure: BaseException | None = None
         self._manifest_lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._idle_epochs = 0
         self._query_id: str | None = None
         self._committer: OrderedCommitter | None = None
         if config.snapshots and config.commit_mode == "async":
@@ -135,6 +138,17 @@ class EpochCoordinator:
         except BaseException as err:
             self.failure = err
             raise
+
+    @property
+    def idle_epochs(self) -> int:
+        """How many idle epochs (no input, no change) this run has seen."""
+        with self._idle:
+            return self._idle_epochs
+
+    def wait_for_idle(self, seen: int, timeout: float) -> bool:
+        """Wait until more than ``seen`` idle epochs have happened; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._idle_epochs > seen, timeout)
 
     def drain(self) -> None:
         """Wait until the background committer has committed every PREPARED epoch."""
@@ -174,6 +188,12 @@ class EpochCoordinator:
         except BaseException as err:
             raise self._abort(epoch, [f for m in markers for f in m.files], err) from None
         align_ms = _ms_since(started)
+        if not aligned.files and self._is_idle(offsets):
+            log.debug("epoch %d read no input and changed nothing; it is not recorded", epoch)
+            with self._idle:
+                self._idle_epochs += 1
+                self._idle.notify_all()
+            return
         # Step 3: prepare.
         started = time.perf_counter()
         previous = self.epochs.latest_decided()
@@ -309,6 +329,13 @@ class EpochCoordinator:
         except AbsError as record_err:
             log.warning("epoch %d: could not record ABORTED: %s", epoch, record_err)
         return err
+
+    def _is_idle(self, offsets: BatchOffsets) -> bool:
+        """Whether a micro-batch read no new input: Spark's no-data batches for timeouts."""
+        if offsets.batch_id == 0:
+            return False
+        previous = self.checkpoint.offsets(offsets.batch_id - 1)
+        return previous.source_offsets == offsets.source_offsets
 
     def _current_query_id(self) -> str | None:
         if self._query_id is None:

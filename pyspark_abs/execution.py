@@ -37,7 +37,15 @@ from pyspark_abs.operator import (
     PerKeyFunction,
     TimeoutMode,
 )
-from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT, check_columns, frame_to_arrow
+from pyspark_abs.schema import (
+    DELETED,
+    EPOCH,
+    KEY_GROUP,
+    TIMEOUT,
+    check_columns,
+    check_names,
+    frame_to_arrow,
+)
 from pyspark_abs.state_codec import BatchCodec
 
 if TYPE_CHECKING:
@@ -217,7 +225,7 @@ def _run_per_key(
     timeouts = current[TIMEOUT].tolist()
     upserts: list[dict[str, Any]] = []
     removed: list[tuple[Any, ...]] = []
-    collected: list[_OutputRows] = [_OutputRows() for _ in plan.outputs]
+    collected = [_OutputRows(schema) for _, schema in plan.outputs]
 
     def call(key: tuple[Any, ...], key_rows: pd.DataFrame, timed_out: bool) -> None:
         position = existing.get(key)
@@ -263,8 +271,8 @@ def _run_per_key(
         removed=pd.DataFrame.from_records(removed, columns=keys),
     )
     outputs = tuple(
-        rows_.to_arrow(schema, f"{where}: output {name!r}")
-        for rows_, (name, schema) in zip(collected, plan.outputs, strict=True)
+        rows_.to_arrow(f"{where}: output {name!r}")
+        for rows_, (name, _) in zip(collected, plan.outputs, strict=True)
     )
     return result, outputs
 
@@ -272,47 +280,54 @@ def _run_per_key(
 class _OutputRows:
     """Rows a per-key function returned for one output, collected over a key group."""
 
-    def __init__(self) -> None:
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
         self.frames: list[pd.DataFrame] = []
         self.records: list[Mapping[str, Any]] = []
 
     def add(self, rows: Any, what: str) -> None:
+        """Add what the function returned for one key, checking its columns."""
         if rows is None:
             return
         if isinstance(rows, pd.DataFrame):
+            check_columns(rows, self.schema.names, what)
             self.frames.append(rows)
         elif isinstance(rows, Mapping):
-            self.records.append(rows)
+            self._add_record(rows, what)
         elif isinstance(rows, Iterable) and not isinstance(rows, (str, bytes)):
             for row in rows:
                 if not isinstance(row, Mapping):
                     raise SchemaMismatchError(
                         f"{what}: returned rows must be dicts, got {type(row).__name__}"
                     )
-                self.records.append(row)
+                self._add_record(row, what)
         else:
             raise SchemaMismatchError(
                 f"{what}: returned {type(rows).__name__}; return a DataFrame, a dict (one "
                 f"row), a list of dicts, or None"
             )
 
-    def to_arrow(self, schema: pa.Schema, what: str) -> pa.Table:
+    def _add_record(self, row: Mapping[str, Any], what: str) -> None:
+        if len(row) != len(self.schema) or any(name not in row for name in self.schema.names):
+            check_names([str(k) for k in row], self.schema.names, what)
+        self.records.append(row)
+
+    def to_arrow(self, what: str) -> pa.Table:
+        """All collected rows as one table of the output's schema."""
         frames = list(self.frames)
         if self.records:
-            frames.append(pd.DataFrame.from_records(self.records))
+            frames.append(pd.DataFrame.from_records(self.records, columns=self.schema.names))
         if not frames:
-            return schema.empty_table()
-        for frame in frames:
-            check_columns(frame, schema.names, what)
+            return self.schema.empty_table()
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        return frame_to_arrow(frame, schema, what)
+        return frame_to_arrow(frame, self.schema, what)
 
 
 def _collect_per_key_output(
     plan: OperatorPlan, returned: Any, collected: list[_OutputRows], what: str
 ) -> None:
     if len(plan.outputs) == 1:
-        collected[0].add(returned, what)
+        collected[0].add(returned, f"{what}: output {plan.outputs[0][0]!r}")
         return
     if returned is None:
         return
@@ -323,7 +338,7 @@ def _collect_per_key_output(
             f"({names}) to rows, got {_short(returned)}"
         )
     for name, rows in returned.items():
-        collected[names.index(name)].add(rows, f"{what}, output {name!r}")
+        collected[names.index(name)].add(rows, f"{what}: output {name!r}")
 
 
 def _vectorized_outputs(

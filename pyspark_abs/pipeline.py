@@ -151,7 +151,9 @@ class Pipeline:
         Args:
             processing_time: Trigger interval, e.g. ``"10 seconds"`` (default: as fast as
                 possible).
-            available_now: Process what is available now, then stop.
+            available_now: Process what is available now, then stop. With processing-time
+                timeouts, Spark would run timeout micro-batches forever; the query stops at
+                the first micro-batch that reads no input and changes nothing.
 
         Raises:
             SnapshotRootError: The root is not writable.
@@ -179,12 +181,13 @@ class Pipeline:
             key_groups=self.config.key_groups,
         )
         try:
-            coordinator.recover()
+            recovered = coordinator.recover()
             query = self._start_query(coordinator, processing_time, available_now)
         except BaseException:
             coordinator.close()
             raise
-        return PipelineQuery(query, coordinator, self)
+        stop_when_idle = available_now and self.plan.timeout is TimeoutMode.PROCESSING_TIME
+        return PipelineQuery(query, coordinator, self, recovered, stop_when_idle)
 
     def run(self) -> PipelineQuery:
         """Process everything available now, wait until done, and return the query."""
@@ -262,10 +265,18 @@ class PipelineQuery:
     """A running pipeline: its Spark streaming query and its snapshot coordinator."""
 
     def __init__(
-        self, query: StreamingQuery, coordinator: EpochCoordinator, pipeline: Pipeline
+        self,
+        query: StreamingQuery,
+        coordinator: EpochCoordinator,
+        pipeline: Pipeline,
+        recovered_epochs: list[int],
+        stop_when_idle: bool = False,
     ) -> None:
         self.query = query
+        self._stop_when_idle = stop_when_idle
         self.pipeline = pipeline
+        self.recovered_epochs = recovered_epochs
+        """Epochs an earlier run left PREPARED and this run committed on start."""
         self._coordinator = coordinator
         self._finished = False
 
@@ -297,7 +308,9 @@ class PipelineQuery:
             AbsError: The pipeline failed; the error says where and what to do.
         """
         try:
-            if timeout is None:
+            if self._stop_when_idle:
+                ended = self._await_idle(timeout, stop=True)
+            elif timeout is None:
                 self.query.awaitTermination()
                 ended = True
             else:
@@ -310,12 +323,34 @@ class PipelineQuery:
         return ended
 
     def process_all_available(self) -> None:
-        """Block until the query has processed everything available in its sources."""
+        """Block until the query has processed everything available in its sources.
+
+        For operators with processing-time timeouts, Spark's own ``processAllAvailable``
+        never returns, because timeout micro-batches keep running; this waits instead for a
+        micro-batch that reads no input and changes nothing.
+        """
         try:
-            self.query.processAllAvailable()
+            if self.pipeline.plan.timeout is TimeoutMode.PROCESSING_TIME:
+                self._await_idle(None, stop=False)
+            else:
+                self.query.processAllAvailable()
         except StreamingQueryException as err:
             self._finish(failed=True)
             raise self._error(err) from err
+
+    def _await_idle(self, timeout: int | None, stop: bool) -> bool:
+        """Wait for the next idle epoch (or the end of the query), then maybe stop."""
+        seen = self._coordinator.idle_epochs
+        waited = 0
+        while timeout is None or waited < timeout:
+            if self.query.awaitTermination(1):
+                return True
+            waited += 1
+            if self._coordinator.wait_for_idle(seen, timeout=0):
+                if stop:
+                    self.query.stop()
+                return stop
+        return False
 
     def stop(self) -> None:
         """Stop the query, commit every PREPARED epoch, and stop the committer."""

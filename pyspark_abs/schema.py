@@ -74,13 +74,24 @@ def check_columns(
     """Check that ``frame`` has exactly the expected columns (in any order).
 
     Raises:
-        SchemaMismatchError: Columns are missing, unexpected or duplicated.
+        SchemaMismatchError: It is not a frame, or columns are missing, unexpected or
+            duplicated.
     """
     if not isinstance(frame, pd.DataFrame):
         raise SchemaMismatchError(
             f"{what}: expected a pandas DataFrame, got {type(frame).__name__}"
         )
-    names = [str(c) for c in frame.columns]
+    check_names([str(c) for c in frame.columns], expected, what, optional)
+
+
+def check_names(
+    names: Sequence[str], expected: Sequence[str], what: str, optional: Sequence[str] = ()
+) -> None:
+    """Check that ``names`` are exactly the expected column names (in any order).
+
+    Raises:
+        SchemaMismatchError: Names are missing, unexpected or duplicated.
+    """
     duplicated = sorted({n for n in names if names.count(n) > 1})
     missing = [c for c in expected if c not in names]
     extra = [c for c in names if c not in expected and c not in optional]

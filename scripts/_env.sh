@@ -1,0 +1,26 @@
+# Sourced by scripts/demo and scripts/test: make sure .venv holds the project and its
+# test dependencies at the pinned versions, (re)installing only when they changed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v java >/dev/null 2>&1; then
+    echo "pyspark-abs needs Java 17 or 21 on PATH for Spark (e.g. apt-get install openjdk-17-jre-headless)" >&2
+    exit 2
+fi
+
+VENV="${ABS_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "creating $VENV" >&2
+    "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.pyspark-abs-installed"
+wanted="$(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
+    echo "installing pyspark-abs and its test dependencies into $VENV" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -c constraints.txt -e ".[test]"
+    echo "$wanted" > "$stamp"
+fi
+export PATH="$PWD/$VENV/bin:$PATH"

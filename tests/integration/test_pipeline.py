@@ -1,0 +1,176 @@
+"""End to end: a streaming word count snapshotted into Delta, read back as DataFrames."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_abs import EpochStatus, Snapshots, vectorized_operator
+from pyspark_abs.examples import wordcount
+from pyspark_abs.store import DeltaStore, load_dataframe
+from tests.conftest import EPOCHS, write_epochs
+from tests.integration.conftest import (
+    assert_same,
+    assert_word_counts,
+    expected_sink,
+    expected_state,
+    word_count_per_key,
+    word_pipeline,
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_every_epoch_is_snapshotted_and_committed(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    query = word_pipeline(spark, inputs, tmp_path / "root", commit_mode=mode).run()
+    assert query.recovered_epochs == []
+    assert query.pending_epochs == 0
+    assert_word_counts(spark, tmp_path / "root", EPOCHS)
+
+    snapshots = Snapshots(str(tmp_path / "root"), spark)
+    infos = snapshots.list()
+    assert all(i.status is EpochStatus.COMMITTED for i in infos)
+    assert [i.table_versions["state/word_count"] for i in infos] == [1, 2, 3, 4]
+    assert [i.rows["state/word_count"] for i in infos] == [3, 3, 4, 5]
+    assert [i.state_keys for i in infos] == [3, 5, 8, 11]
+    assert all(i.commit_ms and i.batch_ms and i.align_ms is not None for i in infos)
+    assert '"logOffset":3' in (infos[-1].source_offsets or "")
+
+
+def test_both_operator_forms_write_the_same_snapshot(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    word_pipeline(spark, inputs, tmp_path / "vec").run()
+    word_pipeline(spark, inputs, tmp_path / "key", op=word_count_per_key).run()
+    store = DeltaStore()
+    tables = []
+    for root in ("vec", "key"):
+        uri = str(tmp_path / root / "state" / "word_count")
+        tables.append(load_dataframe(spark, uri, store.open(uri).version()))
+    assert_same(tables[0], tables[1])
+    assert_word_counts(spark, tmp_path / "key", EPOCHS)
+
+
+def test_restart_continues_where_it_stopped(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    word_pipeline(spark, inputs, tmp_path / "root").run()
+    write_epochs(tmp_path / "in", EPOCHS)
+    query = word_pipeline(spark, inputs, tmp_path / "root").run()
+    assert query.recovered_epochs == []
+    assert_word_counts(spark, tmp_path / "root", EPOCHS)
+
+
+def test_state_is_typed_and_queryable_with_sql(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    pipeline = word_pipeline(spark, inputs, tmp_path / "root", key_groups=4)
+    pipeline.run()
+    state = pipeline.snapshots.state("word_count", 1, with_metadata=True)
+    assert state.schema.simpleString() == (
+        "struct<word:string,count:bigint,_key_group:int,_epoch:bigint,_timeout:bigint>"
+    )
+    state.createOrReplaceTempView("word_state")
+    top = spark.sql("SELECT word, count FROM word_state WHERE count > 1 ORDER BY word")
+    assert_same(top, spark.createDataFrame([("a", 2), ("b", 2)], "word string, count long"))
+    rehashed = state.where(F.col("_key_group") != F.expr("pmod(hash(word), 4)"))
+    assert rehashed.count() == 0
+    assert [row["_epoch"] for row in state.where("word = 'a'").collect()] == [0]
+
+
+def test_manifest_reads_as_a_dataframe(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline.run()
+    manifest = pipeline.snapshots.manifest()
+    transitions = manifest.groupBy("status").count()
+    assert_same(
+        transitions,
+        spark.createDataFrame([("PREPARED", 2), ("COMMITTED", 2)], "status string, count long"),
+    )
+    prepared = manifest.where("status = 'PREPARED'").select(F.explode("files").alias("f"))
+    assert prepared.where("f.size_bytes <= 0").count() == 0
+
+
+def test_epoch_without_words_commits_nothing_new(spark: SparkSession, tmp_path: Path) -> None:
+    epochs = ["a b", "   ", "b"]
+    inputs = write_epochs(tmp_path / "in", epochs)
+    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline.run()
+    infos = pipeline.snapshots.list()
+    assert [i.status for i in infos] == [EpochStatus.COMMITTED] * 3
+    assert infos[1].rows == {}
+    assert infos[1].table_versions == infos[0].table_versions
+    assert_same(pipeline.snapshots.state("word_count", 1), expected_state(spark, epochs[:2]))
+
+
+def test_several_outputs_commit_to_several_sinks(spark: SparkSession, tmp_path: Path) -> None:
+    @vectorized_operator(
+        key="word",
+        state_schema="count long",
+        outputs={"counts": "word string, count long", "new_words": "word string, epoch long"},
+    )
+    def counting(rows, state, ctx):  # type: ignore[no-untyped-def]
+        from pyspark_abs import KeyGroupResult
+
+        seen = rows.groupby("word").size().rename("n").reset_index()
+        merged = seen.merge(state, on="word", how="left", indicator=True)
+        merged["count"] = merged["count"].fillna(0).astype("int64") + merged["n"]
+        fresh = merged.loc[merged["_merge"] == "left_only", ["word"]]
+        counts = merged[["word", "count"]]
+        return KeyGroupResult(
+            state=counts,
+            output={"counts": counts, "new_words": fresh.assign(epoch=ctx.epoch)},
+        )
+
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
+    from pyspark_abs import AbsConfig, DeltaSink, Pipeline
+
+    pipeline = Pipeline(
+        "two-sinks",
+        wordcount.words_of(lines),
+        counting,
+        root=str(tmp_path / "root"),
+        sinks={
+            "counts": str(tmp_path / "counts"),
+            "new_words": DeltaSink(str(tmp_path / "new"), ("epoch",)),
+        },
+        config=AbsConfig(key_groups=4, commit_mode="async"),
+    )
+    pipeline.run()
+    infos = pipeline.snapshots.list()
+    assert set(infos[-1].table_versions) == {"state/counting", "sink/counts", "sink/new_words"}
+    new_words = pipeline.snapshots.sink("new_words")
+    expected = spark.createDataFrame(
+        [
+            ("a", 0),
+            ("b", 0),
+            ("c", 0),
+            ("d", 1),
+            ("e", 1),
+            ("f", 2),
+            ("g", 2),
+            ("h", 2),
+            ("i", 3),
+            ("j", 3),
+            ("k", 3),
+        ],
+        "word string, epoch long",
+    )
+    assert_same(new_words.select("word", "epoch"), expected)
+    first_epoch = pipeline.snapshots.sink("new_words", epoch=0)
+    assert first_epoch.count() == 3
+
+
+def test_sinks_only_mode_writes_outputs_exactly_once(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    word_pipeline(spark, inputs, tmp_path / "root", snapshots=False).run()
+    store = DeltaStore()
+    sink = str(tmp_path / "root" / "sinks" / "word_counts")
+    counts = load_dataframe(spark, sink, store.open(sink).version())
+    assert_same(counts, expected_sink(spark, EPOCHS))
+    assert not (tmp_path / "root" / "_manifest").exists()
+    assert not (tmp_path / "root" / "state").exists()

@@ -1,0 +1,130 @@
+"""Key timeouts in a running query: they fire, emit, and are part of every snapshot."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import SparkSession
+
+from pyspark_abs import AbsConfig, KeyState, Pipeline, operator
+from tests.integration.conftest import assert_same
+
+SESSION_DDL = "word string, events long, closed boolean"
+GAP_MS = 10_000
+
+
+def write_events(directory: Path, epochs: list[list[tuple[str, int]]]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, events in enumerate(epochs):
+        path = directory / f"events-{i:04d}.json"
+        path.write_text("".join(json.dumps({"word": w, "ts": s}) + "\n" for w, s in events))
+        os.utime(path, (1_700_000_000 + i * 10, 1_700_000_000 + i * 10))
+    return directory
+
+
+@operator(key="word", state_schema="events long", output_schema=SESSION_DDL, timeout="event_time")
+def sessions(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    if state.has_timed_out:
+        events = state.get()["events"]
+        state.remove()
+        return {"word": key[0], "events": events, "closed": True}
+    events = state.get({"events": 0})["events"] + len(rows)
+    state.update({"events": events})
+    last = int(pd.to_datetime(rows["ts"], utc=True).max().timestamp() * 1000)
+    state.set_timeout_timestamp(last + GAP_MS)
+    return {"word": key[0], "events": events, "closed": False}
+
+
+def test_event_time_timeouts_fire_after_the_watermark(spark: SparkSession, tmp_path: Path) -> None:
+    # Event times in seconds; Spark drops events at or below the watermark, which starts at 0.
+    inputs = write_events(
+        tmp_path / "in",
+        [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]],
+    )
+    events = (
+        spark.readStream.schema("word string, ts long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(inputs))
+        .selectExpr("word", "timestamp_seconds(ts) AS ts")
+        .withWatermark("ts", "0 seconds")
+    )
+    pipeline = Pipeline(
+        "sessions",
+        events,
+        sessions,
+        root=str(tmp_path / "root"),
+        sinks=str(tmp_path / "sink"),
+        config=AbsConfig(key_groups=4),
+    )
+    pipeline.run()
+    snapshots = pipeline.snapshots
+    open_at_2 = snapshots.state("sessions", 2, with_metadata=True).select(
+        "word", "events", "_timeout"
+    )
+    assert_same(
+        open_at_2,
+        spark.createDataFrame(
+            [("a", 2, 115_000), ("b", 1, 111_000), ("c", 1, 140_000)],
+            "word string, events long, _timeout long",
+        ),
+    )
+    # Epoch 3 runs with the watermark at 130 s: the sessions of a and b close.
+    assert snapshots.get(3).watermark_ms == 130_000
+    assert_same(
+        snapshots.state("sessions", 3),
+        spark.createDataFrame([("c", 1), ("d", 1)], "word string, events long"),
+    )
+    closed = snapshots.sink("output").where("closed")
+    assert_same(closed, spark.createDataFrame([("a", 2, True), ("b", 1, True)], SESSION_DDL))
+
+
+@operator(
+    key="word", state_schema="events long", output_schema=SESSION_DDL, timeout="processing_time"
+)
+def idle(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    if state.has_timed_out:
+        events = state.get()["events"]
+        state.remove()
+        return {"word": key[0], "events": events, "closed": True}
+    state.update({"events": state.get({"events": 0})["events"] + len(rows)})
+    state.set_timeout_duration(1)
+    return None
+
+
+def test_processing_time_timeouts_fire_in_a_later_epoch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inputs = write_events(tmp_path / "in", [[("a", 0), ("b", 0)], [("a", 1)], [("c", 2)]])
+    events = (
+        spark.readStream.schema("word string, ts long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(inputs))
+    )
+    pipeline = Pipeline(
+        "idle",
+        events,
+        idle,
+        root=str(tmp_path / "root"),
+        sinks=str(tmp_path / "sink"),
+        config=AbsConfig(key_groups=4),
+    )
+    pipeline.run()  # stops at the first micro-batch with no input and no change
+    snapshots = pipeline.snapshots
+    # No-data micro-batches that fire no timeout change nothing and are not recorded.
+    assert all(info.rows for info in snapshots.list()[3:])
+    assert_same(
+        snapshots.sink("output", 1),
+        spark.createDataFrame([("b", 1, True)], SESSION_DDL),
+    )
+    assert_same(
+        snapshots.sink("output", 2),
+        spark.createDataFrame([("b", 1, True), ("a", 2, True)], SESSION_DDL),
+    )
+    [open_key] = snapshots.state("idle", 2, with_metadata=True).collect()
+    assert open_key["word"] == "c"
+    recorded = snapshots.get(2).recorded_at.timestamp() * 1000
+    assert abs(open_key["_timeout"] - recorded) < 60_000

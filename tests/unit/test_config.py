@@ -1,0 +1,33 @@
+import pytest
+
+from pyspark_abs import AbsConfig, ConfigError
+
+
+def test_defaults() -> None:
+    config = AbsConfig()
+    assert config.commit_mode == "async"
+    assert config.key_groups == 256
+    assert config.snapshots is True
+
+
+def test_from_mapping_converts_strings() -> None:
+    config = AbsConfig.from_mapping(
+        {"commit_mode": "sync", "key_groups": "64", "snapshots": "false"}
+    )
+    assert config == AbsConfig(commit_mode="sync", key_groups=64, snapshots=False)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"commit_mod": "sync"}, r"unknown configuration key\(s\) \['commit_mod'\]"),
+        ({"commit_mode": "eventually"}, "commit_mode must be 'sync' or 'async'"),
+        ({"key_groups": "0"}, "key_groups must be a positive integer"),
+        ({"key_groups": "many"}, "cannot read 'many' as int"),
+        ({"snapshots": "maybe"}, "cannot read 'maybe' as bool"),
+        ({"max_pending_epochs": -1}, "max_pending_epochs must be a positive integer"),
+    ],
+)
+def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        AbsConfig.from_mapping(values)

@@ -1,0 +1,356 @@
+"""The per-key-group core: both operator forms, diffs, tombstones, timeouts, and errors."""
+
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from pyspark_abs import (
+    Clock,
+    InvalidTimeoutError,
+    KeyGroupContext,
+    KeyGroupResult,
+    KeyState,
+    OperatorError,
+    SchemaMismatchError,
+    TimeoutMode,
+)
+from pyspark_abs.execution import KeyGroupOutcome, OperatorPlan, run_key_group
+from tests.conftest import arrow_schema
+
+INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
+STATE = arrow_schema(("count", pa.int64()))
+OUTPUT = (("output", arrow_schema(("word", pa.string()), ("count", pa.int64()))),)
+CLOCK = Clock(processing_time_ms=1_000, watermark_ms=None)
+LIMIT = 4
+
+
+def per_key(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    count = state.get({"count": 0})["count"] + len(rows)
+    if count > LIMIT:
+        state.remove()
+        return None
+    state.update({"count": count})
+    return {"word": key[0], "count": count}
+
+
+def vectorized(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    seen = rows.groupby("word").size().rename("n").reset_index()
+    merged = seen.merge(state[["word", "count"]], on="word", how="left")
+    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["n"]
+    over = merged["count"] > LIMIT
+    kept = merged.loc[~over, ["word", "count"]]
+    return KeyGroupResult(state=kept, removed=merged.loc[over, ["word"]], output=kept)
+
+
+def plan_for(
+    per_key_fn: Any = None,
+    vectorized_fn: Any = None,
+    timeout: TimeoutMode = TimeoutMode.NONE,
+    outputs: tuple[tuple[str, pa.Schema], ...] = OUTPUT,
+) -> OperatorPlan:
+    return OperatorPlan(
+        name="wc",
+        key_columns=("word",),
+        input_schema=INPUT,
+        state_schema=STATE,
+        outputs=outputs,
+        timeout=timeout,
+        per_key=per_key_fn,
+        vectorized=vectorized_fn,
+    )
+
+
+def rows(*words: str, ts: int = 0) -> pd.DataFrame:
+    return pd.DataFrame({"word": list(words), "ts": [ts] * len(words)})
+
+
+def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupOutcome]:
+    state = plan.blob_schema.empty_table()
+    outcomes = []
+    for epoch, frame in enumerate(epochs):
+        outcome = run_key_group(plan, 7, frame, state, CLOCK, epoch)
+        outcomes.append(outcome)
+        state = outcome.state
+    return outcomes
+
+
+def sort(table: pa.Table) -> list[dict[str, Any]]:
+    return sorted(table.to_pylist(), key=lambda r: str(r["word"]))
+
+
+EPOCHS = [rows("a", "b", "a"), rows("a", "c"), rows("c"), rows("a", "a", "b")]
+
+
+@pytest.mark.parametrize("form", ["per_key", "vectorized"])
+def test_changes_hold_only_changed_keys_and_tombstones(form: str) -> None:
+    plan = plan_for(per_key, None) if form == "per_key" else plan_for(None, vectorized)
+    outcomes = run_epochs(plan, EPOCHS)
+    changes = [sort(o.changes) for o in outcomes]
+    assert changes[0] == [
+        {"word": "a", "count": 2, "_timeout": None, "_deleted": False},
+        {"word": "b", "count": 1, "_timeout": None, "_deleted": False},
+    ]
+    assert changes[2] == [{"word": "c", "count": 2, "_timeout": None, "_deleted": False}]
+    assert changes[3] == [
+        {"word": "a", "count": None, "_timeout": None, "_deleted": True},
+        {"word": "b", "count": 2, "_timeout": None, "_deleted": False},
+    ]
+    assert [o.keys_delta for o in outcomes] == [2, 1, 0, -1]
+    assert sort(outcomes[-1].state) == [
+        {"word": "b", "count": 2, "_timeout": None},
+        {"word": "c", "count": 2, "_timeout": None},
+    ]
+
+
+def test_both_forms_snapshot_identically() -> None:
+    by_key = run_epochs(plan_for(per_key, None), EPOCHS)
+    by_group = run_epochs(plan_for(None, vectorized), EPOCHS)
+    for a, b in zip(by_key, by_group, strict=True):
+        assert sort(a.changes) == sort(b.changes)
+        assert sort(a.state) == sort(b.state)
+        assert sort(a.outputs[0]) == sort(b.outputs[0])
+
+
+def test_unchanged_upserts_are_not_written() -> None:
+    def lazy(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        new = rows.groupby("word").size().rename("count").reset_index()
+        return KeyGroupResult(
+            state=pd.concat([state[["word", "count"]], new]).drop_duplicates("word", keep="last")
+        )
+
+    outcomes = run_epochs(plan_for(None, lazy), [rows("a", "b"), rows("c")])
+    assert sort(outcomes[1].changes) == [
+        {"word": "c", "count": 1, "_timeout": None, "_deleted": False}
+    ]
+    assert outcomes[1].state.num_rows == 3
+
+
+def test_several_outputs_per_key() -> None:
+    outputs = (
+        ("counts", arrow_schema(("word", pa.string()), ("count", pa.int64()))),
+        ("firsts", arrow_schema(("word", pa.string()))),
+    )
+
+    def fn(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        first = not state.exists
+        state.update({"count": len(rows)})
+        result: dict[str, Any] = {"counts": {"word": key[0], "count": len(rows)}}
+        if first:
+            result["firsts"] = [{"word": key[0]}]
+        return result
+
+    plan = plan_for(fn, None, outputs=outputs)
+    outcome = run_key_group(plan, 0, rows("x", "y", "x"), plan.blob_schema.empty_table(), CLOCK, 0)
+    assert sort(outcome.outputs[0]) == [{"word": "x", "count": 2}, {"word": "y", "count": 1}]
+    assert sort(outcome.outputs[1]) == [{"word": "x"}, {"word": "y"}]
+
+
+def test_user_error_names_operator_epoch_key_group_and_key() -> None:
+    def broken(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> None:
+        raise ZeroDivisionError("boom")
+
+    plan = plan_for(broken, None)
+    with pytest.raises(
+        OperatorError,
+        match=r"operator 'wc', epoch 4, key group 7, key \('a',\).*ZeroDivisionError: boom",
+    ):
+        run_key_group(plan, 7, rows("a"), plan.blob_schema.empty_table(), CLOCK, 4)
+
+
+def test_vectorized_user_error_names_key_group() -> None:
+    def broken(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        raise KeyError("nope")
+
+    plan = plan_for(None, broken)
+    with pytest.raises(
+        OperatorError, match=r"operator 'wc', epoch 2, key group 7: the function raised KeyError"
+    ):
+        run_key_group(plan, 7, rows("a"), plan.blob_schema.empty_table(), CLOCK, 2)
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (pd.DataFrame({"word": ["a"]}), r"missing column\(s\) \['count'\]"),
+        (pd.DataFrame({"word": ["a"], "count": [1], "x": [1]}), r"unexpected column\(s\) \['x'\]"),
+        (
+            pd.DataFrame({"word": ["a"], "count": ["many"]}),
+            r"column 'count' cannot be converted to int64",
+        ),
+        ("text", "returned str"),
+    ],
+)
+def test_wrong_output_is_a_schema_mismatch(returned: Any, message: str) -> None:
+    plan = plan_for(lambda key, rows, state: returned, None)
+    with pytest.raises(SchemaMismatchError, match=message):
+        run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
+
+
+def test_wrong_vectorized_state_is_a_schema_mismatch() -> None:
+    def fn(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        return KeyGroupResult(state=pd.DataFrame({"word": ["a"], "total": [1]}))
+
+    plan = plan_for(None, fn)
+    with pytest.raises(
+        SchemaMismatchError, match=r"returned state: missing column\(s\) \['count'\]"
+    ):
+        run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
+
+
+def test_non_result_return_is_refused() -> None:
+    plan = plan_for(None, lambda rows, state, ctx: rows)
+    with pytest.raises(SchemaMismatchError, match="returns a KeyGroupResult"):
+        run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
+
+
+def test_state_for_keys_outside_the_call_is_refused() -> None:
+    def fn(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        return KeyGroupResult(state=pd.DataFrame({"word": ["stranger"], "count": [1]}))
+
+    plan = plan_for(None, fn)
+    with pytest.raises(OperatorError, match=r"\['stranger'\] that have neither rows nor state"):
+        run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
+
+
+def test_duplicate_and_conflicting_keys_are_refused() -> None:
+    def dup(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        return KeyGroupResult(state=pd.DataFrame({"word": ["a", "a"], "count": [1, 2]}))
+
+    def both(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        return KeyGroupResult(
+            state=pd.DataFrame({"word": ["a"], "count": [1]}), removed=pd.DataFrame({"word": ["a"]})
+        )
+
+    for fn, message in [(dup, "more than once"), (both, "both updated and removed")]:
+        plan = plan_for(None, fn)
+        with pytest.raises(SchemaMismatchError, match=message):
+            run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
+
+
+def expiring(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    if state.has_timed_out:
+        value = state.get()["count"]
+        state.remove()
+        return {"word": key[0], "count": -value}
+    state.update({"count": state.get({"count": 0})["count"] + len(rows)})
+    state.set_timeout_timestamp(int(rows["ts"].max()) + 100)
+    return None
+
+
+def test_event_time_timeouts_fire_below_the_watermark_only_for_idle_keys() -> None:
+    plan = plan_for(expiring, None, timeout=TimeoutMode.EVENT_TIME)
+    state = plan.blob_schema.empty_table()
+    first = run_key_group(plan, 0, rows("a", "b", ts=1000), state, Clock(0, 0), 0)
+    assert first.next_timeout_ms == 1100
+    assert sort(first.changes)[0]["_timeout"] == 1100
+    # Watermark 1100 is not past 1100: nothing fires.
+    quiet = run_key_group(plan, 0, rows(ts=0).iloc[0:0], first.state, Clock(0, 1100), 1)
+    assert quiet.changes.num_rows == 0
+    # Watermark 1101 passes both timeouts, but "b" has rows, so only "a" fires.
+    fired = run_key_group(plan, 0, rows("b", ts=1050), first.state, Clock(0, 1101), 2)
+    assert sort(fired.outputs[0]) == [{"word": "a", "count": -1}]
+    assert sort(fired.changes) == [
+        {"word": "a", "count": None, "_timeout": None, "_deleted": True},
+        {"word": "b", "count": 2, "_timeout": 1150, "_deleted": False},
+    ]
+    assert fired.next_timeout_ms == 1150
+
+
+def test_calling_a_key_clears_its_timeout_unless_set_again() -> None:
+    def forgetful(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> None:
+        return None
+
+    plan = plan_for(None, forgetful, timeout=TimeoutMode.PROCESSING_TIME)
+    state = pa.table(
+        {"word": ["a", "b"], "count": [1, 1], "_timeout": [5_000, 6_000]}, schema=plan.blob_schema
+    )
+    outcome = run_key_group(plan, 0, rows("a"), state, CLOCK, 3)
+    assert sort(outcome.changes) == [{"word": "a", "count": 1, "_timeout": None, "_deleted": False}]
+    assert outcome.next_timeout_ms == 6_000
+
+
+def test_vectorized_context_lists_timed_out_keys() -> None:
+    seen: list[list[str]] = []
+
+    def fn(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        seen.append(sorted(ctx.timed_out["word"]))
+        return KeyGroupResult(removed=ctx.timed_out)
+
+    plan = plan_for(None, fn, timeout=TimeoutMode.PROCESSING_TIME)
+    state = pa.table(
+        {"word": ["a", "b", "c"], "count": [1, 1, 1], "_timeout": [500, 900, 5_000]},
+        schema=plan.blob_schema,
+    )
+    outcome = run_key_group(plan, 0, rows("b"), state, CLOCK, 1)
+    assert seen == [["a"]]
+    assert outcome.keys_delta == -1
+
+
+@pytest.mark.parametrize(
+    ("mode", "timeout", "message"),
+    [
+        (TimeoutMode.NONE, 2_000, "declared without a timeout"),
+        (TimeoutMode.PROCESSING_TIME, 1_000, "must be in the future"),
+        (TimeoutMode.EVENT_TIME, 10, "older than the watermark"),
+    ],
+)
+def test_invalid_timeouts_are_refused(mode: TimeoutMode, timeout: int, message: str) -> None:
+    def fn(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        return KeyGroupResult(
+            state=pd.DataFrame({"word": ["a"], "count": [1], "_timeout": [timeout]})
+        )
+
+    plan = plan_for(None, fn, timeout=mode)
+    with pytest.raises(InvalidTimeoutError, match=message):
+        run_key_group(plan, 0, rows("a"), plan.blob_schema.empty_table(), Clock(1_000, 500), 0)
+
+
+def test_key_state_guards_its_timeout_calls() -> None:
+    state = KeyState(
+        ("a",),
+        ["count"],
+        None,
+        timeout_mode=TimeoutMode.EVENT_TIME,
+        clock=Clock(0, 500),
+        has_timed_out=False,
+        timeout_ms=None,
+    )
+    with pytest.raises(
+        InvalidTimeoutError, match="needs an operator declared with timeout='processing_time'"
+    ):
+        state.set_timeout_duration(10)
+    with pytest.raises(InvalidTimeoutError, match="older than the current watermark 500"):
+        state.set_timeout_timestamp(499)
+    with pytest.raises(SchemaMismatchError, match="missing"):
+        state.update({"total": 1})
+
+
+def test_null_and_unicode_keys_keep_their_state() -> None:
+    plan = plan_for(per_key, None)
+    keys = pd.DataFrame({"word": [None, "ü", None, "日本"], "ts": [0, 0, 0, 0]})
+    first = run_key_group(plan, 0, keys, plan.blob_schema.empty_table(), CLOCK, 0)
+    second = run_key_group(plan, 0, keys.iloc[:1], first.state, CLOCK, 1)
+    assert sort(second.changes) == [{"word": None, "count": 3, "_timeout": None, "_deleted": False}]
+    assert second.keys_delta == 0
+
+
+def test_nested_state_values_are_diffed() -> None:
+    state_schema = arrow_schema(("tags", pa.list_(pa.string())))
+    plan = OperatorPlan(
+        "tags",
+        ("word",),
+        INPUT,
+        state_schema,
+        OUTPUT,
+        TimeoutMode.NONE,
+        None,
+        lambda rows, state, ctx: KeyGroupResult(
+            state=pd.DataFrame({"word": ["a", "b"], "tags": [["x"], ["y", "z"]]})
+        ),
+    )
+    first = run_key_group(plan, 0, rows("a", "b"), plan.blob_schema.empty_table(), CLOCK, 0)
+    second = run_key_group(plan, 0, rows("a", "b"), first.state, CLOCK, 1)
+    assert first.changes.num_rows == 2
+    assert second.changes.num_rows == 0

@@ -1,0 +1,34 @@
+import pytest
+
+from pyspark_abs import ConfigError, Fault, FaultAction, FaultStep, InjectedFault
+from pyspark_abs.faults import FaultInjector, task_fault
+
+
+def test_driver_fault_fires_once_at_its_step_and_epoch() -> None:
+    injector = FaultInjector([Fault(FaultStep.AFTER_PREPARED, epoch=2)])
+    injector.at(FaultStep.AFTER_PREPARED, 1)
+    injector.at(FaultStep.AFTER_ALIGN, 2)
+    with pytest.raises(InjectedFault, match="'after_prepared' of epoch 2"):
+        injector.at(FaultStep.AFTER_PREPARED, 2)
+    injector.at(FaultStep.AFTER_PREPARED, 2)
+
+
+def test_task_fault_matches_partition_and_attempt() -> None:
+    faults = [Fault(FaultStep.PRECOMMIT_TASK, epoch=1, partition=0, action=FaultAction.DROP_MARKER)]
+    assert task_fault(faults, 1, 0, 0) == faults[0]
+    assert task_fault(faults, 1, 0, 1) is None
+    assert task_fault(faults, 1, 1, 0) is None
+    assert task_fault(faults, 2, 0, 0) is None
+    every_attempt = [Fault(FaultStep.PRECOMMIT_TASK, attempt=None)]
+    assert task_fault(every_attempt, 5, 3, 2) == every_attempt[0]
+
+
+def test_damage_actions_only_apply_in_tasks() -> None:
+    with pytest.raises(ConfigError, match="applies only to step 'precommit_task'"):
+        Fault(FaultStep.AFTER_ALIGN, action=FaultAction.DELETE_FILE)
+
+
+def test_steps_and_actions_parse_from_strings() -> None:
+    fault = Fault("after_committed", 3, "exit")  # type: ignore[arg-type]
+    assert fault.step is FaultStep.AFTER_COMMITTED
+    assert fault.action is FaultAction.EXIT

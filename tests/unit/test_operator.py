@@ -1,0 +1,72 @@
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from pyspark_abs import OperatorDefinitionError, TimeoutMode, operator, vectorized_operator
+
+
+def fn(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> None:
+    return None
+
+
+def group_fn(rows: pd.DataFrame, state: pd.DataFrame, ctx: Any) -> None:
+    return None
+
+
+def test_declaration_records_keys_outputs_and_form() -> None:
+    op = operator(
+        key=["a", "b"],
+        state_schema="n long",
+        outputs={"x": "a long", "y": "b long"},
+        timeout="event_time",
+    )(fn)
+    assert op.name == "fn"
+    assert op.key == ("a", "b")
+    assert op.output_names == ("x", "y")
+    assert op.timeout is TimeoutMode.EVENT_TIME
+    assert op.per_key is fn
+    assert op.vectorized is None
+    vec = vectorized_operator(key="a", state_schema="n long", output_schema="a long", name="v")(
+        group_fn
+    )
+    assert vec.output_names == ("output",)
+    assert vec.vectorized is group_fn
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"key": "a", "state_schema": "n long"}, "exactly one of output_schema"),
+        (
+            {
+                "key": "a",
+                "state_schema": "n long",
+                "output_schema": "a long",
+                "outputs": {"x": "a long"},
+            },
+            "exactly one of",
+        ),
+        (
+            {"key": [], "state_schema": "n long", "output_schema": "a long"},
+            "key must be a column name",
+        ),
+        (
+            {"key": ["a", "a"], "state_schema": "n long", "output_schema": "a long"},
+            "key columns repeat",
+        ),
+        ({"key": "_epoch", "state_schema": "n long", "output_schema": "a long"}, "reserved"),
+        (
+            {"key": "a", "state_schema": "n long", "output_schema": "a long", "timeout": "weekly"},
+            "timeout must be one of",
+        ),
+        (
+            {"key": "a", "state_schema": "n long", "output_schema": "a long", "name": "bad name!"},
+            "operator name",
+        ),
+        ({"key": "a", "state_schema": "n long", "outputs": {}}, "outputs= is empty"),
+    ],
+)
+def test_inconsistent_declarations_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(OperatorDefinitionError, match=message):
+        operator(**kwargs)(fn)

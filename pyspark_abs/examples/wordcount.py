@@ -99,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = local_session("wordcount", shuffle_partitions=2)
     faults = (args.crash,) if args.crash else ()
     config = AbsConfig(commit_mode=args.commit_mode, key_groups=args.key_groups, faults=faults)
-    build(spark, args.input, args.root, config=config).run()
+    query = build(spark, args.input, args.root, config=config).run()
+    if query.recovered_epochs:
+        print(f"recovery committed PREPARED epoch(s) {query.recovered_epochs} from the manifest")
     return 0
 
 

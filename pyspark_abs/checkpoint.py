@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark_abs.errors import PipelineMismatchError
+from pyspark_abs.errors import ConfigError, PipelineMismatchError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,9 +45,10 @@ class CheckpointReader:
         self.location = location.rstrip("/")
         jvm = getattr(spark, "_jvm", None)
         if jvm is None:
-            raise PipelineMismatchError(
-                "pyspark-abs reads the streaming checkpoint through the JVM and needs a "
-                "classic SparkSession; this session has no JVM gateway"
+            raise ConfigError(
+                "pyspark-abs reads the streaming checkpoint through the JVM and needs a classic "
+                "SparkSession; this one (Spark Connect?) has no JVM gateway. Run the pipeline "
+                "on a classic session"
             )
         self._jvm = jvm
         self._conf = spark._jsc.hadoopConfiguration()

@@ -28,6 +28,7 @@ from pyspark_abs.errors import (
     OperatorError,
     SchemaMismatchError,
 )
+from pyspark_abs.keys import BoolArray, contains, key_arrays, positions, repeated
 from pyspark_abs.operator import (
     Clock,
     KeyGroupContext,
@@ -82,6 +83,11 @@ class OperatorPlan:
     def key_schema(self) -> pa.Schema:
         """The key columns with their input types (nullable)."""
         return pa.schema([self.input_schema.field(k).with_nullable(True) for k in self.key_columns])
+
+    @cached_property
+    def no_keys(self) -> pd.DataFrame:
+        """An empty frame of the key columns."""
+        return self.key_schema.empty_table().to_pandas()
 
     @cached_property
     def blob_schema(self) -> pa.Schema:
@@ -169,24 +175,23 @@ def run_key_group(
         InvalidTimeoutError: A returned timeout is not allowed.
     """
     where = f"operator {plan.name!r}, epoch {epoch}, key group {key_group}"
-    keys = list(plan.key_columns)
-    current = state.to_pandas()
-    current_index = _key_index(state.select(keys), keys)
-    row_keys = _arrow_keys(rows, plan, where).to_pandas()
-    row_index = _key_index(row_keys, keys).unique()
-    fired = _expired(plan, current, current_index, row_index, clock)
-    called_index = row_index.append(current_index[fired]) if fired.any() else row_index
+    current = state.to_pandas(use_threads=False)
+    row_keys = _arrow_keys(rows, plan, where)
+    state_keys, input_keys = key_arrays([state, row_keys], plan.key_columns)
+    has_rows = contains(state_keys, input_keys)
+    fired = _expired(plan, state, has_rows, clock)
 
     if plan.vectorized is not None:
+        timed_out = (
+            state.filter(fired).select(list(plan.key_columns)).to_pandas(use_threads=False)
+            if fired.any()
+            else plan.no_keys.copy(deep=False)
+        )
         ctx = KeyGroupContext(
-            operator=plan.name,
-            epoch=epoch,
-            key_group=key_group,
-            clock=clock,
-            timed_out=current.loc[fired, keys].reset_index(drop=True),
+            operator=plan.name, epoch=epoch, key_group=key_group, clock=clock, timed_out=timed_out
         )
         try:
-            result = plan.vectorized(rows, current.copy(), ctx)
+            result = plan.vectorized(rows, current, ctx)
         except AbsError:
             raise
         except Exception as err:
@@ -202,15 +207,16 @@ def run_key_group(
     else:
         result, outputs = _run_per_key(plan, rows, row_keys, current, fired, clock, where)
 
-    return _apply_state(plan, state, current_index, called_index, result, outputs, clock, where)
+    called = has_rows | fired
+    return _apply_state(plan, state, row_keys, called, result, outputs, clock, where)
 
 
 def _run_per_key(
     plan: OperatorPlan,
     rows: pd.DataFrame,
-    row_keys: pd.DataFrame,
+    row_keys: pa.Table,
     current: pd.DataFrame,
-    fired: np.ndarray[Any, np.dtype[np.bool_]],
+    fired: BoolArray,
     clock: Clock,
     where: str,
 ) -> tuple[KeyGroupResult, tuple[pa.Table, ...]]:
@@ -258,10 +264,12 @@ def _run_per_key(
             upserts.append(row)
 
     if len(rows):
-        groups = row_keys.groupby(keys, sort=False, dropna=False).indices
-        for key, positions in groups.items():
+        groups = (
+            row_keys.to_pandas(use_threads=False).groupby(keys, sort=False, dropna=False).indices
+        )
+        for key, at in groups.items():
             key_tuple = key if isinstance(key, tuple) else (key,)
-            call(_norm_key(key_tuple), rows.iloc[positions], False)
+            call(_norm_key(key_tuple), rows.iloc[at], False)
     no_rows = rows.iloc[0:0]
     for key in current.loc[fired, keys].itertuples(index=False, name=None):
         call(_norm_key(key), no_rows, True)
@@ -384,77 +392,88 @@ def _vectorized_outputs(
 def _apply_state(
     plan: OperatorPlan,
     state: pa.Table,
-    current_index: pd.Index,
-    called_index: pd.Index,
+    row_keys: pa.Table,
+    called: BoolArray,
     result: KeyGroupResult,
     outputs: tuple[pa.Table, ...],
     clock: Clock,
     where: str,
 ) -> KeyGroupOutcome:
-    """Check the returned state, diff it against the current state, and build the outcome."""
-    keys = list(plan.key_columns)
+    """Check the returned state, diff it against the current state, and build the outcome.
+
+    Args:
+        plan: The operator.
+        state: The key group's state before the call.
+        row_keys: Key columns of the call's input rows.
+        called: For each key in ``state``, whether the function was called for it.
+        result: What the function returned.
+        outputs: The call's output tables.
+        clock: The epoch's clocks.
+        where: Operator, epoch and key group, for messages.
+    """
+    columns = plan.key_columns
     upserts = _upsert_table(plan, result.state, where)
     removed = _removed_table(plan, result.removed, where)
-    up_index = _key_index(upserts.select(keys), keys)
-    rm_index = _key_index(removed, keys)
-
-    if up_index.has_duplicates:
+    state_keys, input_keys, up_keys, rm_keys = key_arrays(
+        [state, row_keys, upserts, removed], columns
+    )
+    twice = repeated(up_keys)
+    if twice.any():
         raise SchemaMismatchError(
-            f"{where}: returned state holds key(s) {_few(up_index[up_index.duplicated()])} "
-            f"more than once"
+            f"{where}: returned state holds key(s) {_few(upserts, twice, columns)} more than once"
         )
-    both = up_index.intersection(rm_index)
-    if len(both):
+    both = contains(up_keys, rm_keys)
+    if both.any():
         raise SchemaMismatchError(
-            f"{where}: key(s) {_few(both)} are both updated and removed; do one or the other"
+            f"{where}: key(s) {_few(upserts, both, columns)} are both updated and removed; do "
+            f"one or the other"
         )
-    foreign = ~(up_index.isin(current_index) | up_index.isin(called_index))
-    foreign_rm = ~(rm_index.isin(current_index) | rm_index.isin(called_index))
-    if foreign.any() or foreign_rm.any():
-        strangers = up_index[foreign].append(rm_index[foreign_rm])
-        raise OperatorError(
-            f"{where}: returned state for key(s) {_few(strangers)} that have neither rows "
-            f"nor state in this key group; an operator may only change keys it was called for"
-        )
+    known = pa.concat_arrays([state_keys, input_keys])
+    for table, keys_ in ((upserts, up_keys), (removed, rm_keys)):
+        foreign = ~contains(keys_, known)
+        if foreign.any():
+            raise OperatorError(
+                f"{where}: returned state for key(s) {_few(table, foreign, columns)} that have "
+                f"neither rows nor state in this key group; an operator may only change keys "
+                f"it was called for"
+            )
     _check_timeouts(plan, upserts, clock, where)
 
     # Keys the function was called for keep no timeout unless it set one again.
     reset = (
-        called_index.isin(current_index)
-        & ~called_index.isin(up_index)
-        & ~called_index.isin(rm_index)
+        called
+        & ~contains(state_keys, up_keys)
+        & ~contains(state_keys, rm_keys)
+        & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
     )
     if reset.any():
-        positions = current_index.get_indexer(called_index[reset])
-        carried = state.take(positions)
-        carried = carried.filter(pc.is_valid(carried[TIMEOUT]))
-        if carried.num_rows:
-            carried = carried.set_column(
-                carried.schema.get_field_index(TIMEOUT),
-                TIMEOUT,
-                pa.nulls(carried.num_rows, pa.int64()),
-            )
-            upserts = pa.concat_tables([upserts, carried])
-            up_index = _key_index(upserts.select(keys), keys)
+        carried = state.filter(reset)
+        carried = carried.set_column(
+            carried.schema.get_field_index(TIMEOUT),
+            TIMEOUT,
+            pa.nulls(carried.num_rows, pa.int64()),
+        )
+        upserts = pa.concat_tables([upserts, carried])
+        up_keys = pa.concat_arrays([up_keys, state_keys.filter(reset)])
 
-    positions = current_index.get_indexer(up_index)
-    is_new = positions < 0
-    changed = is_new.copy()
-    existing = ~is_new
+    found = positions(up_keys, state_keys)
+    existing = found >= 0
+    changed = ~existing
     if existing.any():
-        before = state.take(positions[existing])
-        after = upserts.filter(pa.array(existing))
+        values = [*plan.state_schema.names, TIMEOUT]
+        before = state.select(values).take(found[existing])
+        after = upserts.select(values).filter(existing)
         changed[existing] = ~_rows_equal(before, after)
-    rm_positions = current_index.get_indexer(rm_index)
-    gone = rm_positions >= 0
+    gone_at = positions(rm_keys, state_keys)
+    gone = gone_at >= 0
 
     keep = np.ones(state.num_rows, dtype=bool)
-    keep[positions[existing & changed]] = False
-    keep[rm_positions[gone]] = False
-    written = upserts.filter(pa.array(changed))
-    new_state = pa.concat_tables([state.filter(pa.array(keep)), written])
+    keep[found[existing & changed]] = False
+    keep[gone_at[gone]] = False
+    written = upserts.filter(changed)
+    new_state = pa.concat_tables([state.filter(keep), written])
 
-    tombstones = _tombstones(plan, removed.filter(pa.array(gone)))
+    tombstones = _tombstones(plan, removed.filter(gone))
     changes = pa.concat_tables(
         [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), tombstones]
     )
@@ -463,7 +482,7 @@ def _apply_state(
         state=new_state,
         changes=changes,
         outputs=outputs,
-        keys_delta=int(is_new.sum()) - int(gone.sum()),
+        keys_delta=int((~existing).sum()) - int(gone.sum()),
         next_timeout_ms=next_timeout,
     )
 
@@ -472,11 +491,12 @@ def _upsert_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) ->
     if frame is None:
         return plan.blob_schema.empty_table()
     what = f"{where}: returned state"
-    columns = [*plan.key_columns, *plan.state_schema.names]
-    check_columns(frame, columns, what, optional=[TIMEOUT])
-    if TIMEOUT not in frame.columns:
-        frame = frame.assign(**{TIMEOUT: pd.Series([None] * len(frame), dtype="Int64")})
-    return frame_to_arrow(frame, plan.blob_schema, what)
+    declared = pa.schema([*plan.key_schema, *plan.state_schema])
+    check_columns(frame, declared.names, what, optional=[TIMEOUT])
+    if TIMEOUT in frame.columns:
+        return frame_to_arrow(frame, plan.blob_schema, what)
+    table = frame_to_arrow(frame, declared, what)
+    return table.append_column(plan.blob_schema.field(TIMEOUT), pa.nulls(len(frame), pa.int64()))
 
 
 def _removed_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
@@ -518,28 +538,22 @@ def _check_timeouts(plan: OperatorPlan, upserts: pa.Table, clock: Clock, where: 
         )
 
 
-def _expired(
-    plan: OperatorPlan,
-    current: pd.DataFrame,
-    current_index: pd.Index,
-    row_index: pd.Index,
-    clock: Clock,
-) -> np.ndarray[Any, np.dtype[np.bool_]]:
+def _expired(plan: OperatorPlan, state: pa.Table, has_rows: BoolArray, clock: Clock) -> BoolArray:
     """Keys whose timeout fires now: set, below the threshold, and without rows."""
-    none = np.zeros(len(current), dtype=bool)
-    if plan.timeout is TimeoutMode.NONE or not len(current):
+    none = np.zeros(state.num_rows, dtype=bool)
+    if plan.timeout is TimeoutMode.NONE or not state.num_rows:
         return none
     threshold = (
         clock.watermark_ms if plan.timeout is TimeoutMode.EVENT_TIME else clock.processing_time_ms
     )
     if threshold is None:
         return none
-    timeouts = current[TIMEOUT]
-    due = (timeouts.notna() & (timeouts < threshold)).to_numpy(dtype=bool)
-    return due & ~current_index.isin(row_index)
+    timeouts = state[TIMEOUT].to_numpy()
+    due = np.nan_to_num(timeouts, nan=np.inf) < threshold
+    return np.asarray(due, dtype=bool) & ~has_rows
 
 
-def _rows_equal(before: pa.Table, after: pa.Table) -> np.ndarray[Any, np.dtype[np.bool_]]:
+def _rows_equal(before: pa.Table, after: pa.Table) -> BoolArray:
     """Row-wise equality of two tables of the same schema; nulls equal nulls, NaN equals NaN."""
     same = np.ones(before.num_rows, dtype=bool)
     for name in before.column_names:
@@ -549,8 +563,12 @@ def _rows_equal(before: pa.Table, after: pa.Table) -> np.ndarray[Any, np.dtype[n
     return same
 
 
-def _column_equal(a: Any, b: Any) -> np.ndarray[Any, np.dtype[np.bool_]]:
+def _column_equal(a: Any, b: Any) -> BoolArray:
     kind = a.type
+    if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and not (
+        a.null_count or b.null_count
+    ):
+        return np.asarray(a.to_numpy(zero_copy_only=False) == b.to_numpy(zero_copy_only=False))
     if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
         return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
     both_null = pc.and_(pc.is_null(a), pc.is_null(b))
@@ -565,14 +583,6 @@ def _arrow_keys(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
     if not len(rows):
         return plan.key_schema.empty_table()
     return frame_to_arrow(rows, plan.key_schema, f"{where}: input key columns")
-
-
-def _key_index(keys: pa.Table | pd.DataFrame, names: list[str]) -> pd.Index:
-    frame = keys.to_pandas() if isinstance(keys, pa.Table) else keys
-    index: pd.Index = (
-        pd.Index(frame[names[0]]) if len(names) == 1 else pd.MultiIndex.from_frame(frame[names])
-    )
-    return index
 
 
 def _norm_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -597,10 +607,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _few(index: pd.Index) -> str:
-    items = list(index[:5])
-    more = f" and {len(index) - 5} more" if len(index) > 5 else ""
-    return f"{items}{more}"
+def _few(table: pa.Table, mask: BoolArray, columns: tuple[str, ...]) -> str:
+    """Up to five keys of the masked rows, as tuples."""
+    picked = table.filter(mask).select(list(columns))
+    keys = list(zip(*(picked.column(c).to_pylist() for c in columns), strict=True))
+    more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+    return f"{keys[:5]}{more}"
 
 
 def current_epoch() -> int | None:

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pyspark_abs.barrier import BarrierMarker, FileEntry
 from pyspark_abs.envelope import Kind
 from pyspark_abs.faults import Fault, FaultAction, crash_or_raise, task_fault
-from pyspark_abs.schema import EPOCH, KEY_GROUP
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP
 from pyspark_abs.state_codec import BatchCodec
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -231,8 +231,28 @@ class _TableWriter:
 class _OpenFile:
     def __init__(self, schema: pa.Schema, values: dict[str, str | None]) -> None:
         self.sink = pa.BufferOutputStream()
-        self.writer = pq.ParquetWriter(self.sink, schema, compression="snappy")
+        dictionary: Any = dictionary_columns(schema)  # pyarrow takes a list; its stubs say bool
+        self.writer = pq.ParquetWriter(
+            self.sink, schema, compression="snappy", use_dictionary=dictionary
+        )
         self.values = values
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """Columns worth dictionary-encoding: text, flags and pyspark-abs's stamps.
+
+    Dictionary-encoding high-cardinality numbers (keys, counts) doubles the write time and
+    saves nothing, so numeric user columns are written plain.
+    """
+    stamps = {KEY_GROUP, EPOCH, DELETED}
+    return [
+        f.name
+        for f in schema
+        if f.name in stamps
+        or pa.types.is_string(f.type)
+        or pa.types.is_large_string(f.type)
+        or pa.types.is_boolean(f.type)
+    ]
 
 
 def _split_partitions(

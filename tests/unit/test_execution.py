@@ -210,7 +210,9 @@ def test_state_for_keys_outside_the_call_is_refused() -> None:
         return KeyGroupResult(state=pd.DataFrame({"word": ["stranger"], "count": [1]}))
 
     plan = plan_for(None, fn)
-    with pytest.raises(OperatorError, match=r"\['stranger'\] that have neither rows nor state"):
+    with pytest.raises(
+        OperatorError, match=r"\[\('stranger',\)\] that have neither rows nor state"
+    ):
         run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
 
 

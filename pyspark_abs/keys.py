@@ -1,0 +1,73 @@
+"""Matching keys across Arrow tables with Arrow's hash kernels.
+
+A key group's current state, its input rows, and what the operator returned are separate
+tables; the operator stage must find, for example, where each returned key sits in the
+current state. Arrow's ``index_in``/``is_in`` do this in C++, with nulls and NaN matching
+themselves, but only for one column. Keys of several columns are first turned into one
+integer code per row, with codes computed jointly over all the tables so they compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+KeyArray = Any
+"""A one-column Arrow array of keys (pyarrow's type stubs cannot express it precisely)."""
+
+
+def key_arrays(tables: Sequence[pa.Table], columns: Sequence[str]) -> list[KeyArray]:
+    """One array per table identifying each row's key, comparable across the tables.
+
+    Args:
+        tables: Tables that all hold the key columns.
+        columns: The key columns.
+    """
+    if len(columns) == 1:
+        return [t.column(columns[0]).combine_chunks() for t in tables]
+    lengths = [t.num_rows for t in tables]
+    codes: IntArray | None = None
+    for column in columns:
+        values = pa.concat_arrays([t.column(column).combine_chunks() for t in tables])
+        encoded: Any = pc.dictionary_encode(values, null_encoding="encode")
+        indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        if codes is None:
+            codes = indices
+        else:
+            pairs = codes * len(encoded.dictionary) + indices
+            codes = np.unique(pairs, return_inverse=True)[1].astype(np.int64)
+    assert codes is not None
+    bounds = np.cumsum([0, *lengths])
+    return [pa.array(codes[bounds[i] : bounds[i + 1]]) for i in range(len(tables))]
+
+
+def positions(keys: KeyArray, among: KeyArray) -> IntArray:
+    """For each key, its row in ``among`` (keys there are unique), or -1."""
+    if not len(keys) or not len(among):
+        return np.full(len(keys), -1, dtype=np.int64)
+    found: Any = pc.index_in(keys, value_set=among)
+    values = np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.float64)  # null: NaN
+    return np.where(np.isnan(values), -1, values).astype(np.int64)
+
+
+def contains(keys: KeyArray, among: KeyArray) -> BoolArray:
+    """For each key, whether it occurs in ``among``."""
+    if not len(keys) or not len(among):
+        return np.zeros(len(keys), dtype=bool)
+    found: Any = pc.is_in(keys, value_set=among)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def repeated(keys: KeyArray) -> BoolArray:
+    """For each key, whether it occurs more than once."""
+    if len(keys) == len(pc.unique(keys)):
+        return np.zeros(len(keys), dtype=bool)
+    counts: Any = pc.value_counts(keys)
+    tally = np.asarray(counts.field("counts").to_numpy(zero_copy_only=False))
+    return contains(keys, counts.field("values").filter(tally > 1))

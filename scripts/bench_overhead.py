@@ -9,8 +9,10 @@ they differ only in what is snapshotted:
 * sync: ABS, each micro-batch returns after its epoch is COMMITTED;
 * async: ABS, each micro-batch returns after its epoch is PREPARED.
 
-Variants are interleaved and repeated; the medians are compared. The last line printed is
-one JSON object.
+After one unmeasured run of each variant, variants are interleaved and repeated; the
+medians are compared (``*_vs_baseline``), and so is each run with the baseline of its own
+round (``paired_*``, the median of those ratios, which cancels slow drift). The last line
+printed is one JSON object.
 
     python scripts/bench_overhead.py [--records N] [--keys N] [--epochs N] [--repeats N]
 """
@@ -119,15 +121,18 @@ def main() -> None:
         shuffle_partitions=args.partitions,
         conf={
             "spark.driver.memory": "4g",
-            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}",
+            "spark.driver.extraJavaOptions": f"-Xms4g -Dlog4j2.configurationFile={log_config}",
         },
     )
     work = Path(tempfile.mkdtemp(prefix="abs-bench-"))
     try:
         generate(work / "input", args.records, args.keys, args.epochs)
-        generate(work / "warmup", max(args.records // 5, 1000), args.keys, 2)
+        # One unmeasured full-size run of each variant: the JVM and the Python workers
+        # keep getting faster for minutes, which would otherwise favour later runs.
         for variant in VARIANTS:
-            run(work, work / "warmup", variant, args.key_groups)
+            elapsed, root, _ = run(work, work / "input", variant, args.key_groups)
+            print(f"warm-up  {variant:<8} {elapsed:7.1f} s", flush=True)
+            shutil.rmtree(root, ignore_errors=True)
         seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
         timings: dict[str, dict[str, float]] = {}
         spark_timings: dict[str, dict[str, float]] = {}
@@ -150,6 +155,11 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     rate = {v: args.records / statistics.median(s) for v, s in seconds.items()}
+    paired = {
+        v: round(statistics.median(b / x for b, x in zip(seconds["baseline"], s, strict=True)), 3)
+        for v, s in seconds.items()
+        if v != "baseline"
+    }
     print(f"\n{'variant':<9} {'median s':>9} {'records/s':>11} {'vs baseline':>12}")
     for variant in VARIANTS:
         print(
@@ -174,6 +184,8 @@ def main() -> None:
                 "async_records_per_s": round(rate["async"]),
                 "async_vs_baseline": round(rate["async"] / rate["baseline"], 3),
                 "sync_vs_baseline": round(rate["sync"] / rate["baseline"], 3),
+                "paired_async_vs_baseline": paired["async"],
+                "paired_sync_vs_baseline": paired["sync"],
                 "seconds": {v: [round(x, 1) for x in s] for v, s in seconds.items()},
             }
         )

@@ -8,7 +8,14 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import EpochStatus, Snapshots, vectorized_operator
+from pyspark_abs import (
+    AbsConfig,
+    ConfigError,
+    EpochStatus,
+    Pipeline,
+    Snapshots,
+    vectorized_operator,
+)
 from pyspark_abs.examples import wordcount
 from pyspark_abs.store import DeltaStore, load_dataframe
 from tests.conftest import EPOCHS, write_epochs
@@ -127,7 +134,7 @@ def test_several_outputs_commit_to_several_sinks(spark: SparkSession, tmp_path: 
 
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
-    from pyspark_abs import AbsConfig, DeltaSink, Pipeline
+    from pyspark_abs import DeltaSink
 
     pipeline = Pipeline(
         "two-sinks",
@@ -174,3 +181,43 @@ def test_sinks_only_mode_writes_outputs_exactly_once(spark: SparkSession, tmp_pa
     assert_same(counts, expected_sink(spark, EPOCHS))
     assert not (tmp_path / "root" / "_manifest").exists()
     assert not (tmp_path / "root" / "state").exists()
+
+
+def test_configuration_comes_from_spark_conf(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
+    lines = spark.readStream.format("text").load(str(inputs))
+    spark.conf.set("spark.abs.commitMode", "sync")
+    spark.conf.set("spark.abs.keyGroups", "4")
+    try:
+        pipeline = Pipeline(
+            "conf",
+            wordcount.words_of(lines),
+            wordcount.word_count,
+            root=str(tmp_path / "root"),
+            sinks=str(tmp_path / "sink"),
+        )
+        assert pipeline.config == AbsConfig(commit_mode="sync", key_groups=4)
+        spark.conf.set("spark.abs.keyGroup", "4")
+        with pytest.raises(
+            ConfigError, match=r"spark.abs.\*: unknown configuration key\(s\) \['key_group'\]"
+        ):
+            Pipeline(
+                "conf",
+                wordcount.words_of(lines),
+                wordcount.word_count,
+                root=str(tmp_path / "root"),
+                sinks=str(tmp_path / "sink"),
+            )
+    finally:
+        for key in ("spark.abs.commitMode", "spark.abs.keyGroups", "spark.abs.keyGroup"):
+            spark.conf.unset(key)
+
+
+def test_tables_use_only_features_delta_spark_reads(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
+    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline.run()
+    store = DeltaStore()
+    for table in ("_manifest", "state/word_count", "sinks/word_counts"):
+        protocol = store.open(str(tmp_path / "root" / table)).protocol()
+        assert (protocol.min_reader_version, protocol.reader_features) == (1, None), table

@@ -269,14 +269,21 @@ class EpochCoordinator:
         """Snapshots off: pre-commit and commit sink outputs, one transaction per sink."""
         epoch = batch_id
         offsets = self.checkpoint.offsets(batch_id)
-        markers = self._precommit(batch, epoch)
-        aligned = align(self.layout.operator, epoch, markers, offsets.shuffle_partitions)
-        check_files(epoch, aligned.files, self._file_sizes)
+        try:
+            markers = self._precommit(batch, epoch)
+        except BaseException as err:
+            raise _task_error(err) from err
+        files = [f for m in markers for f in m.files]
+        try:
+            aligned = align(self.layout.operator, epoch, markers, offsets.shuffle_partitions)
+            check_files(epoch, aligned.files, self._file_sizes)
+        except BaseException:
+            self._delete(files)
+            raise
         for table, uri in self.layout.tables.items():
-            files = [f for f in aligned.files if f.table == table]
-            result = self.store.commit_files(uri, files, self.layout.app_id(table), epoch)
-            if not result.committed:
-                self.store.delete_files(uri, [f.path for f in files])
+            mine = [f for f in aligned.files if f.table == table]
+            if not self.store.commit_files(uri, mine, self.layout.app_id(table), epoch).committed:
+                self.store.delete_files(uri, [f.path for f in mine])
 
     def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:
         plan = PrecommitPlan(
@@ -311,8 +318,7 @@ class EpochCoordinator:
 
     def _abort(self, epoch: int, files: Sequence[FileEntry], err: BaseException) -> BaseException:
         """Record ABORTED (best effort), delete the epoch's listed files, return the error."""
-        for table, uri in self.layout.tables.items():
-            self.store.delete_files(uri, [f.path for f in files if f.table == table])
+        self._delete(files)
         entry = ManifestEntry(
             pipeline=self.layout.pipeline,
             epoch=epoch,
@@ -336,6 +342,11 @@ class EpochCoordinator:
             return False
         previous = self.checkpoint.offsets(offsets.batch_id - 1)
         return previous.source_offsets == offsets.source_offsets
+
+    def _delete(self, files: Sequence[FileEntry]) -> None:
+        """Delete pre-committed files that no epoch will commit."""
+        for table, uri in self.layout.tables.items():
+            self.store.delete_files(uri, [f.path for f in files if f.table == table])
 
     def _current_query_id(self) -> str | None:
         if self._query_id is None:

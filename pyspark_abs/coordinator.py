@@ -39,7 +39,6 @@ from pyspark_abs.manifest import (
     EpochLog,
     EpochStatus,
     ManifestEntry,
-    check_transition,
     entries_to_table,
 )
 from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
@@ -93,7 +92,6 @@ class EpochCoordinator:
         epochs: EpochLog,
         checkpoint: CheckpointReader,
         run_id: str,
-        key_groups: int,
     ) -> None:
         self.layout = layout
         self.config = config
@@ -101,7 +99,6 @@ class EpochCoordinator:
         self.epochs = epochs
         self.checkpoint = checkpoint
         self.run_id = run_id
-        self.key_groups = key_groups
         self.faults = FaultInjector(config.faults)
         self.failure: BaseException | None = None
         self._manifest_lock = threading.Lock()
@@ -207,7 +204,7 @@ class EpochCoordinator:
             batch_id=batch_id,
             commit_mode=self.config.commit_mode,
             num_partitions=aligned.num_partitions,
-            key_groups=self.key_groups,
+            key_groups=self.config.key_groups,
             tables=self.layout.tables,
             files=aligned.files,
             rows=aligned.rows_by_table(),
@@ -306,7 +303,7 @@ class EpochCoordinator:
     def _record(self, entry: ManifestEntry) -> None:
         """Append an entry to the manifest (durably), then to the in-memory log."""
         with self._manifest_lock:
-            check_transition(entry.epoch, self.epochs.status(entry.epoch), entry.status)
+            self.epochs.check(entry)
             try:
                 self.store.append(self.layout.manifest_uri, entries_to_table([entry]))
             except Exception as err:

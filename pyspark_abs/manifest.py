@@ -202,15 +202,14 @@ class EpochLog:
         """All entries, in the order they were recorded."""
         return list(self._entries)
 
-    def record(self, entry: ManifestEntry) -> None:
-        """Add a transition after checking it is allowed.
+    def check(self, entry: ManifestEntry) -> None:
+        """Raise if ``entry`` may not be recorded next.
 
         Raises:
             ManifestError: The transition is not allowed, or a PREPARED epoch is not newer
                 than every epoch already decided.
         """
-        current = self.status(entry.epoch)
-        check_transition(entry.epoch, current, entry.status)
+        check_transition(entry.epoch, self.status(entry.epoch), entry.status)
         if entry.status is EpochStatus.PREPARED:
             latest = self.latest_decided()
             if latest is not None and entry.epoch <= latest.epoch:
@@ -218,6 +217,11 @@ class EpochLog:
                     f"epoch {entry.epoch} cannot be PREPARED after epoch {latest.epoch}; "
                     f"epochs are decided in order"
                 )
+
+    def record(self, entry: ManifestEntry) -> None:
+        """Add a transition after checking it is allowed (see :meth:`check`)."""
+        self.check(entry)
+        if entry.status is EpochStatus.PREPARED:
             self._prepared[entry.epoch] = entry
         self._entries.append(entry)
         self._latest[entry.epoch] = entry

@@ -178,7 +178,6 @@ class Pipeline:
             epochs,
             checkpoint,
             run_id=uuid.uuid4().hex,
-            key_groups=self.config.key_groups,
         )
         try:
             recovered = coordinator.recover()

@@ -306,12 +306,15 @@ def delta_stats(metadata: pq.FileMetaData) -> str:
     nulls: dict[str, int] = {}
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
-    schema = metadata.schema.to_arrow_schema()
-    for i, field in enumerate(schema):
-        if pa.types.is_nested(field.type):
+    # Footer statistics are per leaf column; nested fields have several leaves, so a
+    # top-level field's position is not its leaf index.
+    leaves = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+    for field in metadata.schema.to_arrow_schema():
+        if pa.types.is_nested(field.type) or field.name not in leaves:
             continue
+        leaf = leaves[field.name]
         found = [
-            metadata.row_group(rg).column(i).statistics for rg in range(metadata.num_row_groups)
+            metadata.row_group(rg).column(leaf).statistics for rg in range(metadata.num_row_groups)
         ]
         column_stats: list[Any] = [s for s in found if s is not None and s.null_count is not None]
         if not column_stats or len(column_stats) != len(found):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from pyspark_abs import (
     EpochStatus,
     Pipeline,
     Snapshots,
+    operator,
     vectorized_operator,
 )
 from pyspark_abs.examples import wordcount
@@ -221,3 +224,73 @@ def test_tables_use_only_features_delta_spark_reads(spark: SparkSession, tmp_pat
     for table in ("_manifest", "state/word_count", "sinks/word_counts"):
         protocol = store.open(str(tmp_path / "root" / table)).protocol()
         assert (protocol.min_reader_version, protocol.reader_features) == (1, None), table
+
+
+def test_composite_null_and_unicode_keys_with_nested_state(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    @operator(
+        key=["user", "day"],
+        state_schema="items array<string>, last struct<item: string, n: int>",
+        output_schema="user string, day int, items array<string>",
+    )
+    def baskets(key, rows, state):  # type: ignore[no-untyped-def]
+        items = list(state.get({"items": []})["items"]) + list(rows["item"])
+        state.update({"items": items, "last": {"item": items[-1], "n": len(items)}})
+        return {"user": key[0], "day": key[1], "items": items}
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    epochs: list[list[tuple[str | None, int | None, str]]] = [
+        [("ünïcødé", 1, "a"), (None, 1, "b"), ("bob", None, "c")],
+        [("ünïcødé", 1, "d"), (None, 1, "e"), ("bob", 2, "f")],
+    ]
+    for i, events in enumerate(epochs):
+        path = inputs / f"e{i}.json"
+        path.write_text(
+            "".join(json.dumps({"user": u, "day": d, "item": t}) + "\n" for u, d, t in events),
+            encoding="utf-8",
+        )
+        os.utime(path, (1_700_000_000 + i * 10, 1_700_000_000 + i * 10))
+    events = (
+        spark.readStream.schema("user string, day int, item string")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(inputs))
+    )
+    pipeline = Pipeline(
+        "baskets",
+        events,
+        baskets,
+        root=str(tmp_path / "root"),
+        sinks=str(tmp_path / "sink"),
+        config=AbsConfig(key_groups=4, commit_mode="sync"),
+    )
+    pipeline.run()
+    expected = spark.createDataFrame(
+        [
+            ("ünïcødé", 1, ["a", "d"], ("d", 2)),
+            (None, 1, ["b", "e"], ("e", 2)),
+            ("bob", None, ["c"], ("c", 1)),
+            ("bob", 2, ["f"], ("f", 1)),
+        ],
+        "user string, day int, items array<string>, last struct<item: string, n: int>",
+    )
+    assert_same(pipeline.snapshots.state("baskets"), expected)
+    assert pipeline.snapshots.latest().state_keys == 4  # type: ignore[union-attr]
+
+
+def test_continuous_query_processes_available_data_and_restarts(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    pipeline = word_pipeline(spark, inputs, tmp_path / "root", commit_mode="async")
+    query = pipeline.start(processing_time="100 milliseconds")
+    query.process_all_available()
+    query.stop()
+    assert not query.is_active
+    assert query.pending_epochs == 0
+    write_epochs(tmp_path / "in", EPOCHS)
+    query = word_pipeline(spark, inputs, tmp_path / "root", commit_mode="async").start()
+    query.process_all_available()
+    query.stop()
+    assert_word_counts(spark, tmp_path / "root", EPOCHS)

@@ -112,3 +112,33 @@ def test_files_roll_over_at_the_target_size(
     marker = write_partition(plan, iter([batch, batch, batch]), 0, 0)
     assert len(marker.files) == 3
     assert sum(f.num_rows for f in marker.files) == 30
+
+
+def test_statistics_follow_fields_past_nested_columns(tmp_path: Path) -> None:
+    schema = arrow_schema(
+        ("k", pa.string()),
+        ("items", pa.list_(pa.string())),
+        ("last", pa.struct([("item", pa.string()), ("n", pa.int32())])),
+        ("n", pa.int64()),
+        ("flag", pa.bool_()),
+    )
+    table = pa.table(
+        {
+            "k": ["a", "b"],
+            "items": [["x", "y"], []],
+            "last": [{"item": "y", "n": 2}, None],
+            "n": [5, None],
+            "flag": [False, False],
+        },
+        schema=schema,
+    )
+    target = TableTarget("sink/out", str(tmp_path), Kind.OUTPUT, 0, schema, schema)
+    frame = envelope_frame(0, None, 0, [(0, table, BatchCodec(schema, "o").encode(table))])
+    batch = pa.RecordBatch.from_pandas(frame, preserve_index=False)
+    [written] = write_partition(
+        PrecommitPlan("op", 0, (target,), 1 << 20), iter([batch]), 0, 0
+    ).files
+    stats = json.loads(written.stats)
+    assert stats["minValues"] == {"k": "a", "n": 5}
+    assert stats["maxValues"] == {"k": "b", "n": 5}
+    assert stats["nullCount"] == {"k": 0, "n": 1, "flag": 0}

@@ -245,10 +245,10 @@ def test_composite_null_and_unicode_keys_with_nested_state(
         [("ünïcødé", 1, "a"), (None, 1, "b"), ("bob", None, "c")],
         [("ünïcødé", 1, "d"), (None, 1, "e"), ("bob", 2, "f")],
     ]
-    for i, events in enumerate(epochs):
+    for i, batch in enumerate(epochs):
         path = inputs / f"e{i}.json"
         path.write_text(
-            "".join(json.dumps({"user": u, "day": d, "item": t}) + "\n" for u, d, t in events),
+            "".join(json.dumps({"user": u, "day": d, "item": t}) + "\n" for u, d, t in batch),
             encoding="utf-8",
         )
         os.utime(path, (1_700_000_000 + i * 10, 1_700_000_000 + i * 10))

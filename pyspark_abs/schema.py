@@ -142,8 +142,3 @@ def frame_to_arrow(frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Tabl
             )
         arrays.append(array)
     return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def empty_frame(schema: pa.Schema) -> pd.DataFrame:
-    """An empty pandas frame with the pandas dtypes Arrow gives ``schema``."""
-    return schema.empty_table().to_pandas()

@@ -327,6 +327,7 @@ def test_key_state_guards_its_timeout_calls() -> None:
         state.set_timeout_timestamp(499)
     with pytest.raises(SchemaMismatchError, match="missing"):
         state.update({"total": 1})
+    assert (state.current_processing_time_ms, state.current_watermark_ms) == (0, 500)
 
 
 def test_null_and_unicode_keys_keep_their_state() -> None:

@@ -75,6 +75,10 @@ class SnapshotNotFoundError(AbsError, LookupError):
     """The requested epoch, operator or table is not in the snapshot root."""
 
 
+class SourceError(AbsError):
+    """A streaming source cannot read its table (missing table or log, unreadable change)."""
+
+
 class InjectedFault(AbsError):
     """A fault injected on purpose at a named protocol step (testing only)."""
 
@@ -98,6 +102,7 @@ _ALL: dict[str, type[AbsError]] = {
         ManifestError,
         CommitError,
         SnapshotNotFoundError,
+        SourceError,
         InjectedFault,
     )
 }

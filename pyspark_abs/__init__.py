@@ -6,7 +6,9 @@ and committed to Delta Lake tables through a two-phase commit, exactly once.
 The lifecycle, module by module: ``operator`` (what you write) → ``keygroups`` and
 ``execution`` (running it per key group) → ``envelope`` → ``precommit`` (tasks write files)
 → ``barrier`` (markers) → ``alignment`` → ``manifest`` (PREPARED, COMMITTED) → ``store``
-(Delta) → ``coordinator`` and ``committer`` (phase 2) → ``recovery`` → ``snapshots`` (read).
+(Delta) → ``coordinator``, ``commit`` and ``committer`` (phase 2) → ``recovery`` →
+``snapshots`` (read) → ``restore`` (rollback, restore, written state) with ``sources``
+(replayable Delta source) → ``maintenance`` (compaction, retention, vacuum, validate).
 """
 
 from pyspark_abs.config import AbsConfig
@@ -25,6 +27,7 @@ from pyspark_abs.errors import (
     SchemaMismatchError,
     SnapshotNotFoundError,
     SnapshotRootError,
+    SourceError,
     StateEncodingError,
     StateNotSetError,
     TableSchemaError,
@@ -42,8 +45,10 @@ from pyspark_abs.operator import (
     vectorized_operator,
 )
 from pyspark_abs.pipeline import DeltaSink, Pipeline, PipelineQuery
+from pyspark_abs.restore import restore, rollback, write_state
 from pyspark_abs.session import local_session
 from pyspark_abs.snapshots import SnapshotInfo, Snapshots
+from pyspark_abs.sources import DeltaSource
 
 __version__ = "0.1.0"
 
@@ -55,6 +60,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "DeltaSink",
+    "DeltaSource",
     "EpochStatus",
     "Fault",
     "FaultAction",
@@ -77,11 +83,15 @@ __all__ = [
     "SnapshotNotFoundError",
     "SnapshotRootError",
     "Snapshots",
+    "SourceError",
     "StateEncodingError",
     "StateNotSetError",
     "TableSchemaError",
     "TimeoutMode",
     "local_session",
     "operator",
+    "restore",
+    "rollback",
     "vectorized_operator",
+    "write_state",
 ]

@@ -10,6 +10,7 @@ location Spark supports works.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,21 @@ class CheckpointReader:
             timestamp_ms=int(meta.get("batchTimestampMs", 0)),
             shuffle_partitions=int(conf.get("spark.sql.shuffle.partitions", 0)),
         )
+
+    def move_aside(self, suffix: str) -> str:
+        """Rename the checkpoint directory to ``<location>-<suffix>``; return the new name."""
+        source = self._jvm.org.apache.hadoop.fs.Path(self.location)
+        fs = source.getFileSystem(self._conf)
+        target_name = f"{self.location}-{suffix}"
+        if fs.exists(self._jvm.org.apache.hadoop.fs.Path(target_name)):
+            target_name = f"{target_name}-{uuid.uuid4().hex[:8]}"
+        target = self._jvm.org.apache.hadoop.fs.Path(target_name)
+        if not fs.rename(source, target):
+            raise PipelineMismatchError(
+                f"cannot move superseded checkpoint {self.location} to {target_name}; move or "
+                f"delete it by hand and start again"
+            )
+        return target_name
 
     def _path(self, name: str) -> Any:
         return self._jvm.org.apache.hadoop.fs.Path(f"{self.location}/{name}")

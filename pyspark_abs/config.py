@@ -41,6 +41,10 @@ class AbsConfig:
             This is the baseline the overhead benchmark compares against.
         target_file_bytes: A pre-commit task starts a new Parquet file once the current
             one reaches this size.
+        compaction_every_epochs: Compact the state table every this many epochs, in the
+            background (0: off).
+        compaction_ratio: Compact the state table in the background once its changelog
+            holds this many times as many rows as there are live keys (0: off).
         faults: Faults to inject at named protocol steps, for tests and demos.
     """
 
@@ -49,6 +53,8 @@ class AbsConfig:
     max_pending_epochs: int = 2
     snapshots: bool = True
     target_file_bytes: int = 128 * 1024 * 1024
+    compaction_every_epochs: int = 0
+    compaction_ratio: float = 10.0
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -57,6 +63,22 @@ class AbsConfig:
         _require_positive("key_groups", self.key_groups)
         _require_positive("max_pending_epochs", self.max_pending_epochs)
         _require_positive("target_file_bytes", self.target_file_bytes)
+        if (
+            isinstance(self.compaction_every_epochs, bool)
+            or not isinstance(self.compaction_every_epochs, int)
+            or self.compaction_every_epochs < 0
+        ):
+            raise ConfigError(
+                f"compaction_every_epochs must be an integer >= 0, got "
+                f"{self.compaction_every_epochs!r}"
+            )
+        ratio = self.compaction_ratio
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float))
+            or not (ratio == 0 or ratio > 1)
+        ):
+            raise ConfigError(f"compaction_ratio must be 0 (off) or above 1, got {ratio!r}")
         if not isinstance(self.snapshots, bool):
             raise ConfigError(f"snapshots must be True or False, got {self.snapshots!r}")
         for fault in self.faults:
@@ -119,6 +141,8 @@ def _convert(name: str, annotation: object, value: object) -> object:
     try:
         if kind == "int":
             return int(value)
+        if kind == "float":
+            return float(value)
         if kind == "bool":
             lowered = value.strip().lower()
             if lowered not in ("true", "false"):

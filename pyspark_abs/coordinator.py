@@ -19,7 +19,6 @@ and that changes nothing, is not recorded: its snapshot would equal the previous
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 import time
@@ -30,17 +29,13 @@ from typing import TYPE_CHECKING
 from pyspark_abs.alignment import align, check_files
 from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
 from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
+from pyspark_abs.commit import EpochWriter, app_id, now
 from pyspark_abs.committer import OrderedCommitter
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import AbsError, SnapshotRootError, rebuild_from_text
-from pyspark_abs.faults import FaultInjector, FaultStep
-from pyspark_abs.manifest import (
-    EpochDecision,
-    EpochLog,
-    EpochStatus,
-    ManifestEntry,
-    entries_to_table,
-)
+from pyspark_abs.errors import AbsError, rebuild_from_text
+from pyspark_abs.faults import FaultStep
+from pyspark_abs.maintenance import CompactionPolicy, compact_table
+from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
 from pyspark_abs.store import DeltaStore
 
@@ -67,18 +62,9 @@ class SnapshotLayout:
     targets: tuple[TableTarget, ...] = field(default_factory=tuple)
 
     @property
-    def manifest_uri(self) -> str:
-        """Location of the ``_manifest`` table."""
-        return f"{self.root}/_manifest"
-
-    @property
     def tables(self) -> dict[str, str]:
         """Table id to location, in commit order."""
         return {t.table: t.uri for t in self.targets}
-
-    def app_id(self, table: str) -> str:
-        """The Delta application transaction id of a table."""
-        return f"pyspark-abs/{self.pipeline}/{table}"
 
 
 class EpochCoordinator:
@@ -88,20 +74,32 @@ class EpochCoordinator:
         self,
         layout: SnapshotLayout,
         config: AbsConfig,
-        store: DeltaStore,
-        epochs: EpochLog,
+        writer: EpochWriter,
         checkpoint: CheckpointReader,
-        run_id: str,
+        epoch_base: int = 0,
     ) -> None:
+        """Set up the protocol for one run.
+
+        Args:
+            layout: The pipeline's tables.
+            config: Snapshot configuration.
+            writer: Records transitions and commits epochs.
+            checkpoint: The run's Spark checkpoint.
+            epoch_base: Epoch of micro-batch 0: a checkpoint started after a restore
+                epoch R numbers its micro-batches from R + 1.
+        """
         self.layout = layout
         self.config = config
-        self.store = store
-        self.epochs = epochs
+        self.writer = writer
+        self.store = writer.store
+        self.epochs = writer.epochs
         self.checkpoint = checkpoint
-        self.run_id = run_id
-        self.faults = FaultInjector(config.faults)
+        self.epoch_base = epoch_base
+        self.run_id = writer.run_id
+        self.faults = writer.faults
         self.failure: BaseException | None = None
-        self._manifest_lock = threading.Lock()
+        self._policy = CompactionPolicy(config.compaction_every_epochs, config.compaction_ratio)
+        self._compactor: threading.Thread | None = None
         self._idle = threading.Condition()
         self._idle_epochs = 0
         self._query_id: str | None = None
@@ -113,15 +111,6 @@ class EpochCoordinator:
     def pending_epochs(self) -> int:
         """Epochs PREPARED in this run and waiting for the background committer."""
         return self._committer.pending if self._committer else 0
-
-    def recover(self) -> list[int]:
-        """Commit every PREPARED epoch that has no COMMITTED entry; return their epochs."""
-        finished = []
-        for entry in self.epochs.pending():
-            log.info("recovery: committing epoch %d, PREPARED by run %s", entry.epoch, entry.run_id)
-            self.commit_epoch(entry)
-            finished.append(entry.epoch)
-        return finished
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: run the protocol for one micro-batch."""
@@ -153,12 +142,17 @@ class EpochCoordinator:
             self._committer.drain()
 
     def close(self) -> None:
-        """Stop the background committer after it has committed what it holds."""
+        """Stop the background committer after it has committed what it holds.
+
+        Also waits for a running background compaction to finish.
+        """
         if self._committer is not None:
             self._committer.close()
+        if self._compactor is not None:
+            self._compactor.join()
 
     def _process_snapshot(self, batch: DataFrame, batch_id: int) -> None:
-        epoch = batch_id
+        epoch = self.epoch_base + batch_id
         decision = self.epochs.decide(epoch)
         if decision is not EpochDecision.PROCESS:
             prepared = self.epochs.prepared(epoch)
@@ -198,10 +192,11 @@ class EpochCoordinator:
             pipeline=self.layout.pipeline,
             epoch=epoch,
             status=EpochStatus.PREPARED,
-            recorded_at=_now(),
+            recorded_at=now(),
             run_id=self.run_id,
             query_id=self._current_query_id(),
             batch_id=batch_id,
+            checkpoint=self.checkpoint.location,
             commit_mode=self.config.commit_mode,
             num_partitions=aligned.num_partitions,
             key_groups=self.config.key_groups,
@@ -226,45 +221,43 @@ class EpochCoordinator:
             self._committer.submit(entry)
 
     def commit_epoch(self, prepared: ManifestEntry) -> None:
-        """Phase 2 for one PREPARED epoch: commit every table, then record COMMITTED.
+        """Phase 2 for one PREPARED epoch (see :meth:`EpochWriter.commit`).
 
-        Idempotent: a table that already holds the epoch's transaction is not committed
-        again, so recovery may run this any number of times.
+        Then, when the compaction policy says so, compacts the state table in a background
+        thread (one at a time); the pipeline does not wait for it.
         """
-        epoch = prepared.epoch
-        started = time.perf_counter()
-        versions = {}
-        for position, (table, uri) in enumerate(prepared.tables.items()):
-            files = [f for f in prepared.files if f.table == table]
-            result = self.store.commit_files(uri, files, self.layout.app_id(table), epoch)
-            versions[table] = result.version
-            if position == 0:
-                self.faults.at(FaultStep.BETWEEN_TABLE_COMMITS, epoch)
-        committed = prepared.transition(
-            EpochStatus.COMMITTED,
-            run_id=self.run_id,
-            files=(),
-            table_versions=versions,
-            commit_ms=_ms_since(started),
-        )
-        self._record(committed)
-        log.info(
-            "epoch %d COMMITTED: rows %s, state keys %s, batch %.0f ms, pre-commit %.0f ms, "
-            "align %.0f ms, prepare %.0f ms, commit %.0f ms",
-            epoch,
-            dict(committed.rows),
-            committed.state_keys,
-            committed.batch_ms or 0.0,
-            committed.precommit_ms or 0.0,
-            committed.align_ms or 0.0,
-            committed.prepare_ms or 0.0,
-            committed.commit_ms or 0.0,
-        )
-        self.faults.at(FaultStep.AFTER_COMMITTED, epoch)
+        outcome = self.writer.commit(prepared)
+        state = f"state/{self.layout.operator}"
+        if state not in outcome.tables:
+            return
+        due = self._policy.observe(outcome.rows.get(state, 0), outcome.state_keys or 0)
+        if due and (self._compactor is None or not self._compactor.is_alive()):
+            self._compactor = threading.Thread(
+                target=self._compact,
+                args=(state, outcome),
+                name=f"pyspark-abs-compaction-{self.layout.pipeline}",
+                daemon=True,
+            )
+            self._compactor.start()
+
+    def _compact(self, table: str, snapshot: ManifestEntry) -> None:
+        try:
+            result = compact_table(DeltaStore(), table, snapshot.tables[table], snapshot)
+            log.info(
+                "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
+                table,
+                result.as_of_epoch,
+                result.rows_before,
+                result.files_before,
+                result.rows_after,
+                result.version,
+            )
+        except Exception as err:  # compaction is an optimisation: the next one retries
+            log.warning("background compaction of %s failed: %s", table, err)
 
     def _process_sinks_only(self, batch: DataFrame, batch_id: int) -> None:
         """Snapshots off: pre-commit and commit sink outputs, one transaction per sink."""
-        epoch = batch_id
+        epoch = self.epoch_base + batch_id
         offsets = self.checkpoint.offsets(batch_id)
         try:
             markers = self._precommit(batch, epoch)
@@ -279,7 +272,8 @@ class EpochCoordinator:
             raise
         for table, uri in self.layout.tables.items():
             mine = [f for f in aligned.files if f.table == table]
-            if not self.store.commit_files(uri, mine, self.layout.app_id(table), epoch).committed:
+            txn = app_id(self.layout.pipeline, table)
+            if not self.store.commit_files(uri, mine, txn, epoch).committed:
                 self.store.delete_files(uri, [f.path for f in mine])
 
     def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:
@@ -301,17 +295,7 @@ class EpochCoordinator:
         return [sizes.get(f) for f in files]
 
     def _record(self, entry: ManifestEntry) -> None:
-        """Append an entry to the manifest (durably), then to the in-memory log."""
-        with self._manifest_lock:
-            self.epochs.check(entry)
-            try:
-                self.store.append(self.layout.manifest_uri, entries_to_table([entry]))
-            except Exception as err:
-                raise SnapshotRootError(
-                    f"epoch {entry.epoch}: cannot record {entry.status.value} in the manifest "
-                    f"at {self.layout.manifest_uri}: {err}"
-                ) from err
-            self.epochs.record(entry)
+        self.writer.record(entry)
 
     def _abort(self, epoch: int, files: Sequence[FileEntry], err: BaseException) -> BaseException:
         """Record ABORTED (best effort), delete the epoch's listed files, return the error."""
@@ -320,10 +304,11 @@ class EpochCoordinator:
             pipeline=self.layout.pipeline,
             epoch=epoch,
             status=EpochStatus.ABORTED,
-            recorded_at=_now(),
+            recorded_at=now(),
             run_id=self.run_id,
             query_id=self._current_query_id(),
-            batch_id=epoch,
+            batch_id=epoch - self.epoch_base,
+            checkpoint=self.checkpoint.location,
             commit_mode=self.config.commit_mode,
             error=f"{type(err).__name__}: {err}"[:4000],
         )
@@ -360,10 +345,6 @@ def _task_error(err: BaseException) -> BaseException:
     """The pyspark-abs error raised inside a Spark task, rebuilt from Spark's report."""
     rebuilt = rebuild_from_text(str(err))
     return rebuilt if rebuilt is not None else err
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 def _ms_since(started: float) -> float:

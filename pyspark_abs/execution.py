@@ -42,6 +42,7 @@ from pyspark_abs.schema import (
     DELETED,
     EPOCH,
     KEY_GROUP,
+    RESTORE,
     TIMEOUT,
     check_columns,
     check_names,
@@ -477,14 +478,19 @@ def _apply_state(
     changes = pa.concat_tables(
         [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), tombstones]
     )
-    next_timeout = pc.min(new_state[TIMEOUT]).as_py() if new_state.num_rows else None
     return KeyGroupOutcome(
         state=new_state,
         changes=changes,
         outputs=outputs,
         keys_delta=int((~existing).sum()) - int(gone.sum()),
-        next_timeout_ms=next_timeout,
+        next_timeout_ms=earliest_timeout(new_state),
     )
+
+
+def earliest_timeout(state: pa.Table) -> int | None:
+    """The earliest ``_timeout`` of a key group's state, if any key has one."""
+    earliest: int | None = pc.min(state[TIMEOUT]).as_py() if state.num_rows else None
+    return earliest
 
 
 def _upsert_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
@@ -642,25 +648,29 @@ class KeyGroupTask:
             rows = rows.drop(columns=[KEY_GROUP])
         else:
             rows = plan.input_schema.empty_table().to_pandas()
-        state = (
-            plan.state_codec.decode(group_state.get[0])
-            if group_state.exists
-            else plan.blob_schema.empty_table()
-        )
+        restored = None
+        if RESTORE in rows.columns:
+            restored, rows = _split_restore(plan, rows, key_group, group_state.exists)
+        if restored is not None:
+            state = restored
+        elif group_state.exists:
+            state = plan.state_codec.decode(group_state.get[0])
+        else:
+            state = plan.blob_schema.empty_table()
         clock = Clock(group_state.getCurrentProcessingTimeMs(), _watermark(group_state))
+        if restored is not None and not len(rows):
+            # Only restore rows: install the key group's state; the function runs on data.
+            group_state.update((plan.state_codec.encode(state),))
+            _set_timeout(plan, group_state, earliest_timeout(state), clock)
+            return
         outcome = run_key_group(plan, key_group, rows, state, clock, current_epoch())
 
         if not outcome.state.num_rows:
             if group_state.exists:
                 group_state.remove()
-        elif outcome.changes.num_rows:
+        elif outcome.changes.num_rows or restored is not None:
             group_state.update((plan.state_codec.encode(outcome.state),))
-        if outcome.next_timeout_ms is not None:
-            if plan.timeout is TimeoutMode.EVENT_TIME:
-                group_state.setTimeoutTimestamp(outcome.next_timeout_ms)
-            else:
-                delay = outcome.next_timeout_ms - clock.processing_time_ms
-                group_state.setTimeoutDuration(max(1, delay))
+        _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
 
         changes = None
         if plan.snapshots and outcome.changes.num_rows:
@@ -672,6 +682,38 @@ class KeyGroupTask:
         ]
         if changes is not None or outputs:
             yield envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+
+
+def _split_restore(
+    plan: OperatorPlan, rows: pd.DataFrame, key_group: int, has_state: bool
+) -> tuple[pa.Table | None, pd.DataFrame]:
+    """Separate restore rows (a restored key's state) from data rows."""
+    is_restore = rows[RESTORE].notna().to_numpy()
+    data = rows[~is_restore].drop(columns=[RESTORE]).reset_index(drop=True)
+    if not is_restore.any():
+        return None, data
+    if has_state:
+        raise AbsError(
+            f"operator {plan.name!r}, epoch {current_epoch()}, key group {key_group}: restore "
+            f"rows arrived for a key group that already has state; restore epochs are applied "
+            f"only in the first micro-batch of a new checkpoint"
+        )
+    picked = rows[is_restore]
+    values = pd.DataFrame(picked[RESTORE].tolist(), index=picked.index)
+    frame = pd.concat([picked[list(plan.key_columns)], values], axis=1)
+    return frame_to_arrow(frame, plan.blob_schema, f"restored state of key group {key_group}"), data
+
+
+def _set_timeout(
+    plan: OperatorPlan, group_state: GroupState, timeout_ms: int | None, clock: Clock
+) -> None:
+    """Ask Spark to call the key group again when its earliest timeout is due."""
+    if timeout_ms is None:
+        return
+    if plan.timeout is TimeoutMode.EVENT_TIME:
+        group_state.setTimeoutTimestamp(timeout_ms)
+    elif plan.timeout is TimeoutMode.PROCESSING_TIME:
+        group_state.setTimeoutDuration(max(1, timeout_ms - clock.processing_time_ms))
 
 
 def _watermark(group_state: GroupState) -> int | None:

@@ -7,9 +7,14 @@ Delta version of every table, which together form the consistent cut of the epoc
 
 Allowed transitions of one epoch::
 
-    (none) ──► PREPARED ──► COMMITTED
-       │          ▲
+    (none) ──► PREPARED ──► COMMITTED ──► EXPIRED
+       │          ▲     └─► RESTORED ──┘
        └► ABORTED ┘   (an aborted epoch is replayed by Spark and may be prepared again)
+
+A restore epoch (rollback, restore into another root, written state) is PREPARED with the
+state to install and the table versions to go back to, and ends RESTORED. COMMITTED and
+RESTORED epochs are snapshots; retention marks the ones it no longer keeps EXPIRED before
+vacuum deletes their files.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ class EpochStatus(str, Enum):
     PREPARED = "PREPARED"
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
+    RESTORED = "RESTORED"
+    EXPIRED = "EXPIRED"
+
+
+SNAPSHOT_STATUSES = frozenset({EpochStatus.COMMITTED, EpochStatus.RESTORED})
+"""Statuses of epochs whose snapshot can be read and restored."""
 
 
 class EpochDecision(str, Enum):
@@ -51,8 +62,10 @@ class EpochDecision(str, Enum):
 _ALLOWED: dict[EpochStatus | None, frozenset[EpochStatus]] = {
     None: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
     EpochStatus.ABORTED: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
-    EpochStatus.PREPARED: frozenset({EpochStatus.COMMITTED}),
-    EpochStatus.COMMITTED: frozenset(),
+    EpochStatus.PREPARED: frozenset({EpochStatus.COMMITTED, EpochStatus.RESTORED}),
+    EpochStatus.COMMITTED: frozenset({EpochStatus.EXPIRED}),
+    EpochStatus.RESTORED: frozenset({EpochStatus.EXPIRED}),
+    EpochStatus.EXPIRED: frozenset(),
 }
 
 _INT_MAP = pa.map_(pa.string(), pa.int64())
@@ -83,6 +96,10 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("prepare_ms", pa.float64()),
     pa.field("commit_ms", pa.float64()),
     pa.field("error", pa.string()),
+    pa.field("checkpoint", pa.string()),
+    pa.field("restored_from", pa.int64()),
+    pa.field("restore_versions", _INT_MAP),
+    pa.field("origin", pa.string()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -117,6 +134,10 @@ class ManifestEntry:
         prepare_ms: Time to record PREPARED.
         commit_ms: Time to commit all tables.
         error: Why the epoch was aborted (ABORTED).
+        checkpoint: The Spark checkpoint location of the run.
+        restored_from: Restore epochs: the epoch whose snapshot they install.
+        restore_versions: Restore epochs: the Delta version each sink table goes back to.
+        origin: Restore epochs: what installed them, for people reading the manifest.
     """
 
     pipeline: str
@@ -143,13 +164,22 @@ class ManifestEntry:
     prepare_ms: float | None = None
     commit_ms: float | None = None
     error: str | None = None
+    checkpoint: str | None = None
+    restored_from: int | None = None
+    restore_versions: Mapping[str, int] = field(default_factory=dict)
+    origin: str | None = None
+
+    @property
+    def is_restore(self) -> bool:
+        """Whether this is a restore epoch, which installs a snapshot instead of a batch."""
+        return self.origin is not None
 
     def to_row(self) -> dict[str, Any]:
         """The entry as a row of MANIFEST_SCHEMA."""
         row = {name: getattr(self, name) for name in MANIFEST_SCHEMA.names}
         row["status"] = self.status.value
         row["files"] = [f.to_dict() for f in self.files]
-        for name in ("tables", "table_versions", "rows", "bytes"):
+        for name in _MAP_FIELDS:
             row[name] = list(row[name].items())
         return row
 
@@ -159,13 +189,16 @@ class ManifestEntry:
         values = dict(row)
         values["status"] = EpochStatus(values["status"])
         values["files"] = tuple(FileEntry.from_dict(f) for f in values["files"] or ())
-        for name in ("tables", "table_versions", "rows", "bytes"):
+        for name in _MAP_FIELDS:
             values[name] = dict(values[name] or ())
         return cls(**values)
 
     def transition(self, status: EpochStatus, **changes: Any) -> ManifestEntry:
         """A copy of this entry for the next transition, recorded now."""
         return replace(self, status=status, recorded_at=dt.datetime.now(dt.timezone.utc), **changes)
+
+
+_MAP_FIELDS = ("tables", "table_versions", "rows", "bytes", "restore_versions")
 
 
 def entries_to_table(entries: Iterable[ManifestEntry]) -> pa.Table:
@@ -247,12 +280,12 @@ class EpochLog:
             if self._latest[e].status is EpochStatus.PREPARED
         ]
 
-    def committed(self) -> list[ManifestEntry]:
-        """COMMITTED entries, oldest first."""
+    def snapshots(self) -> list[ManifestEntry]:
+        """Latest entries of COMMITTED and RESTORED epochs (readable snapshots), oldest first."""
         return [
             self._latest[e]
             for e in sorted(self._latest)
-            if self._latest[e].status is EpochStatus.COMMITTED
+            if self._latest[e].status in SNAPSHOT_STATUSES
         ]
 
     def latest_decided(self) -> ManifestEntry | None:
@@ -262,7 +295,7 @@ class EpochLog:
     def decide(self, epoch: int) -> EpochDecision:
         """What to do with a micro-batch of ``epoch``."""
         status = self.status(epoch)
-        if status is EpochStatus.COMMITTED:
+        if status in (EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.EXPIRED):
             return EpochDecision.SKIP_REPLAY
         if status is EpochStatus.PREPARED:
             return EpochDecision.FINISH_REPLAY
@@ -278,5 +311,11 @@ class EpochLog:
 
 def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
     """Replay order: by epoch, then by the only valid order of one epoch's transitions."""
-    rank = {EpochStatus.ABORTED: 0, EpochStatus.PREPARED: 1, EpochStatus.COMMITTED: 2}
+    rank = {
+        EpochStatus.ABORTED: 0,
+        EpochStatus.PREPARED: 1,
+        EpochStatus.COMMITTED: 2,
+        EpochStatus.RESTORED: 2,
+        EpochStatus.EXPIRED: 3,
+    }
     return (entry.epoch, rank[entry.status], entry.recorded_at)

@@ -19,18 +19,34 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from pyspark_abs.checkpoint import CheckpointReader
+from pyspark_abs.commit import EpochWriter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.envelope import ENVELOPE_DDL, STATE_DDL, Kind
-from pyspark_abs.errors import AbsError, OperatorDefinitionError, rebuild_from_text
+from pyspark_abs.errors import (
+    AbsError,
+    ConfigError,
+    OperatorDefinitionError,
+    SourceError,
+    rebuild_from_text,
+)
 from pyspark_abs.execution import KeyGroupTask, OperatorPlan
+from pyspark_abs.faults import FaultInjector
 from pyspark_abs.keygroups import key_group_column
-from pyspark_abs.manifest import EpochLog
+from pyspark_abs.manifest import EpochLog, ManifestEntry
 from pyspark_abs.operator import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
-from pyspark_abs.recovery import check_lineage, open_manifest
-from pyspark_abs.schema import KEY_GROUP, RESERVED_COLUMNS, resolve_struct, to_arrow
+from pyspark_abs.recovery import Lineage, open_manifest, resolve_lineage
+from pyspark_abs.schema import (
+    KEY_GROUP,
+    RESERVED_COLUMNS,
+    RESTORE,
+    TIMEOUT,
+    resolve_struct,
+    to_arrow,
+)
 from pyspark_abs.snapshots import Snapshots, state_table_description
+from pyspark_abs.sources import DeltaSource
 from pyspark_abs.store import DeltaStore, TableSpec, normalize_uri
 
 if TYPE_CHECKING:
@@ -86,7 +102,7 @@ class Pipeline:
     def __init__(
         self,
         name: str,
-        source: DataFrame,
+        source: DataFrame | DeltaSource,
         operator: Operator,
         *,
         root: str,
@@ -98,7 +114,9 @@ class Pipeline:
 
         Args:
             name: Pipeline id; the snapshot root is bound to it.
-            source: A streaming DataFrame holding the operator's key columns.
+            source: A streaming DataFrame holding the operator's key columns, or a
+                :class:`~pyspark_abs.sources.DeltaSource`, which restore and rollback can
+                rewind to a snapshot's offsets.
             operator: The stateful operator.
             root: Snapshot root for the manifest and the state table.
             sinks: Output name to Delta table; a single table for a one-output operator.
@@ -123,19 +141,29 @@ class Pipeline:
                 f"pipeline {name!r}: operator must be built with @operator or "
                 f"@vectorized_operator, got {type(operator).__name__}"
             )
-        if not getattr(source, "isStreaming", False):
+        if isinstance(source, DeltaSource):
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise ConfigError(f"pipeline {name!r}: a DeltaSource needs an active SparkSession")
+            frame = source.load(spark)
+        elif getattr(source, "isStreaming", False):
+            frame = source
+        else:
             raise OperatorDefinitionError(
                 f"pipeline {name!r}: the source must be a streaming DataFrame "
-                f"(spark.readStream...), got {type(source).__name__}"
+                f"(spark.readStream...) or a DeltaSource, got {type(source).__name__}"
             )
         self.name = name
         self.source = source
         self.operator = operator
-        self.spark = source.sparkSession
+        self.spark = frame.sparkSession
         self.config = config if config is not None else AbsConfig.from_spark_conf(self.spark)
         self.root = normalize_uri(root)
         self.checkpoint = normalize_uri(checkpoint) if checkpoint else f"{self.root}/_checkpoint"
-        self.plan = _resolve(name, source, operator, self.config.snapshots)
+        self.plan = resolve_plan(name, frame, operator, self.config.snapshots)
+        self._frame = frame
         self.sinks = _resolve_sinks(name, self.plan, sinks)
 
     @property
@@ -165,23 +193,22 @@ class Pipeline:
         store.ensure_root(self.root)
         layout = SnapshotLayout(self.name, self.root, self.plan.name, self._targets())
         checkpoint = CheckpointReader(self.spark, self.checkpoint)
-        epochs = EpochLog()
+        faults = FaultInjector(self.config.faults)
+        writer = EpochWriter(self.name, self.root, store, EpochLog(), uuid.uuid4().hex, faults)
+        lineage = Lineage()
+        recovered: list[int] = []
         if self.config.snapshots:
-            epochs = open_manifest(store, self.root, self.name)
-            check_lineage(epochs, checkpoint, self.root)
+            writer.epochs = open_manifest(store, self.root, self.name)
+            recovered = writer.recover()
+            lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
+            self._check_key_groups(lineage)
         for spec in self._table_specs(layout):
             store.ensure_table(spec)
         coordinator = EpochCoordinator(
-            layout,
-            self.config,
-            store,
-            epochs,
-            checkpoint,
-            run_id=uuid.uuid4().hex,
+            layout, self.config, writer, checkpoint, epoch_base=lineage.epoch_base
         )
         try:
-            recovered = coordinator.recover()
-            query = self._start_query(coordinator, processing_time, available_now)
+            query = self._start_query(coordinator, lineage, processing_time, available_now)
         except BaseException:
             coordinator.close()
             raise
@@ -195,11 +222,17 @@ class Pipeline:
         return query
 
     def _start_query(
-        self, coordinator: EpochCoordinator, processing_time: str | None, available_now: bool
+        self,
+        coordinator: EpochCoordinator,
+        lineage: Lineage,
+        processing_time: str | None,
+        available_now: bool,
     ) -> StreamingQuery:
-        keyed = self.source.withColumn(
+        keyed = self._source_frame(lineage).withColumn(
             KEY_GROUP, key_group_column(self.plan.key_columns, self.config.key_groups)
         )
+        if lineage.restore is not None:
+            keyed = self._with_restore_rows(keyed, lineage.restore)
         envelope = keyed.groupBy(KEY_GROUP).applyInPandasWithState(
             KeyGroupTask(self.plan),
             ENVELOPE_DDL,
@@ -218,6 +251,55 @@ class Pipeline:
         elif processing_time:
             writer = writer.trigger(processingTime=processing_time)
         return writer.start()
+
+    def _source_frame(self, lineage: Lineage) -> DataFrame:
+        """The source, rewound to the restore epoch's offsets for a fresh checkpoint."""
+        restore = lineage.restore
+        if not lineage.fresh or restore is None or not restore.source_offsets:
+            return self._frame
+        line = restore.source_offsets.splitlines()[0]
+        if not isinstance(self.source, DeltaSource):
+            raise SourceError(
+                f"pipeline {self.name!r} starts from restore epoch {restore.epoch} "
+                f"({restore.origin}), whose source offset is {line}; only a "
+                f"pyspark_abs.DeltaSource can be rewound to it. Use a DeltaSource as the "
+                f"source, or start from a snapshot without offsets (write_state)"
+            )
+        return self.source.load(self.spark, starting_offset=DeltaSource.offset_of(line))
+
+    def _with_restore_rows(self, keyed: DataFrame, restore: ManifestEntry) -> DataFrame:
+        """Add the restored state as restore rows, read in the checkpoint's first batch."""
+        from pyspark.sql import functions as F
+
+        table = f"state/{self.plan.name}"
+        if table not in restore.tables:
+            return keyed
+        version = restore.table_versions[table]
+        state = DeltaSource(
+            restore.tables[table],
+            starting_version=version,
+            ending_version=version,
+            ignore_changes=True,
+        ).load(self.spark)
+        values = F.struct(*self.plan.state_schema.names, TIMEOUT)
+        restore_rows = state.select(
+            *self.plan.key_columns,
+            values.alias(RESTORE),
+            key_group_column(self.plan.key_columns, self.config.key_groups).alias(KEY_GROUP),
+        )
+        no_restore = F.lit(None).cast(restore_rows.schema[RESTORE].dataType)
+        return keyed.withColumn(RESTORE, no_restore).unionByName(
+            restore_rows, allowMissingColumns=True
+        )
+
+    def _check_key_groups(self, lineage: Lineage) -> None:
+        if lineage.key_groups is not None and lineage.key_groups != self.config.key_groups:
+            raise ConfigError(
+                f"pipeline {self.name!r}: checkpoint {self.checkpoint} holds state in "
+                f"{lineage.key_groups} key groups, but key_groups is {self.config.key_groups}. "
+                f"Keep key_groups={lineage.key_groups}, or roll back to the latest epoch "
+                f"(pyspark_abs.rollback) and start again to change it"
+            )
 
     def _targets(self) -> tuple[TableTarget, ...]:
         targets = []
@@ -376,13 +458,19 @@ class PipelineQuery:
         return rebuilt if rebuilt is not None else err
 
 
-def _resolve(name: str, source: DataFrame, operator: Operator, snapshots: bool) -> OperatorPlan:
+def resolve_plan(name: str, source: DataFrame, operator: Operator, snapshots: bool) -> OperatorPlan:
+    """Resolve an operator against its input DataFrame.
+
+    Raises:
+        OperatorDefinitionError: Source and operator do not fit together.
+    """
     columns = source.columns
-    clashes = [c for c in columns if c in RESERVED_COLUMNS]
+    reserved = (*RESERVED_COLUMNS, RESTORE)
+    clashes = [c for c in columns if c in reserved]
     if clashes:
         raise OperatorDefinitionError(
             f"pipeline {name!r}: source column(s) {clashes} use names reserved by "
-            f"pyspark-abs {list(RESERVED_COLUMNS)}; rename them"
+            f"pyspark-abs {list(reserved)}; rename them"
         )
     missing = [k for k in operator.key if k not in columns]
     if missing:

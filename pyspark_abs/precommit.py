@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 import uuid
 import zlib
@@ -34,6 +35,7 @@ _ESCAPED = set("\"#%'*/:=?\\{[]^\x7f") | {chr(c) for c in range(0x20)}
 _FLUSH_ROWS = 256 * 1024
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_date32, pa.types.is_string)
 _MAX_STAT_CHARS = 64
+_FILE_NAME = re.compile(r"(?:^|/)abs-e(\d{12})-[^/]*\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def write_partition(
     codecs = {
         key: BatchCodec(t.payload_schema, f"payload for {t.table}") for key, t in targets.items()
     }
-    prefix = f"abs-e{plan.epoch:012d}-p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:12]}"
+    prefix = file_prefix(plan.epoch, f"p{partition:05d}-a{attempt}")
     writers: dict[tuple[Kind, int], _TableWriter] = {}
     keys_delta = 0
     busy = 0.0  # time spent writing, not waiting for the operator upstream
@@ -161,6 +163,30 @@ def write_partition(
         precommit_ms=busy * 1000,
         files=tuple(files),
     )
+
+
+def file_prefix(epoch: int, writer: str) -> str:
+    """Name prefix of the data files ``writer`` writes for ``epoch`` (see :func:`file_epoch`)."""
+    return f"abs-e{epoch:012d}-{writer}-{uuid.uuid4().hex[:12]}"
+
+
+def file_epoch(path: str) -> int | None:
+    """The epoch a data file was written for, from its name; None for other files."""
+    match = _FILE_NAME.search(path)
+    return int(match.group(1)) if match else None
+
+
+def write_files(
+    target: TableTarget, rows: pa.Table, prefix: str, target_bytes: int
+) -> list[FileEntry]:
+    """Write rows of ``target``'s table schema as Parquet files not yet in its Delta log.
+
+    The driver-side counterpart of a pre-commit task, for restore epochs and compaction.
+    """
+    writer = _TableWriter(target, prefix, target_bytes)
+    if rows.num_rows:
+        writer.add(rows.select(target.table_schema.names).cast(target.table_schema))
+    return writer.close()
 
 
 class _TableWriter:

@@ -1,13 +1,16 @@
 """Recovery on start: load the manifest and check that root and checkpoint belong together.
 
-After these checks the coordinator commits every epoch left PREPARED by an earlier run
-(:meth:`~pyspark_abs.coordinator.EpochCoordinator.recover`); Spark then replays the
-micro-batches it had not committed, and the coordinator discards replays of decided epochs.
+After these checks every epoch left PREPARED by an earlier run is committed
+(:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's micro-batches are mapped
+onto epochs (:func:`resolve_lineage`), and Spark replays the micro-batches it had not
+committed; the coordinator discards replays of decided epochs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 
 from pyspark_abs.checkpoint import CheckpointReader
 from pyspark_abs.errors import ManifestError, PipelineMismatchError
@@ -19,6 +22,8 @@ from pyspark_abs.manifest import (
     ManifestEntry,
 )
 from pyspark_abs.store import DeltaStore, TableSpec
+
+log = logging.getLogger("pyspark_abs")
 
 
 def manifest_spec(root: str, pipeline: str) -> TableSpec:
@@ -66,33 +71,65 @@ def manifest_owner(store: DeltaStore, root: str) -> str | None:
     return owner if isinstance(owner, str) else None
 
 
-def check_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> None:
-    """Check that the checkpoint is the one the snapshot root was written through.
+@dataclass(frozen=True)
+class Lineage:
+    """How a run's Spark micro-batches map onto the epochs of a snapshot root.
+
+    Attributes:
+        epoch_base: Epoch of micro-batch 0 (epoch = epoch_base + batch id).
+        restore: The restore epoch this checkpoint started from, if any: its state is fed
+            to the operator in the checkpoint's first micro-batch.
+        fresh: Whether the checkpoint has not committed a micro-batch yet.
+        key_groups: Key groups of the checkpoint's state, None when it is fresh.
+    """
+
+    epoch_base: int = 0
+    restore: ManifestEntry | None = None
+    fresh: bool = True
+    key_groups: int | None = None
+
+
+def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> Lineage:
+    """Check that the checkpoint belongs to the snapshot root, and map its micro-batches.
+
+    A checkpoint superseded by a restore epoch (a rollback) is moved aside, and the run
+    starts from the restore epoch with a fresh checkpoint at the same location.
 
     Raises:
         PipelineMismatchError: The root holds epochs of another checkpoint, or the
             checkpoint has committed micro-batches the root knows nothing about.
     """
-    decided = [
-        e for e in epochs.entries if e.status in (EpochStatus.PREPARED, EpochStatus.COMMITTED)
-    ]
+    decided = epochs.latest_decided()
     query_id = checkpoint.query_id()
-    if decided:
-        expected = decided[-1].query_id
-        if query_id is None:
-            raise PipelineMismatchError(
-                f"snapshot root {root} holds epochs up to {decided[-1].epoch} written through "
-                f"checkpoint query {expected}, but checkpoint {checkpoint.location} is new. "
-                f"Restart with the checkpoint location the root was written with, or use a new "
-                f"snapshot root"
+    mine = [
+        e
+        for e in epochs.entries
+        if query_id is not None
+        and e.query_id == query_id
+        and e.batch_id is not None
+        and e.status is not EpochStatus.ABORTED
+    ]
+    if mine and decided is not None:
+        last = mine[-1]
+        if decided.is_restore and decided.epoch > last.epoch:
+            moved = checkpoint.move_aside(f"superseded-by-epoch-{decided.epoch}")
+            log.warning(
+                "checkpoint %s was superseded by restore epoch %d (%s); moved it to %s",
+                checkpoint.location,
+                decided.epoch,
+                decided.origin,
+                moved,
             )
-        if query_id != expected:
-            raise PipelineMismatchError(
-                f"snapshot root {root} was written through checkpoint query {expected}, but "
-                f"checkpoint {checkpoint.location} belongs to query {query_id}. Use the "
-                f"matching checkpoint location or another snapshot root"
-            )
-        return
+            return _start_from(decided)
+        assert last.batch_id is not None
+        base = last.epoch - last.batch_id
+        start = epochs.latest(base - 1)
+        return Lineage(
+            epoch_base=base,
+            restore=start if start is not None and start.is_restore else None,
+            fresh=False,
+            key_groups=last.key_groups,
+        )
     committed = checkpoint.committed_batches()
     if committed:
         raise PipelineMismatchError(
@@ -100,3 +137,18 @@ def check_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> 
             f"{committed[-1]}, but snapshot root {root} has no snapshot of them. Use a new "
             f"checkpoint location with this root, or the root this checkpoint was used with"
         )
+    if decided is None:
+        return Lineage()
+    if decided.is_restore:
+        return _start_from(decided)
+    raise PipelineMismatchError(
+        f"snapshot root {root} holds epochs up to {decided.epoch} written through checkpoint "
+        f"{decided.checkpoint or decided.query_id}, but checkpoint {checkpoint.location} is "
+        f"new. Restart with the checkpoint the root was written with; to start a new "
+        f"checkpoint (e.g. with another partition or key-group count), first run "
+        f"pyspark_abs.rollback({root!r}, {decided.epoch})"
+    )
+
+
+def _start_from(restore: ManifestEntry) -> Lineage:
+    return Lineage(epoch_base=restore.epoch + 1, restore=restore)

@@ -20,6 +20,8 @@ KEY_GROUP = "_key_group"
 EPOCH = "_epoch"
 RESERVED_COLUMNS = (KEY_GROUP, EPOCH, DELETED, TIMEOUT)
 """Columns the state table adds to the key and state columns, in table order."""
+RESTORE = "_abs_restore"
+"""Operator input column carrying a restored key's state (null on data rows)."""
 
 
 def resolve_struct(schema: SchemaLike, what: str) -> StructType:

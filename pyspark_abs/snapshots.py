@@ -15,8 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
+from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
-from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.recovery import manifest_owner
 from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
 from pyspark_abs.store import DeltaStore, load_dataframe, normalize_uri
@@ -58,6 +61,8 @@ class SnapshotInfo:
         watermark_ms: The epoch's event-time watermark.
         source_offsets: The source offsets Spark recorded for the epoch.
         error: Why the epoch was aborted.
+        restored_from: Restore epochs: the epoch whose snapshot they installed.
+        origin: Restore epochs: what installed them (rollback, restore, write_state).
     """
 
     epoch: int
@@ -75,6 +80,8 @@ class SnapshotInfo:
     watermark_ms: int | None = None
     source_offsets: str | None = None
     error: str | None = None
+    restored_from: int | None = None
+    origin: str | None = None
 
     @classmethod
     def from_entry(cls, entry: ManifestEntry) -> SnapshotInfo:
@@ -95,6 +102,8 @@ class SnapshotInfo:
             watermark_ms=entry.watermark_ms,
             source_offsets=entry.source_offsets,
             error=entry.error,
+            restored_from=entry.restored_from,
+            origin=entry.origin,
         )
 
 
@@ -153,9 +162,9 @@ class Snapshots:
         return SnapshotInfo.from_entry(entry)
 
     def latest(self) -> SnapshotInfo | None:
-        """The newest COMMITTED epoch, or None."""
-        committed = self._log().committed()
-        return SnapshotInfo.from_entry(committed[-1]) if committed else None
+        """The newest readable (COMMITTED or RESTORED) epoch, or None."""
+        snapshots = self._log().snapshots()
+        return SnapshotInfo.from_entry(snapshots[-1]) if snapshots else None
 
     def operators(self) -> builtins.list[str]:
         """Names of the operators whose state the root holds."""
@@ -178,7 +187,7 @@ class Snapshots:
 
         Args:
             operator: The operator's name.
-            epoch: A COMMITTED epoch; None for the newest.
+            epoch: A COMMITTED or RESTORED epoch; None for the newest.
             with_metadata: Also return ``_key_group``, ``_epoch`` (the epoch of the key's
                 last change) and ``_timeout``.
 
@@ -205,6 +214,23 @@ class Snapshots:
             columns += [KEY_GROUP, EPOCH, TIMEOUT]
         return state.select(*columns)
 
+    def state_table(self, operator: str, epoch: int | None = None) -> pa.Table:
+        """An operator's state as of a committed epoch as an Arrow table, without Spark.
+
+        Columns are the key and state columns, then ``_key_group``, ``_epoch`` (the epoch
+        of the key's last change) and ``_timeout``.
+
+        Raises:
+            SnapshotNotFoundError: The operator or epoch is unknown or not committed.
+        """
+        table = f"state/{operator}"
+        entry = self._committed(epoch, table, f"operator {operator!r}")
+        uri = entry.tables[table]
+        meta = json.loads(self._store.description(uri) or "{}")
+        changes = self._store.read(uri, entry.table_versions[table])
+        live = latest_per_key(changes, meta["key"], entry.epoch)
+        return live.select([*meta["key"], *meta["state"], KEY_GROUP, EPOCH, TIMEOUT])
+
     def sink(self, output: str, epoch: int | None = None) -> DataFrame:
         """A sink table as of a committed epoch.
 
@@ -217,18 +243,18 @@ class Snapshots:
 
     def _committed(self, epoch: int | None, table: str, what: str) -> ManifestEntry:
         log = self._log()
-        committed = log.committed()
-        if not committed:
+        readable = log.snapshots()
+        if not readable:
             raise SnapshotNotFoundError(f"snapshot root {self.root} has no committed epoch yet")
         if epoch is None:
-            entry = committed[-1]
+            entry = readable[-1]
         else:
             found = log.latest(epoch)
-            if found is None or found.status is not EpochStatus.COMMITTED:
+            if found is None or found.status not in SNAPSHOT_STATUSES:
                 status = found.status.value if found else "not in the manifest"
                 raise SnapshotNotFoundError(
-                    f"epoch {epoch} of snapshot root {self.root} is {status}; committed epochs "
-                    f"are {committed[0].epoch}..{committed[-1].epoch}"
+                    f"epoch {epoch} of snapshot root {self.root} is {status}; readable epochs "
+                    f"are {epoch_ranges([e.epoch for e in readable])}"
                 )
             entry = found
         if table not in entry.table_versions:
@@ -239,8 +265,8 @@ class Snapshots:
         return entry
 
     def _tables(self) -> builtins.list[str]:
-        committed = self._log().committed()
-        return list(committed[-1].table_versions) if committed else []
+        readable = self._log().snapshots()
+        return list(readable[-1].table_versions) if readable else []
 
     def _log(self) -> EpochLog:
         rows = self._store.read(f"{self.root}/_manifest").to_pylist()
@@ -258,3 +284,14 @@ class Snapshots:
             )
         self.spark = active
         return active
+
+
+def epoch_ranges(epochs: builtins.list[int]) -> str:
+    """Epoch numbers as compact ranges, e.g. ``0..4, 7, 9..12`` (``none`` when empty)."""
+    parts: builtins.list[str] = []
+    for epoch in sorted(epochs):
+        if parts and parts[-1].split("..")[-1] == str(epoch - 1):
+            parts[-1] = f"{parts[-1].split('..')[0]}..{epoch}"
+        else:
+            parts.append(str(epoch))
+    return ", ".join(parts) or "none"

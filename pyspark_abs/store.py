@@ -161,11 +161,23 @@ class DeltaStore:
         description: str | None = self.open(uri).metadata().description
         return description
 
-    def read(self, uri: str, version: int | None = None) -> pa.Table:
-        """A table's rows (at ``version``, or the latest)."""
-        if version is None:
-            return self.open(uri).to_pyarrow_table()
-        return DeltaTable(uri, version=version).to_pyarrow_table()
+    def read(
+        self, uri: str, version: int | None = None, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """An unpartitioned table's rows (at ``version``, or the latest; all or ``columns``).
+
+        Files are read with pyarrow's own file systems: scanning through delta-rs's file
+        system handler can abort the process at interpreter exit (deltalake 1.6, pyarrow 26).
+        """
+        table = self.open(uri) if version is None else DeltaTable(uri, version=version)
+        schema = arrow_schema(table)
+        if columns:
+            schema = pa.schema([schema.field(c) for c in columns])
+        files = table.file_uris()
+        if not files:
+            return schema.empty_table()
+        rows = pq.read_table(files, columns=schema.names, schema=schema)
+        return rows
 
     def append(self, uri: str, rows: pa.Table) -> int:
         """Append rows to a table in one commit and return the new version."""
@@ -184,14 +196,21 @@ class DeltaStore:
         return int(table.version())
 
     def commit_files(
-        self, uri: str, files: Sequence[FileEntry], app_id: str, epoch: int
+        self,
+        uri: str,
+        files: Sequence[FileEntry],
+        app_id: str,
+        epoch: int,
+        *,
+        overwrite: bool = False,
     ) -> CommitResult:
         """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
 
         The commit carries the application transaction ``(app_id, epoch)``. If the table
         already holds that transaction or a later one, nothing is committed and the version
-        that committed ``epoch`` is returned. With no files, nothing is committed and the
-        current version is returned.
+        that committed ``epoch`` is returned. With no files and no overwrite, nothing is
+        committed and the current version is returned. With ``overwrite``, the files
+        replace the table's current files.
 
         Raises:
             CommitError: The Delta commit failed, or the table's transactions say the epoch
@@ -201,7 +220,7 @@ class DeltaStore:
         done = table.transaction_version(app_id)
         if done is not None and done >= epoch:
             return CommitResult(self._version_of(table, uri, app_id, epoch), committed=False)
-        if not files:
+        if not files and not overwrite:
             return CommitResult(int(table.version()), committed=False)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
@@ -218,13 +237,10 @@ class DeltaStore:
         try:
             table.create_write_transaction(
                 actions,
-                mode="append",
+                mode="overwrite" if overwrite else "append",
                 schema=table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
-                commit_properties=CommitProperties(
-                    custom_metadata={EPOCH_KEY: str(epoch), APP_ID_KEY: app_id},
-                    app_transactions=[Transaction(app_id, epoch)],
-                ),
+                commit_properties=_epoch_commit(app_id, epoch),
             )
             table.update_incremental()
         except (DeltaError, OSError) as err:
@@ -233,6 +249,31 @@ class DeltaStore:
                 f"failed: {err}. The epoch stays PREPARED and is committed on restart"
             ) from err
         return CommitResult(int(table.version()), committed=True)
+
+    def restore_version(self, uri: str, version: int, app_id: str, epoch: int) -> int:
+        """Restore the table at ``uri`` to ``version`` as epoch ``epoch``, exactly once.
+
+        Returns the table's version after the restore (the current version when the table
+        already is at ``version`` or holds the epoch's transaction).
+
+        Raises:
+            CommitError: The restore failed, e.g. because files of ``version`` were vacuumed.
+        """
+        table = self.open(uri)
+        done = table.transaction_version(app_id)
+        if done is not None and done >= epoch:
+            return self._version_of(table, uri, app_id, epoch)
+        if int(table.version()) == version:
+            return version
+        try:
+            table.restore(version, commit_properties=_epoch_commit(app_id, epoch))
+            table.update_incremental()
+        except (DeltaError, OSError) as err:
+            raise CommitError(
+                f"epoch {epoch}: restoring the table at {uri} to version {version} failed: "
+                f"{err}. The epoch stays PREPARED and is retried on the next start or rollback"
+            ) from err
+        return int(table.version())
 
     def _version_of(self, table: DeltaTable, uri: str, app_id: str, epoch: int) -> int:
         for commit in table.history():
@@ -258,6 +299,14 @@ class DeltaStore:
                 fs.delete_file(f"{root}/{path}")
             except FileNotFoundError:
                 continue
+
+
+def _epoch_commit(app_id: str, epoch: int) -> CommitProperties:
+    """Commit properties that make a commit epoch ``epoch`` of ``app_id``, exactly once."""
+    return CommitProperties(
+        custom_metadata={EPOCH_KEY: str(epoch), APP_ID_KEY: app_id},
+        app_transactions=[Transaction(app_id, epoch)],
+    )
 
 
 def schema_differences(declared: pa.Schema, actual: pa.Schema) -> list[str]:

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import AbsConfig, KeyState, Operator, Pipeline, Snapshots, operator
 from pyspark_abs.examples import wordcount
+from pyspark_abs.manifest import SNAPSHOT_STATUSES
 from tests.conftest import running_counts
 
 STATE_DDL = "word string, count long"
@@ -57,10 +58,11 @@ def expected_sink(spark: SparkSession, epochs: Sequence[str]) -> DataFrame:
 
 
 def state_history(snapshots: Snapshots, operator: str = "word_count") -> DataFrame:
-    """The operator's state as of every committed epoch, with an ``as_of`` column."""
+    """The operator's state as of every readable epoch, with an ``as_of`` column."""
     frames = [
         snapshots.state(operator, info.epoch).withColumn("as_of", F.lit(info.epoch))
         for info in snapshots.list()
+        if info.status in SNAPSHOT_STATUSES
     ]
     return reduce(DataFrame.unionByName, frames)
 

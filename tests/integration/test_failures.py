@@ -265,7 +265,7 @@ def test_reading_unknown_epochs_and_operators(spark: SparkSession, tmp_path: Pat
     pipeline.run()
     snapshots = pipeline.snapshots
     with pytest.raises(
-        SnapshotNotFoundError, match=r"epoch 7 .* is not in the manifest; committed epochs are 0..1"
+        SnapshotNotFoundError, match=r"epoch 7 .* is not in the manifest; readable epochs are 0..1"
     ):
         snapshots.state("word_count", 7)
     with pytest.raises(SnapshotNotFoundError, match=r"operator 'nope' is not in snapshot root"):

@@ -71,7 +71,7 @@ def test_log_decides_replays() -> None:
     assert log.decide(1) is EpochDecision.FINISH_REPLAY
     assert log.decide(2) is EpochDecision.PROCESS
     assert [e.epoch for e in log.pending()] == [1]
-    assert [e.epoch for e in log.committed()] == [0]
+    assert [e.epoch for e in log.snapshots()] == [0]
     latest = log.latest_decided()
     assert latest is not None
     assert latest.epoch == 1

@@ -1,0 +1,65 @@
+"""The state table as a changelog, and the live state it describes.
+
+An operator's state table holds one row per key and epoch in which the key's state changed
+(``_epoch``), with ``_deleted`` marking removals. The state as of epoch e is the latest row
+per key among those with ``_epoch <= e``, without tombstones. Restore, compaction and
+validation compute it here, with Arrow and without Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_abs.keys import key_arrays
+from pyspark_abs.schema import DELETED, EPOCH
+
+
+def latest_per_key(
+    changes: pa.Table, keys: Sequence[str], epoch: int | None = None, *, keep_deleted: bool = False
+) -> pa.Table:
+    """The latest change of every key, as of ``epoch`` (None: all changes).
+
+    Args:
+        changes: Rows of a state table.
+        keys: The key columns.
+        epoch: Ignore changes of later epochs.
+        keep_deleted: Keep tombstones (the latest change of a removed key).
+    """
+    if epoch is not None:
+        epochs_before = np.asarray(changes[EPOCH].to_numpy(), dtype=np.int64)
+        changes = changes.filter(pa.array(epochs_before <= epoch))
+    if not changes.num_rows:
+        return changes
+    code = _key_codes(changes, keys)
+    epochs = np.asarray(changes[EPOCH].to_numpy(zero_copy_only=False), dtype=np.int64)
+    order = np.lexsort((epochs, code))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = code[order][1:] != code[order][:-1]
+    latest = changes.take(np.sort(order[last]))
+    if keep_deleted:
+        return latest
+    deleted = np.asarray(latest[DELETED].to_numpy(zero_copy_only=False), dtype=object)
+    return latest.filter(pa.array(deleted != True))  # noqa: E712 (null counts as live)
+
+
+def duplicate_changes(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Rows whose (key, ``_epoch``) occurs more than once: an epoch committed twice."""
+    if not changes.num_rows:
+        return changes
+    codes = pa.array(_key_codes(changes, [*keys, EPOCH]))
+    counts: pa.StructArray = pc.value_counts(codes)
+    tally = np.asarray(counts.field("counts").to_numpy(zero_copy_only=False))
+    repeated = counts.field("values").filter(pa.array(tally > 1))
+    return changes.filter(pc.is_in(codes, value_set=repeated))
+
+
+def _key_codes(table: pa.Table, columns: Sequence[str]) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """One integer per row, equal for rows with equal values in ``columns`` (nulls too)."""
+    (keys,) = key_arrays([table], columns)
+    encoded: Any = pc.dictionary_encode(keys, null_encoding="encode")
+    return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -1,0 +1,449 @@
+"""Keeping a snapshot root small and sound: compaction, retention, vacuum and validation.
+
+The state table grows by the changed keys of every epoch (seed 003's incremental
+checkpoints). **Compaction** rewrites the latest row per key as of a snapshot in one Delta
+commit that removes the files it replaces (``dataChange=false``); epochs committed
+meanwhile append other files, so it runs beside a running pipeline and retries when Delta
+reports a conflict. Older epochs stay readable: they are read at their own table version.
+
+**Retention** keeps the last N snapshots: older ones are marked EXPIRED in the manifest
+first, so nobody reads or restores them while **vacuum** deletes the files that no retained
+snapshot's table version references. Vacuum never deletes a file of an in-flight epoch: it
+skips files listed by PREPARED epochs, files named for an epoch newer than every decided
+one, and any other unreferenced file younger than ``min_age_seconds``.
+
+**Validation** checks every retained snapshot: table versions exist, their files exist with
+the recorded sizes, commits carry the epoch's application transaction, and no key has two
+changes in one epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction
+
+from pyspark_abs.changelog import duplicate_changes, latest_per_key
+from pyspark_abs.commit import EpochWriter, app_id
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.envelope import Kind
+from pyspark_abs.errors import AbsError, CommitError, ConfigError, SnapshotNotFoundError
+from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.precommit import TableTarget, file_epoch, write_files
+from pyspark_abs.recovery import manifest_owner, open_manifest
+from pyspark_abs.schema import EPOCH
+from pyspark_abs.store import APP_ID_KEY, EPOCH_KEY, DeltaStore, arrow_schema, normalize_uri
+
+log = logging.getLogger("pyspark_abs")
+
+Progress = Callable[[str], None]
+"""Receives one line per step of a long operation."""
+
+_CONFLICT_RETRIES = 5
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The outcome of compacting one state table.
+
+    Attributes:
+        table: The table id.
+        as_of_epoch: The snapshot whose latest row per key was written.
+        version: The table version of the compaction commit (None if nothing was done).
+        files_before: Files the compaction replaced.
+        rows_before: Rows in those files.
+        rows_after: Live keys written.
+    """
+
+    table: str
+    as_of_epoch: int
+    version: int | None
+    files_before: int
+    rows_before: int
+    rows_after: int
+
+
+@dataclass(frozen=True)
+class VacuumReport:
+    """What :func:`vacuum` did.
+
+    Attributes:
+        expired: Epochs marked EXPIRED by this call.
+        deleted: Deleted files, by table id.
+        kept_in_flight: Unreferenced files kept because an epoch may still commit them.
+        dry_run: Whether files were only listed.
+    """
+
+    expired: list[int] = field(default_factory=list)
+    deleted: dict[str, list[str]] = field(default_factory=dict)
+    kept_in_flight: int = 0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing :func:`validate` found broken.
+
+    Attributes:
+        epoch: The epoch concerned, if any.
+        table: The table concerned, if any.
+        message: What is wrong.
+    """
+
+    epoch: int | None
+    table: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = ", ".join(
+            part
+            for part in (
+                f"epoch {self.epoch}" if self.epoch is not None else "",
+                f"table {self.table}" if self.table else "",
+            )
+            if part
+        )
+        return f"{where}: {self.message}" if where else self.message
+
+
+class CompactionPolicy:
+    """When a running pipeline compacts its state table (see :class:`AbsConfig`).
+
+    Compaction is due every ``every_epochs`` epochs, or once the changelog has grown to
+    ``ratio`` times the live state (rows written since the last compaction plus live keys,
+    over live keys). Zero turns a trigger off.
+    """
+
+    def __init__(self, every_epochs: int, ratio: float) -> None:
+        self.every_epochs = every_epochs
+        self.ratio = ratio
+        self._epochs = 0
+        self._rows = 0
+
+    def observe(self, changed_rows: int, live_keys: int) -> bool:
+        """Count a committed epoch; return whether compaction is due (and reset if so)."""
+        self._epochs += 1
+        self._rows += changed_rows
+        due = (self.every_epochs and self._epochs >= self.every_epochs) or (
+            self.ratio and self._rows + live_keys > self.ratio * max(live_keys, 1)
+        )
+        if due:
+            self._epochs = self._rows = 0
+        return bool(due)
+
+
+def compact(root: str, *, progress: Progress = _quiet) -> list[Compaction]:
+    """Compact every state table of a snapshot root as of its newest snapshot.
+
+    Safe while the pipeline runs. The manifest is compacted too (small-file bin packing).
+
+    Raises:
+        SnapshotNotFoundError: The root does not exist.
+        CommitError: Delta kept reporting conflicts.
+    """
+    root = normalize_uri(root)
+    store = DeltaStore()
+    epochs = _load(store, root)
+    snapshots = epochs.snapshots()
+    if not snapshots:
+        return []
+    latest = snapshots[-1]
+    results = []
+    for table, uri in latest.tables.items():
+        if table.startswith("state/"):
+            progress(f"compacting {table} as of epoch {latest.epoch}")
+            results.append(compact_table(store, table, uri, latest))
+    progress("compacting _manifest")
+    DeltaTable(f"{root}/_manifest").optimize.compact()
+    return results
+
+
+def compact_table(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry) -> Compaction:
+    """Rewrite one state table's latest row per key as of ``snapshot`` in one commit.
+
+    Raises:
+        CommitError: Delta kept reporting conflicts.
+    """
+    version = snapshot.table_versions[table]
+    keys: list[str] = json.loads(store.description(uri) or "{}")["key"]
+    at_version = DeltaTable(uri, version=version)
+    files = _add_actions(at_version)
+    changes = store.read(uri, version)
+    live = latest_per_key(changes, keys)
+    if len(files) <= 1 and live.num_rows == changes.num_rows:
+        return Compaction(table, snapshot.epoch, None, len(files), changes.num_rows, live.num_rows)
+    schema = arrow_schema(at_version)
+    target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
+    prefix = f"abs-c{snapshot.epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
+    written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
+    now_ms = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(f["path"], False, now_ms, int(f["size_bytes"]), {}) for f in files
+    ]
+    actions += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
+    for attempt in range(_CONFLICT_RETRIES):
+        current = store.open(uri)
+        try:
+            current.create_write_transaction(actions, mode="append", schema=current.schema())
+            current.update_incremental()
+            return Compaction(
+                table,
+                snapshot.epoch,
+                int(current.version()),
+                len(files),
+                changes.num_rows,
+                live.num_rows,
+            )
+        except CommitFailedError as err:
+            log.info("compaction of %s conflicted (attempt %d): %s", table, attempt + 1, err)
+        except DeltaError as err:
+            store.delete_files(uri, [w.path for w in written])
+            raise CommitError(f"compacting {table} at {uri} failed: {err}") from err
+    store.delete_files(uri, [w.path for w in written])
+    raise CommitError(
+        f"compacting {table} at {uri} as of epoch {snapshot.epoch} conflicted "
+        f"{_CONFLICT_RETRIES} times with other writers; run compact again later"
+    )
+
+
+def expire(root: str, keep_last: int) -> list[int]:
+    """Mark all but the newest ``keep_last`` snapshots EXPIRED; return the epochs marked.
+
+    Raises:
+        ConfigError: ``keep_last`` is below 1.
+        SnapshotNotFoundError: The root does not exist.
+    """
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ConfigError(f"keep_last must be an integer of at least 1, got {keep_last!r}")
+    root = normalize_uri(root)
+    store = DeltaStore()
+    epochs = _load(store, root)
+    writer = EpochWriter(_owner(store, root), root, store, epochs, f"vacuum-{uuid.uuid4().hex}")
+    snapshots = epochs.snapshots()
+    expired = []
+    for entry in snapshots[: max(0, len(snapshots) - keep_last)]:
+        writer.record(entry.transition(EpochStatus.EXPIRED, run_id=writer.run_id, files=()))
+        expired.append(entry.epoch)
+    return expired
+
+
+def vacuum(
+    root: str,
+    *,
+    keep_last: int | None = None,
+    min_age_seconds: float = 3600.0,
+    dry_run: bool = False,
+    progress: Progress = _quiet,
+) -> VacuumReport:
+    """Delete files that no retained snapshot references, after applying retention.
+
+    Args:
+        root: The snapshot root.
+        keep_last: First expire all but the newest ``keep_last`` snapshots.
+        min_age_seconds: Keep unreferenced files younger than this unless their name shows
+            they belong to an epoch that can no longer commit them.
+        dry_run: List what would be deleted without deleting.
+        progress: Receives a line per table.
+
+    Raises:
+        SnapshotNotFoundError: The root does not exist.
+    """
+    expired = expire(root, keep_last) if keep_last is not None and not dry_run else []
+    root = normalize_uri(root)
+    store = DeltaStore()
+    epochs = _load(store, root)
+    retained = epochs.snapshots()
+    decided = epochs.latest_decided()
+    newest_decided = decided.epoch if decided is not None else -1
+    in_flight = {(f.table, f.path) for e in epochs.pending() for f in e.files}
+    deleted: dict[str, list[str]] = {}
+    kept = 0
+    for table, uri in _tables(epochs.entries).items():
+        if not store.exists(uri):
+            continue
+        progress(f"vacuuming {table}")
+        versions = {e.table_versions[table] for e in retained if table in e.table_versions}
+        versions.add(int(store.open(uri).version()))
+        referenced = set()
+        for version in versions:
+            referenced |= {
+                unquote(a["path"]) for a in _add_actions(DeltaTable(uri, version=version))
+            }
+        doomed = []
+        for path, age in _data_files(uri):
+            if path in referenced:
+                continue
+            epoch = file_epoch(path)
+            orphan = epoch is not None and epoch <= newest_decided
+            if (table, path) in in_flight or not (orphan or age >= min_age_seconds):
+                kept += 1
+                continue
+            doomed.append(path)
+        if doomed and not dry_run:
+            store.delete_files(uri, doomed)
+        if doomed:
+            deleted[table] = sorted(doomed)
+    return VacuumReport(expired, deleted, kept, dry_run)
+
+
+def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
+    """Check every retained snapshot of a root; return what is broken (empty: all sound).
+
+    Raises:
+        SnapshotNotFoundError: The root does not exist.
+    """
+    root = normalize_uri(root)
+    store = DeltaStore()
+    pipeline = _owner(store, root)
+    try:
+        epochs = open_manifest(store, root, pipeline)
+    except AbsError as err:
+        return [Problem(None, "_manifest", str(err))]
+    problems: list[Problem] = []
+    checked: dict[tuple[str, int], list[Problem]] = {}
+    histories: dict[str, dict[int, dict[str, Any]]] = {}
+    snapshots = epochs.snapshots()
+    for number, entry in enumerate(snapshots, 1):
+        progress(f"validating epoch {entry.epoch} ({number}/{len(snapshots)})")
+        for table, version in entry.table_versions.items():
+            uri = entry.tables[table]
+            if (table, version) not in checked:
+                checked[table, version] = _check_version(store, table, uri, version)
+            found = [Problem(entry.epoch, p.table, p.message) for p in checked[table, version]]
+            problems += found
+            if found:
+                continue
+            if entry.rows.get(table) and not entry.is_restore:
+                if table not in histories:
+                    histories[table] = _history(uri)
+                problems += _check_txn(entry, table, version, histories[table], pipeline)
+            if table.startswith("state/"):
+                problems += _check_duplicates(store, entry, table, uri, version)
+    return problems
+
+
+def _check_version(store: DeltaStore, table: str, uri: str, version: int) -> list[Problem]:
+    try:
+        at_version = DeltaTable(uri, version=version)
+        actions = _add_actions(at_version)
+    except Exception as err:
+        return [Problem(None, table, f"version {version} cannot be loaded: {err}")]
+    paths = [unquote(a["path"]) for a in actions]
+    sizes = store.file_sizes(uri, paths)
+    problems = []
+    for action, path, size in zip(actions, paths, sizes, strict=True):
+        if size is None:
+            problems.append(Problem(None, table, f"file {path} of version {version} is missing"))
+        elif size != action["size_bytes"]:
+            problems.append(
+                Problem(
+                    None,
+                    table,
+                    f"file {path} of version {version} has {size} bytes, the log records "
+                    f"{action['size_bytes']}",
+                )
+            )
+    return problems
+
+
+def _history(uri: str) -> dict[int, dict[str, Any]]:
+    return {int(c["version"]): c for c in DeltaTable(uri).history()}
+
+
+def _check_txn(
+    entry: ManifestEntry,
+    table: str,
+    version: int,
+    history: dict[int, dict[str, Any]],
+    pipeline: str,
+) -> list[Problem]:
+    commit = history.get(version, {})
+    expected = app_id(pipeline, table)
+    if commit.get(EPOCH_KEY) != str(entry.epoch) or commit.get(APP_ID_KEY) != expected:
+        return [
+            Problem(
+                entry.epoch,
+                table,
+                f"the commit at version {version} carries transaction "
+                f"{commit.get(APP_ID_KEY)!r} epoch {commit.get(EPOCH_KEY)!r}, expected "
+                f"{expected!r} epoch {entry.epoch}",
+            )
+        ]
+    return []
+
+
+def _check_duplicates(
+    store: DeltaStore, entry: ManifestEntry, table: str, uri: str, version: int
+) -> list[Problem]:
+    keys: list[str] = json.loads(store.description(uri) or "{}")["key"]
+    changes = store.read(uri, version, columns=[*keys, EPOCH])
+    epochs = np.asarray(changes[EPOCH].to_numpy(), dtype=np.int64)
+    doubled = duplicate_changes(changes.filter(pa.array(epochs <= entry.epoch)), keys)
+    if not doubled.num_rows:
+        return []
+    sample = doubled.slice(0, 3).to_pylist()
+    return [
+        Problem(
+            entry.epoch,
+            table,
+            f"{doubled.num_rows} rows change a key twice in one epoch (an epoch was committed "
+            f"twice), e.g. {sample}",
+        )
+    ]
+
+
+def _add_actions(table: DeltaTable) -> list[dict[str, Any]]:
+    """The add actions of a table version: path, size_bytes, ..."""
+    actions: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    return actions
+
+
+def _data_files(uri: str) -> Iterable[tuple[str, float]]:
+    """Data files under a table root (not its log): relative path and age in seconds."""
+    fs, base = pafs.FileSystem.from_uri(uri)
+    now = time.time()
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    for info in fs.get_file_info(selector):
+        relative = info.path[len(base) :].lstrip("/")
+        if info.type != pafs.FileType.File or relative.startswith("_delta_log"):
+            continue
+        if not relative.endswith(".parquet"):
+            continue
+        modified = info.mtime.timestamp() if info.mtime is not None else now
+        yield relative, now - modified
+
+
+def _tables(entries: Iterable[ManifestEntry]) -> dict[str, str]:
+    tables: dict[str, str] = {}
+    for entry in entries:
+        tables.update(entry.tables)
+    return tables
+
+
+def _load(store: DeltaStore, root: str) -> EpochLog:
+    return open_manifest(store, root, _owner(store, root))
+
+
+def _owner(store: DeltaStore, root: str) -> str:
+    owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
+    if owner is None:
+        raise SnapshotNotFoundError(
+            f"{root} is not a pyspark-abs snapshot root (it has no _manifest table)"
+        )
+    return owner

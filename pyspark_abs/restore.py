@@ -1,0 +1,361 @@
+"""Savepoints: rollback, restore into another root, and state written from a DataFrame.
+
+Each of these installs a snapshot as a *restore epoch* R, through the same two-phase commit
+as a micro-batch epoch:
+
+1. the state to install is written as Parquet files into each state table's directory;
+2. PREPARED(R) records those files, the sink versions to go back to, and the source
+   offsets the next run starts from: the decision;
+3. each state table's files are replaced by the installed state, each sink is restored to
+   its recorded Delta version (one transaction per table, idempotent by the application
+   transaction (pipeline/table, R)), and RESTORED(R) records the new versions.
+
+A crash anywhere leaves either no decision (nothing changed; the orphan files are vacuumed)
+or a PREPARED restore epoch that the next start, rollback or restore finishes. The pipeline
+then starts a fresh checkpoint whose micro-batch 0 is epoch R + 1: it feeds the installed
+state to the operator in that micro-batch (with any partition or key-group count), and a
+:class:`~pyspark_abs.sources.DeltaSource` resumes at R's source offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from pyspark_abs.barrier import FileEntry
+from pyspark_abs.changelog import latest_per_key
+from pyspark_abs.commit import EpochWriter, now
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.envelope import Kind
+from pyspark_abs.errors import (
+    OperatorDefinitionError,
+    PipelineMismatchError,
+    SchemaMismatchError,
+    SnapshotNotFoundError,
+    SnapshotRootError,
+)
+from pyspark_abs.keygroups import key_group_column
+from pyspark_abs.keys import key_arrays, repeated
+from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.recovery import manifest_owner, open_manifest
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
+from pyspark_abs.snapshots import SnapshotInfo, epoch_ranges, state_table_description
+from pyspark_abs.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pyspark_abs.operator import Operator
+
+
+def rollback(root: str, epoch: int) -> SnapshotInfo:
+    """Roll a stopped pipeline back to a committed epoch.
+
+    State returns to what it was after ``epoch``, every sink table to its Delta version as
+    of ``epoch``, and the manifest records a RESTORED epoch. The next start of the pipeline
+    (with its usual checkpoint location, which is moved aside as superseded) reprocesses
+    from the source offsets of ``epoch``. Epochs after ``epoch`` stay readable in the
+    manifest and by Delta time travel until retention expires them.
+
+    Args:
+        root: The snapshot root.
+        epoch: A COMMITTED or RESTORED epoch of the root.
+
+    Returns:
+        The RESTORED epoch.
+
+    Raises:
+        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
+        CommitError: A table could not be restored (e.g. its files were vacuumed); the
+            rollback is finished by the next start or rollback once that is fixed.
+    """
+    root = normalize_uri(root)
+    store = DeltaStore()
+    writer = _open(store, root, None)
+    writer.recover()
+    target = _snapshot(writer.epochs, epoch, root)
+    restore_epoch = _next_epoch(writer.epochs)
+    files: list[FileEntry] = []
+    rows: dict[str, int] = {}
+    for table, uri in target.tables.items():
+        if table.startswith("state/"):
+            installed = _live_state(store, uri, target)
+            files += _write_state(store, table, uri, installed, restore_epoch)
+            rows[table] = installed.num_rows
+    restore_versions = {
+        t: v for t, v in target.table_versions.items() if not t.startswith("state/")
+    }
+    return _install(
+        writer,
+        target,
+        restore_epoch,
+        tables=dict(target.tables),
+        files=files,
+        rows=rows,
+        restore_versions=restore_versions,
+        origin=f"rollback to epoch {target.epoch}",
+    )
+
+
+def restore(root: str, epoch: int, into: str, *, pipeline: str | None = None) -> SnapshotInfo:
+    """Copy the snapshot of ``epoch`` into a new snapshot root, as its first epoch.
+
+    A pipeline started on ``into`` (with a new checkpoint location, any partition count and
+    any key-group count) continues from that snapshot: its operator starts with the
+    snapshot's state (timeouts included), and a DeltaSource resumes at the snapshot's
+    source offsets. Give it its own sink tables.
+
+    Args:
+        root: The snapshot root to copy from.
+        epoch: A COMMITTED or RESTORED epoch of ``root``.
+        into: A new snapshot root (it must hold no epochs).
+        pipeline: The pipeline ``into`` belongs to (default: the pipeline of ``root``).
+
+    Returns:
+        The RESTORED epoch of ``into``, which has the number ``epoch``.
+
+    Raises:
+        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
+        SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself.
+    """
+    root, into = normalize_uri(root), normalize_uri(into)
+    store = DeltaStore()
+    source = _open(store, root, None)
+    target = _snapshot(source.epochs, epoch, root)
+    if into == root:
+        raise SnapshotRootError(
+            f"restore copies a snapshot into another root; to go back to epoch {epoch} in "
+            f"{root} itself, use rollback({root!r}, {epoch})"
+        )
+    name = pipeline or source.pipeline
+    writer = _open(store, into, name, empty=True)
+    tables: dict[str, str] = {}
+    files: list[FileEntry] = []
+    rows: dict[str, int] = {}
+    for table, uri in target.tables.items():
+        if not table.startswith("state/"):
+            continue
+        new_uri = f"{into}/{table}"
+        existing = store.open(uri)
+        store.ensure_table(
+            TableSpec(table, new_uri, arrow_schema(existing), (), store.description(uri))
+        )
+        installed = _live_state(store, uri, target)
+        files += _write_state(store, table, new_uri, installed, target.epoch)
+        tables[table] = new_uri
+        rows[table] = installed.num_rows
+    return _install(
+        writer,
+        target,
+        target.epoch,
+        tables=tables,
+        files=files,
+        rows=rows,
+        restore_versions={},
+        origin=f"restored from {root} epoch {target.epoch}",
+    )
+
+
+def write_state(
+    state: DataFrame,
+    root: str,
+    operator: Operator,
+    *,
+    pipeline: str | None = None,
+    config: AbsConfig | None = None,
+) -> SnapshotInfo:
+    """Write a DataFrame as an operator's state: a new snapshot a pipeline can start from.
+
+    ``state`` holds the operator's key columns and declared state columns, and optionally
+    ``_timeout`` (epoch milliseconds). On a root with snapshots, the new snapshot replaces
+    the operator's state and keeps the sinks and source offsets of the newest snapshot:
+    read the state with ``Snapshots.state``, fix it with DataFrame code, write it back. On a
+    new root, it bootstraps a pipeline with initial state (a new root is also the way to
+    change the state schema: declare the new schema on ``operator``).
+
+    Args:
+        state: One row per key.
+        root: The snapshot root.
+        operator: The operator the state is for (its key and state schema are used).
+        pipeline: The pipeline; needed for a new root.
+        config: For the key-group count recorded with the rows (default: Spark conf).
+
+    Returns:
+        The RESTORED epoch that holds the state.
+
+    Raises:
+        SchemaMismatchError: Columns are missing or do not fit the declared schema.
+        OperatorDefinitionError: ``state`` has a key more than once.
+        TableSchemaError: The root's state table has another schema.
+        PipelineMismatchError: ``pipeline`` differs from the root's pipeline.
+    """
+    from pyspark.sql import functions as F
+
+    from pyspark_abs.pipeline import resolve_plan
+
+    root = normalize_uri(root)
+    store = DeltaStore()
+    owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
+    if owner is not None and pipeline is not None and pipeline != owner:
+        raise PipelineMismatchError(
+            f"snapshot root {root} belongs to pipeline {owner!r}, not {pipeline!r}"
+        )
+    name = owner or pipeline
+    if name is None:
+        raise PipelineMismatchError(
+            f"{root} is a new snapshot root: pass pipeline= to name the pipeline it belongs to"
+        )
+    plan = resolve_plan(name, state, operator, snapshots=True)
+    expected = [*plan.key_columns, *plan.state_schema.names]
+    missing = [c for c in expected if c not in state.columns]
+    if missing:
+        raise SchemaMismatchError(
+            f"state for operator {operator.name!r} lacks column(s) {missing}; it needs "
+            f"{expected} and optionally {TIMEOUT!r}"
+        )
+    config = config if config is not None else AbsConfig.from_spark_conf(state.sparkSession)
+    timeout = F.col(TIMEOUT) if TIMEOUT in state.columns else F.lit(None)
+    selected = state.select(
+        *expected,
+        key_group_column(plan.key_columns, config.key_groups).alias(KEY_GROUP),
+        timeout.cast("long").alias(TIMEOUT),
+    )
+    rows = selected.toArrow()
+    (keys,) = key_arrays([rows], plan.key_columns)
+    doubled = repeated(keys)
+    if doubled.any():
+        sample = rows.filter(pa.array(doubled)).select(list(plan.key_columns)).slice(0, 5)
+        raise OperatorDefinitionError(
+            f"state for operator {operator.name!r} has {int(doubled.sum())} rows whose key "
+            f"occurs more than once, e.g. {sample.to_pylist()}; keep one row per key"
+        )
+    writer = _open(store, root, name)
+    writer.recover()
+    latest = writer.epochs.snapshots()
+    previous = latest[-1] if latest else None
+    epoch = _next_epoch(writer.epochs)
+    table = f"state/{operator.name}"
+    uri = f"{root}/{table}"
+    store.ensure_table(
+        TableSpec(table, uri, plan.state_table_schema, (), state_table_description(plan))
+    )
+    installed = rows.append_column(
+        pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
+    ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
+    files = _write_state(store, table, uri, installed, epoch)
+    return _install(
+        writer,
+        previous,
+        epoch,
+        tables={table: uri},
+        files=files,
+        rows={table: installed.num_rows},
+        restore_versions={},
+        origin=f"state of operator {operator.name!r} written by write_state",
+        key_groups=config.key_groups,
+        state_keys=installed.num_rows,
+    )
+
+
+def _open(
+    store: DeltaStore, root: str, pipeline: str | None, *, empty: bool = False
+) -> EpochWriter:
+    """The writer of a snapshot root (``pipeline`` None: the root must exist)."""
+    if pipeline is None:
+        owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
+        if owner is None:
+            raise SnapshotNotFoundError(
+                f"{root} is not a pyspark-abs snapshot root (it has no _manifest table)"
+            )
+        pipeline = owner
+    else:
+        store.ensure_root(root)
+    epochs = open_manifest(store, root, pipeline)
+    if empty and epochs.entries:
+        raise SnapshotRootError(
+            f"{root} already holds epochs of pipeline {pipeline!r}; restore into a new root"
+        )
+    return EpochWriter(pipeline, root, store, epochs, run_id=f"restore-{uuid.uuid4().hex}")
+
+
+def _snapshot(epochs: EpochLog, epoch: int, root: str) -> ManifestEntry:
+    """The epoch's entry, which must be a readable snapshot."""
+    entry = epochs.latest(epoch)
+    if entry is None or entry.status not in (EpochStatus.COMMITTED, EpochStatus.RESTORED):
+        readable = [e.epoch for e in epochs.snapshots()]
+        shown = "not in the manifest" if entry is None else entry.status.value
+        raise SnapshotNotFoundError(
+            f"epoch {epoch} of snapshot root {root} is {shown}; snapshots are "
+            f"{epoch_ranges(readable)}"
+        )
+    return entry
+
+
+def _next_epoch(epochs: EpochLog) -> int:
+    return max((e.epoch for e in epochs.entries), default=-1) + 1
+
+
+def _live_state(store: DeltaStore, uri: str, target: ManifestEntry) -> pa.Table:
+    """An operator's live state as of ``target``, read from its state table."""
+    meta = json.loads(store.description(uri) or "{}")
+    table = next(t for t, u in target.tables.items() if u == uri)
+    changes = store.read(uri, target.table_versions[table])
+    return latest_per_key(changes, meta["key"], target.epoch)
+
+
+def _write_state(
+    store: DeltaStore, table: str, uri: str, rows: pa.Table, epoch: int
+) -> list[FileEntry]:
+    schema = arrow_schema(store.open(uri))
+    target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
+    return write_files(target, rows, file_prefix(epoch, "restore"), AbsConfig().target_file_bytes)
+
+
+def _install(
+    writer: EpochWriter,
+    target: ManifestEntry | None,
+    epoch: int,
+    *,
+    tables: Mapping[str, str],
+    files: list[FileEntry],
+    rows: Mapping[str, int],
+    restore_versions: Mapping[str, int],
+    origin: str,
+    key_groups: int | None = None,
+    state_keys: int | None = None,
+) -> SnapshotInfo:
+    """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
+
+    ``target`` is the snapshot the restore epoch continues from (its offsets, watermark
+    and counts are kept), or None for a bootstrap.
+    """
+    prepared = ManifestEntry(
+        pipeline=writer.pipeline,
+        epoch=epoch,
+        status=EpochStatus.PREPARED,
+        recorded_at=now(),
+        run_id=writer.run_id,
+        key_groups=key_groups if key_groups is not None else _of(target, "key_groups"),
+        num_partitions=_of(target, "num_partitions"),
+        tables=dict(tables),
+        files=tuple(files),
+        rows=dict(rows),
+        bytes={t: sum(f.size_bytes for f in files if f.table == t) for t in tables},
+        state_keys=state_keys if state_keys is not None else _of(target, "state_keys"),
+        source_offsets=_of(target, "source_offsets"),
+        watermark_ms=_of(target, "watermark_ms"),
+        restored_from=_of(target, "epoch"),
+        restore_versions=dict(restore_versions),
+        origin=origin,
+    )
+    writer.record(prepared)
+    return SnapshotInfo.from_entry(writer.commit(prepared))
+
+
+def _of(entry: ManifestEntry | None, name: str) -> Any:
+    return getattr(entry, name) if entry is not None else None

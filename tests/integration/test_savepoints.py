@@ -1,0 +1,217 @@
+"""Savepoints: rollback, restore into another root with rescaling, and written state."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql import SparkSession
+
+from pyspark_abs import (
+    AbsConfig,
+    ConfigError,
+    DeltaSource,
+    EpochStatus,
+    KeyGroupContext,
+    KeyGroupResult,
+    Pipeline,
+    PipelineMismatchError,
+    SnapshotNotFoundError,
+    SnapshotRootError,
+    Snapshots,
+    SourceError,
+    restore,
+    rollback,
+    vectorized_operator,
+    write_state,
+)
+from pyspark_abs.examples.wordcount import word_count, words_of
+from tests.conftest import EPOCHS, running_counts, write_epochs
+from tests.integration.conftest import STATE_DDL, assert_same
+
+OP = "word_count"
+
+
+@vectorized_operator(key="word", state_schema="count long", output_schema=STATE_DDL, name=OP)
+def buggy_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """The word count with a bug shipped at epoch 2: it counts every word twice."""
+    weight = 2 if ctx.epoch is not None and ctx.epoch >= 2 else 1
+    seen = rows.groupby("word", sort=False).size().rename("seen").reset_index()
+    merged = seen.merge(state, on="word", how="left")
+    merged["count"] = merged["count"].fillna(0).astype("int64") + weight * merged["seen"]
+    updated = merged[["word", "count"]]
+    return KeyGroupResult(state=updated, output=updated)
+
+
+def word_table(path: Path, epochs: Sequence[str]) -> str:
+    """A Delta table of words with one append (version) per epoch's text."""
+    for text in epochs:
+        write_deltalake(
+            str(path), pa.table({"word": pa.array(text.split(), pa.string())}), mode="append"
+        )
+    return str(path)
+
+
+def pipeline(
+    root: Path,
+    words: str,
+    *,
+    sink: Path | None = None,
+    op: object = word_count,
+    key_groups: int = 8,
+) -> Pipeline:
+    return Pipeline(
+        "words",
+        DeltaSource(words, max_files_per_trigger=1),
+        op,  # type: ignore[arg-type]
+        root=str(root),
+        sinks={"output": str(sink or root / "sink")},
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
+    )
+
+
+def counts_df(spark: SparkSession, texts: Sequence[str], extra: Counter[str] | None = None):  # type: ignore[no-untyped-def]
+    counts = Counter(running_counts(texts)[0])
+    counts.update(extra or {})
+    return spark.createDataFrame(sorted(counts.items()), STATE_DDL)
+
+
+def test_rollback_then_fixed_code_equals_a_clean_run(spark: SparkSession, tmp_path: Path) -> None:
+    words = word_table(tmp_path / "words", EPOCHS)
+    root = tmp_path / "root"
+    pipeline(root, words, op=buggy_count).run()
+    snapshots = Snapshots(str(root), spark)
+    assert [s.epoch for s in snapshots.list()] == [0, 1, 2, 3]
+
+    restored = rollback(str(root), 1)
+    assert restored.status is EpochStatus.RESTORED
+    assert (restored.epoch, restored.restored_from) == (4, 1)
+    assert_same(snapshots.state(OP, 4), counts_df(spark, EPOCHS[:2]))
+    assert_same(snapshots.sink("output", 4), snapshots.sink("output", 1))
+
+    query = pipeline(root, words).run()  # the fixed code, same checkpoint location
+    assert query.recovered_epochs == []
+    assert [s.epoch for s in snapshots.list()] == [0, 1, 2, 3, 4, 5, 6]
+    assert_same(snapshots.state(OP), counts_df(spark, EPOCHS))
+
+    clean = tmp_path / "clean"
+    pipeline(clean, words).run()
+    assert_same(snapshots.sink("output"), Snapshots(str(clean), spark).sink("output"))
+    assert list((tmp_path / "root").glob("_checkpoint-superseded-by-epoch-4*"))
+
+
+def test_restore_into_new_root_with_other_partition_and_key_group_counts(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    words = word_table(tmp_path / "words", EPOCHS)
+    first = tmp_path / "first"
+    pipeline(first, words).run()
+    original = Snapshots(str(first), spark)
+
+    copy = tmp_path / "copy"
+    installed = restore(str(first), 1, str(copy))
+    assert (installed.epoch, installed.status) == (1, EpochStatus.RESTORED)
+    snapshots = Snapshots(str(copy), spark)
+    assert_same(
+        snapshots.state(OP, 1, with_metadata=True), original.state(OP, 1, with_metadata=True)
+    )
+
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    try:
+        pipeline(copy, words, sink=tmp_path / "copy_sink", key_groups=5).run()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    infos = snapshots.list()
+    assert [i.epoch for i in infos] == [1, 2, 3]
+    assert snapshots._log().latest(3).num_partitions == 3  # type: ignore[union-attr]
+    for epoch in (2, 3):
+        assert_same(snapshots.state(OP, epoch), original.state(OP, epoch))
+    expected_sink = original.sink("output").subtract(original.sink("output", 1))
+    assert_same(snapshots.sink("output"), expected_sink)
+
+
+def test_edit_state_and_continue(spark: SparkSession, tmp_path: Path) -> None:
+    words = tmp_path / "words"
+    word_table(words, EPOCHS[:2])
+    root = tmp_path / "root"
+    pipeline(root, str(words)).run()
+    snapshots = Snapshots(str(root), spark)
+    state = snapshots.state(OP)
+    edited = state.where("word != 'b'").replace(1, 50, subset=["count"])
+    info = write_state(edited, str(root), word_count)
+    assert (info.epoch, info.status, info.restored_from) == (2, EpochStatus.RESTORED, 1)
+    assert_same(snapshots.state(OP), edited)
+
+    word_table(words, EPOCHS[2:])
+    pipeline(root, str(words)).run()
+    later = Counter(running_counts(EPOCHS[2:])[0])
+    expected = Counter(dict(edited.toPandas().itertuples(index=False, name=None)))
+    expected.update(later)
+    assert_same(snapshots.state(OP), spark.createDataFrame(sorted(expected.items()), STATE_DDL))
+
+
+def test_bootstrap_a_new_pipeline_from_a_batch_dataframe(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    initial = spark.createDataFrame([("a", 10), ("z", 5)], STATE_DDL)
+    root = tmp_path / "root"
+    info = write_state(initial, str(root), word_count, pipeline="words")
+    assert (info.epoch, info.restored_from) == (0, None)
+    words = word_table(tmp_path / "words", EPOCHS)
+    pipeline(root, words).run()
+    assert_same(
+        Snapshots(str(root), spark).state(OP),
+        counts_df(spark, EPOCHS, Counter({"a": 10, "z": 5})),
+    )
+
+
+def test_text_source_cannot_be_rewound(spark: SparkSession, tmp_path: Path) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root = tmp_path / "root"
+    lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
+    text_pipeline = Pipeline(
+        "words",
+        words_of(lines),
+        word_count,
+        root=str(root),
+        sinks={"output": str(root / "sink")},
+        config=AbsConfig(key_groups=4, commit_mode="sync"),
+    )
+    text_pipeline.run()
+    rollback(str(root), 1)
+    with pytest.raises(SourceError, match=r"only a pyspark_abs\.DeltaSource can be rewound"):
+        text_pipeline.start(available_now=True)
+
+
+def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:
+    words = word_table(tmp_path / "words", EPOCHS[:2])
+    root = tmp_path / "root"
+    pipeline(root, words).run()
+    with pytest.raises(
+        SnapshotNotFoundError, match=r"epoch 7 .* not in the manifest; snapshots are 0..1"
+    ):
+        rollback(str(root), 7)
+    with pytest.raises(SnapshotNotFoundError, match="not a pyspark-abs snapshot root"):
+        rollback(str(tmp_path / "nothing"), 0)
+    with pytest.raises(SnapshotRootError, match=r"into another root; .* use rollback"):
+        restore(str(root), 0, str(root))
+    restore(str(root), 0, str(tmp_path / "copy"))
+    with pytest.raises(SnapshotRootError, match="already holds epochs"):
+        restore(str(root), 1, str(tmp_path / "copy"))
+    with pytest.raises(ConfigError, match="holds state in 8 key groups"):
+        pipeline(root, words, key_groups=16).run()
+    with pytest.raises(PipelineMismatchError, match="rollback"):
+        Pipeline(
+            "words",
+            DeltaSource(words),
+            word_count,
+            root=str(root),
+            checkpoint=str(tmp_path / "other_checkpoint"),
+            sinks={"output": str(root / "sink")},
+            config=AbsConfig(key_groups=8),
+        ).run()

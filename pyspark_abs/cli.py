@@ -1,0 +1,248 @@
+"""The ``pyspark-abs`` command: inspect, validate and maintain snapshot roots.
+
+Every command works on the Delta tables directly (delta-rs), so none starts Spark. Commands
+that print data take ``--json``. Progress of long operations goes to standard error.
+
+Exit status: 0 on success, 1 when ``validate`` finds problems, 2 on bad input (unknown
+root, epoch or operator, invalid arguments) with one line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from pyspark_abs.errors import AbsError
+from pyspark_abs.maintenance import compact, vacuum, validate
+from pyspark_abs.restore import rollback
+from pyspark_abs.snapshots import SnapshotInfo, Snapshots
+
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.run(args)
+        return status
+    except AbsError as err:
+        print(f"pyspark-abs: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pyspark-abs", description="Inspect, validate and maintain pyspark-abs snapshot roots."
+    )
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str, run: Any, *, json_output: bool = True) -> Any:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("root", metavar="ROOT", help="the snapshot root")
+        if json_output:
+            sub.add_argument("--json", action="store_true", help="print JSON")
+        sub.set_defaults(run=run)
+        return sub
+
+    command("snapshots", "list the epochs of a snapshot root", _snapshots).add_argument(
+        "--all", action="store_true", help="also list aborted epochs"
+    )
+    command(
+        "describe", "show everything the manifest records for an epoch", _describe
+    ).add_argument("epoch", metavar="EPOCH", type=int)
+    state = command("state", "print an operator's state as of an epoch", _state)
+    state.add_argument("operator", metavar="OPERATOR")
+    state.add_argument("--epoch", type=int, help="a committed epoch (default: the newest)")
+    state.add_argument("--limit", type=_positive, default=20, help="rows to print (default 20)")
+    command("validate", "check every retained snapshot; exit 1 if something is broken", _validate)
+    command("rollback", "roll the (stopped) pipeline back to an epoch", _rollback).add_argument(
+        "epoch", metavar="EPOCH", type=int
+    )
+    command("compact", "rewrite each state table's latest row per key", _compact)
+    clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
+    clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
+    clean.add_argument(
+        "--min-age",
+        type=float,
+        default=3600.0,
+        help="seconds an unreferenced file of unknown epoch must be old to go (default 3600)",
+    )
+    clean.add_argument("--dry-run", action="store_true", help="list, do not delete")
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _snapshots(args: argparse.Namespace) -> int:
+    infos = Snapshots(args.root).list(include_aborted=args.all)
+    if args.json:
+        _print_json([_info_dict(i) for i in infos])
+        return 0
+    rows = [
+        [
+            str(i.epoch),
+            i.status.value,
+            i.recorded_at.strftime("%Y-%m-%d %H:%M:%S"),
+            str(sum(i.rows.values())),
+            _or_dash(i.state_keys),
+            _ms(i.batch_ms),
+            _ms(i.commit_ms),
+            i.origin or i.error or "",
+        ]
+        for i in infos
+    ]
+    _print_table(["epoch", "status", "recorded", "rows", "keys", "batch", "commit", "note"], rows)
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    info = Snapshots(args.root).get(args.epoch)
+    data = _info_dict(info)
+    if args.json:
+        _print_json(data)
+        return 0
+    for name, value in data.items():
+        if value in (None, {}, ""):
+            continue
+        if isinstance(value, dict):
+            print(f"{name}:")
+            for key, item in value.items():
+                print(f"  {key}: {item}")
+        else:
+            print(f"{name}: {value}")
+    return 0
+
+
+def _state(args: argparse.Namespace) -> int:
+    table = Snapshots(args.root).state_table(args.operator, args.epoch)
+    rows = table.slice(0, args.limit).to_pylist()
+    if args.json:
+        _print_json(rows)
+        return 0
+    _print_table(table.column_names, [[_cell(r[c]) for c in table.column_names] for r in rows])
+    if table.num_rows > args.limit:
+        print(f"({table.num_rows} keys, {args.limit} shown)")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    problems = validate(args.root, progress=_progress)
+    if args.json:
+        _print_json({"ok": not problems, "problems": [asdict(p) for p in problems]})
+    elif problems:
+        print(f"{len(problems)} problem(s) in {args.root}:")
+        for problem in problems:
+            print(f"  {problem}")
+    else:
+        print(f"{args.root}: every retained snapshot is intact")
+    return EXIT_PROBLEMS if problems else 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    info = rollback(args.root, args.epoch)
+    if args.json:
+        _print_json(_info_dict(info))
+    else:
+        print(
+            f"epoch {info.epoch} RESTORED from epoch {info.restored_from}; the next start "
+            f"reprocesses from epoch {info.restored_from}'s source offsets"
+        )
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    results = compact(args.root, progress=_progress)
+    if args.json:
+        _print_json([asdict(r) for r in results])
+        return 0
+    for r in results:
+        if r.version is None:
+            print(f"{r.table}: already compact ({r.rows_after} keys)")
+        else:
+            print(
+                f"{r.table}: {r.rows_before} rows in {r.files_before} files -> {r.rows_after} "
+                f"keys as of epoch {r.as_of_epoch} (version {r.version})"
+            )
+    return 0
+
+
+def _vacuum(args: argparse.Namespace) -> int:
+    report = vacuum(
+        args.root,
+        keep_last=args.keep_last,
+        min_age_seconds=args.min_age,
+        dry_run=args.dry_run,
+        progress=_progress,
+    )
+    if args.json:
+        _print_json(asdict(report))
+        return 0
+    verb = "would delete" if report.dry_run else "deleted"
+    if report.expired:
+        print(f"expired epochs {report.expired[0]}..{report.expired[-1]}")
+    for table, files in report.deleted.items():
+        print(f"{table}: {verb} {len(files)} file(s)")
+    if not report.deleted:
+        print("nothing to delete")
+    if report.kept_in_flight:
+        print(f"kept {report.kept_in_flight} unreferenced file(s) that may still be committed")
+    return 0
+
+
+def _info_dict(info: SnapshotInfo) -> dict[str, Any]:
+    data = asdict(info)
+    data["status"] = info.status.value
+    data["recorded_at"] = info.recorded_at.isoformat()
+    return data
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, default=_json_default, indent=2))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    for line in [header, *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
+
+
+def _cell(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"

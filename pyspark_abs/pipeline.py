@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,6 +109,7 @@ class Pipeline:
         sinks: Mapping[str, SinkLike] | SinkLike,
         checkpoint: str | None = None,
         config: AbsConfig | None = None,
+        transform: Callable[[DataFrame], DataFrame] | None = None,
     ) -> None:
         """Declare a pipeline.
 
@@ -122,6 +123,8 @@ class Pipeline:
             sinks: Output name to Delta table; a single table for a one-output operator.
             checkpoint: Spark checkpoint location (default: ``<root>/_checkpoint``).
             config: Snapshot configuration (default: from ``spark.abs.*`` Spark conf).
+            transform: Applied to the source's DataFrame before the operator, e.g. to
+                parse columns or set a watermark on a DeltaSource.
 
         Raises:
             OperatorDefinitionError: The source, operator and sinks do not fit together.
@@ -155,8 +158,11 @@ class Pipeline:
                 f"pipeline {name!r}: the source must be a streaming DataFrame "
                 f"(spark.readStream...) or a DeltaSource, got {type(source).__name__}"
             )
+        if transform is not None:
+            frame = transform(frame)
         self.name = name
         self.source = source
+        self.transform = transform
         self.operator = operator
         self.spark = frame.sparkSession
         self.config = config if config is not None else AbsConfig.from_spark_conf(self.spark)
@@ -265,7 +271,8 @@ class Pipeline:
                 f"pyspark_abs.DeltaSource can be rewound to it. Use a DeltaSource as the "
                 f"source, or start from a snapshot without offsets (write_state)"
             )
-        return self.source.load(self.spark, starting_offset=DeltaSource.offset_of(line))
+        frame = self.source.load(self.spark, starting_offset=DeltaSource.offset_of(line))
+        return self.transform(frame) if self.transform is not None else frame
 
     def _with_restore_rows(self, keyed: DataFrame, restore: ManifestEntry) -> DataFrame:
         """Add the restored state as restore rows, read in the checkpoint's first batch."""

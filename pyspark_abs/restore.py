@@ -31,6 +31,7 @@ from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.envelope import Kind
+from pyspark_abs.faults import FaultInjector
 from pyspark_abs.errors import (
     OperatorDefinitionError,
     PipelineMismatchError,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from pyspark_abs.operator import Operator
 
 
-def rollback(root: str, epoch: int) -> SnapshotInfo:
+def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> SnapshotInfo:
     """Roll a stopped pipeline back to a committed epoch.
 
     State returns to what it was after ``epoch``, every sink table to its Delta version as
@@ -65,6 +66,7 @@ def rollback(root: str, epoch: int) -> SnapshotInfo:
     Args:
         root: The snapshot root.
         epoch: A COMMITTED or RESTORED epoch of the root.
+        config: File size and injected faults (default: ``AbsConfig()``).
 
     Returns:
         The RESTORED epoch.
@@ -75,8 +77,9 @@ def rollback(root: str, epoch: int) -> SnapshotInfo:
             rollback is finished by the next start or rollback once that is fixed.
     """
     root = normalize_uri(root)
+    config = config if config is not None else AbsConfig()
     store = DeltaStore()
-    writer = _open(store, root, None)
+    writer = _open(store, root, None, config)
     writer.recover()
     target = _snapshot(writer.epochs, epoch, root)
     restore_epoch = _next_epoch(writer.epochs)
@@ -85,7 +88,7 @@ def rollback(root: str, epoch: int) -> SnapshotInfo:
     for table, uri in target.tables.items():
         if table.startswith("state/"):
             installed = _live_state(store, uri, target)
-            files += _write_state(store, table, uri, installed, restore_epoch)
+            files += _write_state(store, table, uri, installed, restore_epoch, config)
             rows[table] = installed.num_rows
     restore_versions = {
         t: v for t, v in target.table_versions.items() if not t.startswith("state/")
@@ -102,7 +105,14 @@ def rollback(root: str, epoch: int) -> SnapshotInfo:
     )
 
 
-def restore(root: str, epoch: int, into: str, *, pipeline: str | None = None) -> SnapshotInfo:
+def restore(
+    root: str,
+    epoch: int,
+    into: str,
+    *,
+    pipeline: str | None = None,
+    config: AbsConfig | None = None,
+) -> SnapshotInfo:
     """Copy the snapshot of ``epoch`` into a new snapshot root, as its first epoch.
 
     A pipeline started on ``into`` (with a new checkpoint location, any partition count and
@@ -115,6 +125,7 @@ def restore(root: str, epoch: int, into: str, *, pipeline: str | None = None) ->
         epoch: A COMMITTED or RESTORED epoch of ``root``.
         into: A new snapshot root (it must hold no epochs).
         pipeline: The pipeline ``into`` belongs to (default: the pipeline of ``root``).
+        config: File size and injected faults (default: ``AbsConfig()``).
 
     Returns:
         The RESTORED epoch of ``into``, which has the number ``epoch``.
@@ -124,8 +135,9 @@ def restore(root: str, epoch: int, into: str, *, pipeline: str | None = None) ->
         SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself.
     """
     root, into = normalize_uri(root), normalize_uri(into)
+    config = config if config is not None else AbsConfig()
     store = DeltaStore()
-    source = _open(store, root, None)
+    source = _open(store, root, None, config)
     target = _snapshot(source.epochs, epoch, root)
     if into == root:
         raise SnapshotRootError(
@@ -133,7 +145,7 @@ def restore(root: str, epoch: int, into: str, *, pipeline: str | None = None) ->
             f"{root} itself, use rollback({root!r}, {epoch})"
         )
     name = pipeline or source.pipeline
-    writer = _open(store, into, name, empty=True)
+    writer = _open(store, into, name, config, empty=True)
     tables: dict[str, str] = {}
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
@@ -146,7 +158,7 @@ def restore(root: str, epoch: int, into: str, *, pipeline: str | None = None) ->
             TableSpec(table, new_uri, arrow_schema(existing), (), store.description(uri))
         )
         installed = _live_state(store, uri, target)
-        files += _write_state(store, table, new_uri, installed, target.epoch)
+        files += _write_state(store, table, new_uri, installed, target.epoch, config)
         tables[table] = new_uri
         rows[table] = installed.num_rows
     return _install(
@@ -234,7 +246,7 @@ def write_state(
             f"state for operator {operator.name!r} has {int(doubled.sum())} rows whose key "
             f"occurs more than once, e.g. {sample.to_pylist()}; keep one row per key"
         )
-    writer = _open(store, root, name)
+    writer = _open(store, root, name, config)
     writer.recover()
     latest = writer.epochs.snapshots()
     previous = latest[-1] if latest else None
@@ -247,7 +259,7 @@ def write_state(
     installed = rows.append_column(
         pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
     ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
-    files = _write_state(store, table, uri, installed, epoch)
+    files = _write_state(store, table, uri, installed, epoch, config)
     return _install(
         writer,
         previous,
@@ -263,7 +275,7 @@ def write_state(
 
 
 def _open(
-    store: DeltaStore, root: str, pipeline: str | None, *, empty: bool = False
+    store: DeltaStore, root: str, pipeline: str | None, config: AbsConfig, *, empty: bool = False
 ) -> EpochWriter:
     """The writer of a snapshot root (``pipeline`` None: the root must exist)."""
     if pipeline is None:
@@ -280,7 +292,14 @@ def _open(
         raise SnapshotRootError(
             f"{root} already holds epochs of pipeline {pipeline!r}; restore into a new root"
         )
-    return EpochWriter(pipeline, root, store, epochs, run_id=f"restore-{uuid.uuid4().hex}")
+    return EpochWriter(
+        pipeline,
+        root,
+        store,
+        epochs,
+        run_id=f"restore-{uuid.uuid4().hex}",
+        faults=FaultInjector(config.faults),
+    )
 
 
 def _snapshot(epochs: EpochLog, epoch: int, root: str) -> ManifestEntry:
@@ -309,11 +328,11 @@ def _live_state(store: DeltaStore, uri: str, target: ManifestEntry) -> pa.Table:
 
 
 def _write_state(
-    store: DeltaStore, table: str, uri: str, rows: pa.Table, epoch: int
+    store: DeltaStore, table: str, uri: str, rows: pa.Table, epoch: int, config: AbsConfig
 ) -> list[FileEntry]:
     schema = arrow_schema(store.open(uri))
     target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
-    return write_files(target, rows, file_prefix(epoch, "restore"), AbsConfig().target_file_bytes)
+    return write_files(target, rows, file_prefix(epoch, "restore"), config.target_file_bytes)
 
 
 def _install(

@@ -17,6 +17,9 @@ from pyspark_abs import (
     ConfigError,
     DeltaSource,
     EpochStatus,
+    Fault,
+    FaultStep,
+    InjectedFault,
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
@@ -33,6 +36,7 @@ from pyspark_abs import (
 from pyspark_abs.examples.wordcount import word_count, words_of
 from tests.conftest import EPOCHS, running_counts, write_epochs
 from tests.integration.conftest import STATE_DDL, assert_same
+from tests.integration.test_timeouts import sessions
 
 OP = "word_count"
 
@@ -215,3 +219,67 @@ def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:
             sinks={"output": str(root / "sink")},
             config=AbsConfig(key_groups=8),
         ).run()
+
+
+def test_restored_event_time_timeouts_fire_in_the_new_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events = str(tmp_path / "events")
+    for batch in [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]:
+        words, seconds = zip(*batch, strict=True)
+        write_deltalake(
+            events,
+            pa.table({"word": pa.array(words, pa.string()), "ts": pa.array(seconds, pa.int64())}),
+            mode="append",
+        )
+
+    def session_pipeline(root: Path) -> Pipeline:
+        return Pipeline(
+            "sessions",
+            DeltaSource(events, max_files_per_trigger=1),
+            sessions,
+            root=str(root),
+            sinks=str(root / "sink"),
+            config=AbsConfig(key_groups=4, commit_mode="sync"),
+            transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
+                "ts", "0 seconds"
+            ),
+        )
+
+    original = tmp_path / "original"
+    session_pipeline(original).run()
+    reference = Snapshots(str(original), spark)
+    copy = tmp_path / "copy"
+    restore(str(original), 1, str(copy))
+    timeouts = Snapshots(str(copy), spark).state("sessions", 1, with_metadata=True)
+    assert sorted(r["_timeout"] for r in timeouts.collect()) == [111_000, 115_000]
+
+    session_pipeline(copy).run()
+    restored = Snapshots(str(copy), spark)
+    closed = restored.sink("output").where("closed")
+    assert sorted(r["word"] for r in closed.collect()) == ["a", "b"]
+    assert_same(
+        restored.sink("output"),
+        reference.sink("output").subtract(reference.sink("output", 1)),
+    )
+
+
+def test_crash_inside_rollback_is_finished_by_the_next_start(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    words = word_table(tmp_path / "words", EPOCHS)
+    root = tmp_path / "root"
+    pipeline(root, words).run()
+    crash = AbsConfig(faults=(Fault(FaultStep.BETWEEN_TABLE_COMMITS, epoch=4),))
+    with pytest.raises(InjectedFault, match="'between_table_commits' of epoch 4"):
+        rollback(str(root), 1, config=crash)
+    snapshots = Snapshots(str(root), spark)
+    assert snapshots.get(4).status is EpochStatus.PREPARED
+
+    query = pipeline(root, words).run()
+    assert query.recovered_epochs == [4]
+    assert snapshots.get(4).status is EpochStatus.RESTORED
+    assert_same(snapshots.state(OP), counts_df(spark, EPOCHS))
+    clean = tmp_path / "clean"
+    pipeline(clean, words).run()
+    assert_same(snapshots.sink("output"), Snapshots(str(clean), spark).sink("output"))

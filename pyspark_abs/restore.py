@@ -31,7 +31,6 @@ from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.envelope import Kind
-from pyspark_abs.faults import FaultInjector
 from pyspark_abs.errors import (
     OperatorDefinitionError,
     PipelineMismatchError,
@@ -39,6 +38,7 @@ from pyspark_abs.errors import (
     SnapshotNotFoundError,
     SnapshotRootError,
 )
+from pyspark_abs.faults import FaultInjector
 from pyspark_abs.keygroups import key_group_column
 from pyspark_abs.keys import key_arrays, repeated
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry

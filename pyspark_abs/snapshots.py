@@ -197,19 +197,15 @@ class Snapshots:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        table = f"state/{operator}"
-        entry = self._committed(epoch, table, f"operator {operator!r}")
-        uri = entry.tables[table]
-        meta = json.loads(self._store.description(uri) or "{}")
-        keys: list[str] = meta["key"]
-        changes = load_dataframe(self._spark(), uri, entry.table_versions[table])
+        entry, uri, keys, values = self._state_table(operator, epoch)
+        changes = load_dataframe(self._spark(), uri, entry.table_versions[f"state/{operator}"])
         latest = Window.partitionBy(*keys).orderBy(F.col(EPOCH).desc())
         state = (
             changes.where(F.col(EPOCH) <= entry.epoch)
             .withColumn("_abs_rank", F.row_number().over(latest))
             .where((F.col("_abs_rank") == 1) & ~F.col(DELETED))
         )
-        columns = [*keys, *meta["state"]]
+        columns = [*keys, *values]
         if with_metadata:
             columns += [KEY_GROUP, EPOCH, TIMEOUT]
         return state.select(*columns)
@@ -223,13 +219,20 @@ class Snapshots:
         Raises:
             SnapshotNotFoundError: The operator or epoch is unknown or not committed.
         """
+        entry, uri, keys, values = self._state_table(operator, epoch)
+        changes = self._store.read(uri, entry.table_versions[f"state/{operator}"])
+        live = latest_per_key(changes, keys, entry.epoch)
+        return live.select([*keys, *values, KEY_GROUP, EPOCH, TIMEOUT])
+
+    def _state_table(
+        self, operator: str, epoch: int | None
+    ) -> tuple[ManifestEntry, str, builtins.list[str], builtins.list[str]]:
+        """The epoch's entry, the state table's location, its key and state columns."""
         table = f"state/{operator}"
         entry = self._committed(epoch, table, f"operator {operator!r}")
         uri = entry.tables[table]
         meta = json.loads(self._store.description(uri) or "{}")
-        changes = self._store.read(uri, entry.table_versions[table])
-        live = latest_per_key(changes, meta["key"], entry.epoch)
-        return live.select([*meta["key"], *meta["state"], KEY_GROUP, EPOCH, TIMEOUT])
+        return entry, uri, meta["key"], meta["state"]
 
     def sink(self, output: str, epoch: int | None = None) -> DataFrame:
         """A sink table as of a committed epoch.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from pyspark_abs import (
     SnapshotRootError,
     Snapshots,
     SourceError,
+    TableSchemaError,
     restore,
     rollback,
     vectorized_operator,
@@ -283,3 +285,31 @@ def test_crash_inside_rollback_is_finished_by_the_next_start(
     clean = tmp_path / "clean"
     pipeline(clean, words).run()
     assert_same(snapshots.sink("output"), Snapshots(str(clean), spark).sink("output"))
+
+
+@vectorized_operator(
+    key="word", state_schema="count long, doubled long", output_schema=STATE_DDL, name="stats"
+)
+def word_stats(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """A new version of the word count whose state has one more column."""
+    seen = rows.groupby("word", sort=False).size().rename("seen").reset_index()
+    merged = seen.merge(state, on="word", how="left")
+    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["seen"]
+    merged["doubled"] = 2 * merged["count"]
+    return KeyGroupResult(
+        state=merged[["word", "count", "doubled"]], output=merged[["word", "count"]]
+    )
+
+
+def test_change_the_state_schema_into_a_new_root(spark: SparkSession, tmp_path: Path) -> None:
+    words = word_table(tmp_path / "words", EPOCHS[:2])
+    root = tmp_path / "root"
+    pipeline(root, words).run()
+    old = Snapshots(str(root), spark).state(OP)
+    migrated = old.selectExpr("word", "count", "count * 2 AS doubled")
+    new_root = tmp_path / "v2"
+    info = write_state(migrated, str(new_root), word_stats, pipeline="words-v2")
+    assert info.status is EpochStatus.RESTORED
+    assert_same(Snapshots(str(new_root), spark).state("stats"), migrated)
+    with pytest.raises(TableSchemaError, match="exists with another schema"):
+        write_state(migrated, str(root), dataclasses.replace(word_stats, name=OP))

@@ -9,8 +9,10 @@ The lifecycle, module by module: ``operator`` (what you write) → ``keygroups``
 (Delta) → ``coordinator``, ``commit`` and ``committer`` (phase 2) → ``recovery`` →
 ``snapshots`` (read) → ``restore`` (rollback, restore, written state) with ``sources``
 (replayable Delta source) → ``maintenance`` (compaction, retention, vacuum, validate).
+``backedge`` closes feedback loops: back-edge logs in each snapshot, loop heads, quiescence.
 """
 
+from pyspark_abs.backedge import BackEdge
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
@@ -24,6 +26,7 @@ from pyspark_abs.errors import (
     OperatorError,
     PipelineMismatchError,
     PrecommitFileError,
+    QuiescenceError,
     SchemaMismatchError,
     SnapshotNotFoundError,
     SnapshotRootError,
@@ -44,7 +47,7 @@ from pyspark_abs.operator import (
     operator,
     vectorized_operator,
 )
-from pyspark_abs.pipeline import DeltaSink, Pipeline, PipelineQuery
+from pyspark_abs.pipeline import DeltaSink, Pipeline, PipelineQuery, Quiescence
 from pyspark_abs.restore import restore, rollback, write_state
 from pyspark_abs.session import local_session
 from pyspark_abs.snapshots import SnapshotInfo, Snapshots
@@ -56,6 +59,7 @@ __all__ = [
     "AbsConfig",
     "AbsError",
     "AlignmentError",
+    "BackEdge",
     "Clock",
     "CommitError",
     "ConfigError",
@@ -78,6 +82,8 @@ __all__ = [
     "PipelineMismatchError",
     "PipelineQuery",
     "PrecommitFileError",
+    "Quiescence",
+    "QuiescenceError",
     "SchemaMismatchError",
     "SnapshotInfo",
     "SnapshotNotFoundError",

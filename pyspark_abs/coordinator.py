@@ -27,12 +27,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pyspark_abs.alignment import align, check_files
+from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
 from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.commit import EpochWriter, app_id, now
 from pyspark_abs.committer import OrderedCommitter
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import AbsError, rebuild_from_text
+from pyspark_abs.errors import AbsError, QuiescenceError, rebuild_from_text
 from pyspark_abs.faults import FaultStep
 from pyspark_abs.maintenance import CompactionPolicy, compact_table
 from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry
@@ -77,6 +78,7 @@ class EpochCoordinator:
         writer: EpochWriter,
         checkpoint: CheckpointReader,
         epoch_base: int = 0,
+        epoch_limit: int | None = None,
     ) -> None:
         """Set up the protocol for one run.
 
@@ -87,6 +89,8 @@ class EpochCoordinator:
             checkpoint: The run's Spark checkpoint.
             epoch_base: Epoch of micro-batch 0: a checkpoint started after a restore
                 epoch R numbers its micro-batches from R + 1.
+            epoch_limit: The most epochs this run may process; the next one fails with
+                :class:`QuiescenceError` before it writes anything.
         """
         self.layout = layout
         self.config = config
@@ -95,6 +99,9 @@ class EpochCoordinator:
         self.epochs = writer.epochs
         self.checkpoint = checkpoint
         self.epoch_base = epoch_base
+        self.epoch_limit = epoch_limit
+        self.epochs_run = 0
+        """Epochs this run has processed (replays of decided epochs not counted)."""
         self.run_id = writer.run_id
         self.faults = writer.faults
         self.failure: BaseException | None = None
@@ -161,7 +168,16 @@ class EpochCoordinator:
             log.info("epoch %d is already decided; the replayed micro-batch is discarded", epoch)
             _advance_spark_state(batch)
             return
-
+        if self.epoch_limit is not None and self.epochs_run >= self.epoch_limit:
+            loops = [t for t in self.layout.tables if t.startswith(BACKEDGE_PREFIX)]
+            raise QuiescenceError(
+                f"pipeline {self.layout.pipeline!r} did not reach quiescence within "
+                f"{self.epoch_limit} epochs (the last committed is {epoch - 1}; epoch {epoch} "
+                f"was not started). The loop over {loops or 'no back-edge'} may not "
+                f"terminate: check that the operator stops sending records back, or raise "
+                f"max_epochs; running again continues from epoch {epoch}"
+            )
+        self.epochs_run += 1
         offsets = self.checkpoint.offsets(batch_id)
         # Step 1: process and pre-commit, in one Spark job.
         started = time.perf_counter()

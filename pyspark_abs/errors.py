@@ -79,6 +79,10 @@ class SourceError(AbsError):
     """A streaming source cannot read its table (missing table or log, unreadable change)."""
 
 
+class QuiescenceError(AbsError):
+    """A pipeline did not reach quiescence within its bound on epochs."""
+
+
 class InjectedFault(AbsError):
     """A fault injected on purpose at a named protocol step (testing only)."""
 
@@ -103,6 +107,7 @@ _ALL: dict[str, type[AbsError]] = {
         CommitError,
         SnapshotNotFoundError,
         SourceError,
+        QuiescenceError,
         InjectedFault,
     )
 }

@@ -5,10 +5,15 @@
     source ─► key groups ─► operator (applyInPandasWithState) ─► envelope
            ─► pre-commit tasks (files + barrier markers) ─► coordinator (foreachBatch):
               align ─► PREPARED ─► commit tables ─► COMMITTED
+
+With back-edges, the input is the source plus a loop head per back-edge, which reads the
+records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.backedge`).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +23,14 @@ import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from pyspark_abs.backedge import (
+    BackEdge,
+    check_back_edges,
+    check_loop_schema,
+    in_flight_count,
+    loop_head,
+    split_offsets,
+)
 from pyspark_abs.checkpoint import CheckpointReader
 from pyspark_abs.commit import EpochWriter
 from pyspark_abs.config import AbsConfig
@@ -44,6 +57,7 @@ from pyspark_abs.schema import (
     TIMEOUT,
     resolve_struct,
     to_arrow,
+    to_spark,
 )
 from pyspark_abs.snapshots import Snapshots, state_table_description
 from pyspark_abs.sources import DeltaSource
@@ -52,6 +66,8 @@ from pyspark_abs.store import DeltaStore, TableSpec, normalize_uri
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger("pyspark_abs")
 
 _TIMEOUT_CONF = {
     TimeoutMode.NONE: GroupStateTimeout.NoTimeout,
@@ -82,6 +98,22 @@ class DeltaSink:
 SinkLike = str | DeltaSink
 
 
+@dataclass(frozen=True)
+class Quiescence:
+    """How a run of :meth:`Pipeline.run_until_quiescent` ended.
+
+    Attributes:
+        epoch: The committed epoch whose snapshot is quiescent: the sources had nothing
+            more to read and no back-edge record was in flight. None if nothing ran.
+        epochs_run: Epochs the run processed.
+        seconds: Wall time of the run, start-up included.
+    """
+
+    epoch: int | None
+    epochs_run: int
+    seconds: float
+
+
 class Pipeline:
     """A stateful streaming pipeline whose state and outputs are snapshotted each epoch.
 
@@ -106,10 +138,11 @@ class Pipeline:
         operator: Operator,
         *,
         root: str,
-        sinks: Mapping[str, SinkLike] | SinkLike,
+        sinks: Mapping[str, SinkLike] | SinkLike | None = None,
         checkpoint: str | None = None,
         config: AbsConfig | None = None,
         transform: Callable[[DataFrame], DataFrame] | None = None,
+        back_edges: Sequence[BackEdge] | BackEdge = (),
     ) -> None:
         """Declare a pipeline.
 
@@ -120,15 +153,20 @@ class Pipeline:
                 rewind to a snapshot's offsets.
             operator: The stateful operator.
             root: Snapshot root for the manifest and the state table.
-            sinks: Output name to Delta table; a single table for a one-output operator.
+            sinks: Output name to Delta table, for every output that does not loop back; a
+                single table when there is one such output.
             checkpoint: Spark checkpoint location (default: ``<root>/_checkpoint``).
             config: Snapshot configuration (default: from ``spark.abs.*`` Spark conf).
             transform: Applied to the source's DataFrame before the operator, e.g. to
                 parse columns or set a watermark on a DeltaSource.
+            back_edges: Outputs whose rows return as the operator's input in a later epoch
+                (see :class:`~pyspark_abs.backedge.BackEdge`).
 
         Raises:
-            OperatorDefinitionError: The source, operator and sinks do not fit together.
-            ConfigError: The configuration is invalid.
+            OperatorDefinitionError: The source, operator, sinks and back-edges do not fit
+                together.
+            ConfigError: The configuration is invalid, or back-edges are declared with
+                snapshots off.
         """
         if (
             not isinstance(name, str)
@@ -170,7 +208,10 @@ class Pipeline:
         self.checkpoint = normalize_uri(checkpoint) if checkpoint else f"{self.root}/_checkpoint"
         self.plan = resolve_plan(name, frame, operator, self.config.snapshots)
         self._frame = frame
-        self.sinks = _resolve_sinks(name, self.plan, sinks)
+        self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
+        self._check_back_edges(sinks)
+        looped = {edge.output for edge in self.back_edges}
+        self.sinks = _resolve_sinks(name, self.plan, {} if sinks is None else sinks, looped)
 
     @property
     def snapshots(self) -> Snapshots:
@@ -195,6 +236,11 @@ class Pipeline:
                 checkpoint.
             TableSchemaError: An existing table has another schema.
         """
+        return self._start(processing_time, available_now, epoch_limit=None)
+
+    def _start(
+        self, processing_time: str | None, available_now: bool, epoch_limit: int | None
+    ) -> PipelineQuery:
         store = DeltaStore()
         store.ensure_root(self.root)
         layout = SnapshotLayout(self.name, self.root, self.plan.name, self._targets())
@@ -211,7 +257,12 @@ class Pipeline:
         for spec in self._table_specs(layout):
             store.ensure_table(spec)
         coordinator = EpochCoordinator(
-            layout, self.config, writer, checkpoint, epoch_base=lineage.epoch_base
+            layout,
+            self.config,
+            writer,
+            checkpoint,
+            epoch_base=lineage.epoch_base,
+            epoch_limit=epoch_limit,
         )
         try:
             query = self._start_query(coordinator, lineage, processing_time, available_now)
@@ -222,10 +273,66 @@ class Pipeline:
         return PipelineQuery(query, coordinator, self, recovered, stop_when_idle)
 
     def run(self) -> PipelineQuery:
-        """Process everything available now, wait until done, and return the query."""
+        """Process everything available now, wait until done, and return the query.
+
+        With back-edges, records that loop back after the start are left for the next run;
+        :meth:`run_until_quiescent` runs until the loop has terminated.
+        """
         query = self.start(available_now=True)
         query.await_termination()
         return query
+
+    def run_until_quiescent(self, *, max_epochs: int = 1000) -> Quiescence:
+        """Run until the computation has terminated, then stop.
+
+        Terminated (quiescent) means that the sources have nothing more to read and the
+        latest committed snapshot has no back-edge record in flight: no epoch would change
+        anything. This is detected on the snapshots themselves, the first use of
+        Chandy-Lamport snapshots (stable-property detection).
+
+        Args:
+            max_epochs: The most epochs to process. If the loop has not terminated by then,
+                the run stops before the next epoch, with every processed epoch committed.
+
+        Returns:
+            The quiescent epoch, the epochs processed and the time taken.
+
+        Raises:
+            QuiescenceError: ``max_epochs`` epochs ran and records are still in flight.
+            ConfigError: ``max_epochs`` is not a positive integer.
+            AbsError: The pipeline failed; the error says where and what to do.
+        """
+        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
+            raise ConfigError(
+                f"pipeline {self.name!r}: max_epochs must be a positive integer, got {max_epochs!r}"
+            )
+        started = time.perf_counter()
+        query = self._start(None, False, epoch_limit=max_epochs)
+        store = DeltaStore()
+        try:
+            while True:
+                query.process_all_available()
+                query.drain()
+                latest = query.latest_snapshot()
+                if latest is None or not any(
+                    in_flight_count(store, latest, edge.edge_id) for edge in self.back_edges
+                ):
+                    break
+        finally:
+            query.stop()
+        outcome = Quiescence(
+            epoch=None if latest is None else latest.epoch,
+            epochs_run=query.epochs_run,
+            seconds=time.perf_counter() - started,
+        )
+        log.info(
+            "pipeline %s is quiescent at epoch %s after %d epoch(s) in %.1f s",
+            self.name,
+            outcome.epoch,
+            outcome.epochs_run,
+            outcome.seconds,
+        )
+        return outcome
 
     def _start_query(
         self,
@@ -234,7 +341,11 @@ class Pipeline:
         processing_time: str | None,
         available_now: bool,
     ) -> StreamingQuery:
-        keyed = self._source_frame(lineage).withColumn(
+        frame = self._source_frame(lineage)
+        for edge in self.back_edges:
+            loop = loop_head(self.spark, edge, f"{self.root}/{edge.table}", lineage.restore)
+            frame = frame.unionByName(loop, allowMissingColumns=True)
+        keyed = frame.withColumn(
             KEY_GROUP, key_group_column(self.plan.key_columns, self.config.key_groups)
         )
         if lineage.restore is not None:
@@ -261,9 +372,12 @@ class Pipeline:
     def _source_frame(self, lineage: Lineage) -> DataFrame:
         """The source, rewound to the restore epoch's offsets for a fresh checkpoint."""
         restore = lineage.restore
-        if not lineage.fresh or restore is None or not restore.source_offsets:
+        if not lineage.fresh or restore is None:
             return self._frame
-        line = restore.source_offsets.splitlines()[0]
+        lines = split_offsets(restore.source_offsets)[0]
+        if not lines:
+            return self._frame
+        line = lines[0]
         if not isinstance(self.source, DeltaSource):
             raise SourceError(
                 f"pipeline {self.name!r} starts from restore epoch {restore.epoch} "
@@ -299,6 +413,29 @@ class Pipeline:
             restore_rows, allowMissingColumns=True
         )
 
+    def _check_back_edges(self, sinks: Mapping[str, SinkLike] | SinkLike | None) -> None:
+        if not self.back_edges:
+            return
+        if not self.config.snapshots:
+            raise ConfigError(
+                f"pipeline {self.name!r}: back-edges need snapshots (their records in flight "
+                f"are part of each snapshot); set snapshots=True"
+            )
+        named = sinks.keys() if isinstance(sinks, Mapping) else ()
+        outputs = dict(self.plan.outputs)
+        check_back_edges(self.name, self.back_edges, list(outputs), named)
+        for edge in self.back_edges:
+            rows = self.spark.createDataFrame([], to_spark(outputs[edge.output]))
+            if edge.transform is not None:
+                rows = edge.transform(rows)
+            check_loop_schema(
+                self.name,
+                edge,
+                to_arrow(rows.schema),
+                self.plan.input_schema,
+                self.plan.key_columns,
+            )
+
     def _check_key_groups(self, lineage: Lineage) -> None:
         if lineage.key_groups is not None and lineage.key_groups != self.config.key_groups:
             raise ConfigError(
@@ -321,7 +458,14 @@ class Pipeline:
                     table_schema=self.plan.state_table_schema,
                 )
             )
+        edges = {edge.output: edge for edge in self.back_edges}
         for index, (output, schema) in enumerate(self.plan.outputs):
+            if output in edges:
+                table = edges[output].table
+                targets.append(
+                    TableTarget(table, f"{self.root}/{table}", Kind.OUTPUT, index, schema, schema)
+                )
+                continue
             sink = self.sinks[output]
             targets.append(
                 TableTarget(
@@ -382,6 +526,20 @@ class PipelineQuery:
     def pending_epochs(self) -> int:
         """PREPARED epochs waiting for the background committer."""
         return self._coordinator.pending_epochs
+
+    @property
+    def epochs_run(self) -> int:
+        """Epochs this run has processed."""
+        return self._coordinator.epochs_run
+
+    def latest_snapshot(self) -> ManifestEntry | None:
+        """The newest committed or restored epoch of the snapshot root, as this run knows it."""
+        snapshots = self._coordinator.epochs.snapshots()
+        return snapshots[-1] if snapshots else None
+
+    def drain(self) -> None:
+        """Wait until every epoch PREPARED so far is committed."""
+        self._coordinator.drain()
 
     def await_termination(self, timeout: int | None = None) -> bool:
         """Wait for the query to end, then commit what is PREPARED and stop the committer.
@@ -511,9 +669,9 @@ def resolve_plan(name: str, source: DataFrame, operator: Operator, snapshots: bo
 
 
 def _resolve_sinks(
-    name: str, plan: OperatorPlan, sinks: Mapping[str, SinkLike] | SinkLike
+    name: str, plan: OperatorPlan, sinks: Mapping[str, SinkLike] | SinkLike, looped: set[str]
 ) -> dict[str, DeltaSink]:
-    outputs = [out for out, _ in plan.outputs]
+    outputs = [out for out, _ in plan.outputs if out not in looped]
     if isinstance(sinks, (str, DeltaSink)):
         if len(outputs) != 1:
             raise OperatorDefinitionError(
@@ -529,8 +687,8 @@ def _resolve_sinks(
     extra = [s for s in sinks if s not in outputs]
     if missing or extra:
         raise OperatorDefinitionError(
-            f"pipeline {name!r}: every output of operator {plan.name!r} needs exactly one sink; "
-            f"missing {missing}, unknown {extra}"
+            f"pipeline {name!r}: every output of operator {plan.name!r} that does not loop "
+            f"back needs exactly one sink; missing {missing}, unknown {extra}"
         )
     resolved = {}
     schemas = dict(plan.outputs)

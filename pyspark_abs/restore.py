@@ -3,10 +3,12 @@
 Each of these installs a snapshot as a *restore epoch* R, through the same two-phase commit
 as a micro-batch epoch:
 
-1. the state to install is written as Parquet files into each state table's directory;
+1. the state to install is written as Parquet files into each state table's directory, and
+   the back-edge records in flight in the snapshot into each back-edge log's;
 2. PREPARED(R) records those files, the sink versions to go back to, and the source
    offsets the next run starts from: the decision;
-3. each state table's files are replaced by the installed state, each sink is restored to
+3. each state table's and back-edge log's files are replaced by the installed ones (so a
+   log holds exactly the records to replay), each sink is restored to
    its recorded Delta version (one transaction per table, idempotent by the application
    transaction (pipeline/table, R)), and RESTORED(R) records the new versions.
 
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight
 from pyspark_abs.barrier import FileEntry
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.commit import EpochWriter, now
@@ -86,13 +89,11 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
     for table, uri in target.tables.items():
-        if table.startswith("state/"):
-            installed = _live_state(store, uri, target)
-            files += _write_state(store, table, uri, installed, restore_epoch, config)
+        installed = _installed(store, table, uri, target)
+        if installed is not None:
+            files += _write_rows(store, table, uri, installed, restore_epoch, config)
             rows[table] = installed.num_rows
-    restore_versions = {
-        t: v for t, v in target.table_versions.items() if not t.startswith("state/")
-    }
+    restore_versions = {t: v for t, v in target.table_versions.items() if t not in rows}
     return _install(
         writer,
         target,
@@ -150,15 +151,15 @@ def restore(
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
     for table, uri in target.tables.items():
-        if not table.startswith("state/"):
+        installed = _installed(store, table, uri, target)
+        if installed is None:
             continue
         new_uri = f"{into}/{table}"
         existing = store.open(uri)
         store.ensure_table(
             TableSpec(table, new_uri, arrow_schema(existing), (), store.description(uri))
         )
-        installed = _live_state(store, uri, target)
-        files += _write_state(store, table, new_uri, installed, target.epoch, config)
+        files += _write_rows(store, table, new_uri, installed, target.epoch, config)
         tables[table] = new_uri
         rows[table] = installed.num_rows
     return _install(
@@ -259,14 +260,23 @@ def write_state(
     installed = rows.append_column(
         pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
     ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
-    files = _write_state(store, table, uri, installed, epoch, config)
+    files = _write_rows(store, table, uri, installed, epoch, config)
+    tables, counts = {table: uri}, {table: installed.num_rows}
+    # Records in flight on back-edges stay in flight: the next run replays them.
+    for edge_table, edge_uri in (previous.tables if previous is not None else {}).items():
+        if edge_table.startswith(BACKEDGE_PREFIX):
+            assert previous is not None
+            records = _installed(store, edge_table, edge_uri, previous)
+            assert records is not None
+            files += _write_rows(store, edge_table, edge_uri, records, epoch, config)
+            tables[edge_table], counts[edge_table] = edge_uri, records.num_rows
     return _install(
         writer,
         previous,
         epoch,
-        tables={table: uri},
+        tables=tables,
         files=files,
-        rows={table: installed.num_rows},
+        rows=counts,
         restore_versions={},
         origin=f"state of operator {operator.name!r} written by write_state",
         key_groups=config.key_groups,
@@ -319,19 +329,27 @@ def _next_epoch(epochs: EpochLog) -> int:
     return max((e.epoch for e in epochs.entries), default=-1) + 1
 
 
-def _live_state(store: DeltaStore, uri: str, target: ManifestEntry) -> pa.Table:
-    """An operator's live state as of ``target``, read from its state table."""
+def _installed(store: DeltaStore, table: str, uri: str, target: ManifestEntry) -> pa.Table | None:
+    """What a restore epoch installs in a table of ``target``, or None to restore a sink.
+
+    A state table gets the live state as of ``target``; a back-edge log gets the records
+    in flight in ``target``.
+    """
+    if table.startswith(BACKEDGE_PREFIX):
+        return in_flight(store, target, table[len(BACKEDGE_PREFIX) :])
+    if not table.startswith("state/"):
+        return None
     meta = json.loads(store.description(uri) or "{}")
-    table = next(t for t, u in target.tables.items() if u == uri)
     changes = store.read(uri, target.table_versions[table])
     return latest_per_key(changes, meta["key"], target.epoch)
 
 
-def _write_state(
+def _write_rows(
     store: DeltaStore, table: str, uri: str, rows: pa.Table, epoch: int, config: AbsConfig
 ) -> list[FileEntry]:
     schema = arrow_schema(store.open(uri))
-    target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
+    kind = Kind.STATE if table.startswith("state/") else Kind.OUTPUT
+    target = TableTarget(table, uri, kind, 0, schema, schema)
     return write_files(target, rows, file_prefix(epoch, "restore"), config.target_file_bytes)
 
 

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
 from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.recovery import manifest_owner
-from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT, to_spark
 from pyspark_abs.store import DeltaStore, load_dataframe, normalize_uri
 
 if TYPE_CHECKING:
@@ -173,6 +174,28 @@ class Snapshots:
     def sinks(self) -> builtins.list[str]:
         """Names of the outputs committed to sinks."""
         return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith("sink/"))
+
+    def back_edges(self) -> builtins.list[str]:
+        """Ids of the back-edges whose logs the root holds."""
+        return sorted(
+            t[len(BACKEDGE_PREFIX) :] for t in self._tables() if t.startswith(BACKEDGE_PREFIX)
+        )
+
+    def in_flight(self, edge: str, epoch: int | None = None) -> DataFrame:
+        """The records in flight on a back-edge in a snapshot: produced, not yet consumed.
+
+        A pipeline restored from the snapshot replays exactly these records.
+
+        Raises:
+            SnapshotNotFoundError: The back-edge or epoch is unknown or not committed.
+        """
+        rows = self.in_flight_table(edge, epoch)
+        return self._spark().createDataFrame(rows.to_pandas(), schema=to_spark(rows.schema))
+
+    def in_flight_table(self, edge: str, epoch: int | None = None) -> pa.Table:
+        """:meth:`in_flight` as an Arrow table, without Spark."""
+        entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
+        return in_flight(self._store, entry, edge)
 
     def manifest(self) -> DataFrame:
         """The ``_manifest`` table as a DataFrame, one row per epoch transition."""

@@ -2,7 +2,8 @@
 
 The stream reads the rows that the table's commits append, version after version. An offset
 ``{"source": "pyspark_abs_delta", "version": v, "index": i}`` means that every row before
-row ``i`` of version ``v`` has been read, where the rows of a version are those of its
+row ``i`` of version ``v`` has been read (a ``"tag"`` names the stream when a query reads
+several), where the rows of a version are those of its
 ``add`` actions with ``dataChange=true``, in the order of ``_delta_log/<v:020d>.json``,
 concatenated. Offsets depend only on the table's log, so a range of offsets always reads
 the same rows.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
 
@@ -62,14 +63,23 @@ class Offset:
     Attributes:
         version: A table version.
         index: A row index within the rows that ``version`` appends.
+        tag: The stream's tag, if it has one; not part of the position.
     """
 
     version: int
     index: int
+    tag: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The offset as Spark stores it in the checkpoint's offset log."""
-        return {"source": SOURCE_NAME, "version": self.version, "index": self.index}
+        value: dict[str, Any] = {
+            "source": SOURCE_NAME,
+            "version": self.version,
+            "index": self.index,
+        }
+        if self.tag is not None:
+            value["tag"] = self.tag
+        return value
 
     @classmethod
     def parse(cls, value: object) -> Offset:
@@ -80,15 +90,18 @@ class Offset:
         """
         if not isinstance(value, Mapping) or value.get("source") != SOURCE_NAME:
             raise ValueError(f"{value!r} is not an offset of the {SOURCE_NAME} source")
-        if set(value) != {"source", "version", "index"}:
+        if set(value) - {"tag"} != {"source", "version", "index"}:
             raise ValueError(
-                f"offset {dict(value)!r} must have exactly the keys source, version and index"
+                f"offset {dict(value)!r} must have exactly the keys source, version and index, "
+                f"and optionally tag"
             )
-        version, index = value["version"], value["index"]
+        version, index, tag = value["version"], value["index"], value.get("tag")
         for name, number in (("version", version), ("index", index)):
             if not isinstance(number, int) or isinstance(number, bool) or number < 0:
                 raise ValueError(f"offset {dict(value)!r}: {name} must be an integer >= 0")
-        return cls(version, index)
+        if tag is not None and not isinstance(tag, str):
+            raise ValueError(f"offset {dict(value)!r}: tag must be a string")
+        return cls(version, index, tag)
 
 
 @dataclass(frozen=True)
@@ -684,6 +697,7 @@ class _Settings:
     ending_version: int | None
     changes: ChangeMode
     starting_offset: Offset | None
+    tag: str | None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Settings:
@@ -738,6 +752,7 @@ class _Settings:
             starting_offset=(
                 None if offset_json is None else Offset.parse(DeltaSource.offset_of(offset_json))
             ),
+            tag=text("tag"),
         )
 
 
@@ -777,9 +792,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         """Right after ``starting_offset`` if given, else the start of ``starting_version``."""
-        if self._settings.starting_offset is not None:
-            return self._settings.starting_offset.to_dict()
-        return Offset(self._settings.starting_version, 0).to_dict()
+        start = self._settings.starting_offset or Offset(self._settings.starting_version, 0)
+        return replace(start, tag=self._settings.tag).to_dict()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMaxRows`` or ``ReadMaxFiles`` from the options, else ``ReadAllAvailable``."""
@@ -837,7 +851,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ) from None
         if planned.blocked is not None and planned.end == begin:
             raise SourceError(planned.blocked)
-        return planned.end.to_dict()
+        return replace(planned.end, tag=self._settings.tag).to_dict()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         """One partition per file slice between the offsets: the same ones every time."""
@@ -928,6 +942,9 @@ class DeltaSource:
         ignore_changes: Read the files that commits removing data add, as Delta's
             ``ignoreChanges``: rows such a commit rewrites come again, and removed rows are
             not retracted.
+        tag: A name written into the stream's offsets, so that the offsets of a query
+            reading several streams say which is which (pyspark-abs tags the loop head of a
+            back-edge with the edge's id).
 
     Raises:
         ConfigError: A limit is not positive, both limits are given, a version is negative,
@@ -942,6 +959,7 @@ class DeltaSource:
     ending_version: int | None = None
     skip_change_commits: bool = False
     ignore_changes: bool = False
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path.strip():
@@ -970,6 +988,8 @@ class DeltaSource:
             raise ConfigError(
                 f"DeltaSource({self.path}): give skip_change_commits or ignore_changes, not both"
             )
+        if self.tag is not None and (not isinstance(self.tag, str) or not self.tag):
+            raise ConfigError(f"DeltaSource: tag must be a non-empty string, got {self.tag!r}")
 
     def load(
         self, spark: SparkSession, starting_offset: Mapping[str, Any] | None = None
@@ -1055,6 +1075,7 @@ class DeltaSource:
             ("maxFilesPerTrigger", self.max_files_per_trigger),
             ("startingVersion", self.starting_version),
             ("endingVersion", self.ending_version),
+            ("tag", self.tag),
         ):
             if value is not None:
                 options[name] = str(value)

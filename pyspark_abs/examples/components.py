@@ -160,28 +160,39 @@ def generate(shape: str, size: int, seed: int) -> pa.Table:
     """A test graph of about ``size`` edges with shuffled vertex ids.
 
     Shapes: ``random`` (``size`` random edges over ``size // 2`` vertices), ``chain`` (a
-    path), ``star`` (one hub), ``small`` (many components of 2 to 5 vertices).
+    path), ``star`` (one hub), ``small`` (many components of 2 to 5 vertices), and ``mixed``
+    (a chain, a star and small components side by side).
     """
     rng = np.random.default_rng(seed)
-    if shape == "random":
-        n = max(2, size // 2)
-        src, dst = rng.integers(0, n, size), rng.integers(0, n, size)
-    elif shape == "chain":
-        src, dst = np.arange(size), np.arange(1, size + 1)
-    elif shape == "star":
-        src, dst = np.zeros(size, dtype=np.int64), np.arange(1, size + 1)
-    elif shape == "small":
-        sizes = rng.integers(2, 6, size)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        src = np.concatenate([np.full(k - 1, s) for s, k in zip(starts, sizes, strict=True)])
-        dst = np.concatenate([s + np.arange(1, k) for s, k in zip(starts, sizes, strict=True)])
-        src, dst = src[:size], dst[:size]
-    else:
-        raise ValueError(f"unknown graph shape {shape!r}; use random, chain, star or small")
+    src, dst = _shape(shape, size, rng)
     ids = rng.permutation(int(max(src.max(), dst.max())) + 1)
     order = rng.permutation(len(src))
     columns = [pa.array(ids[src][order]), pa.array(ids[dst][order])]
     return pa.Table.from_arrays(columns, schema=EDGE_SCHEMA)
+
+
+def _shape(shape: str, size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if shape == "random":
+        n = max(2, size // 2)
+        return rng.integers(0, n, size), rng.integers(0, n, size)
+    if shape == "chain":
+        return np.arange(size), np.arange(1, size + 1)
+    if shape == "star":
+        return np.zeros(size, dtype=np.int64), np.arange(1, size + 1)
+    if shape == "small":
+        sizes = rng.integers(2, 6, size)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        src = np.concatenate([np.full(k - 1, s) for s, k in zip(starts, sizes, strict=True)])
+        dst = np.concatenate([s + np.arange(1, k) for s, k in zip(starts, sizes, strict=True)])
+        return src[:size], dst[:size]
+    if shape == "mixed":
+        parts = [_shape(s, max(1, size // 3), rng) for s in ("chain", "star", "small")]
+        shifted, offset = [], 0
+        for src, dst in parts:
+            shifted.append((src + offset, dst + offset))
+            offset += int(max(src.max(), dst.max())) + 1
+        return np.concatenate([s for s, _ in shifted]), np.concatenate([d for _, d in shifted])
+    raise ValueError(f"unknown graph shape {shape!r}; use random, chain, star, small or mixed")
 
 
 def read_edges(path: str) -> pa.Table:

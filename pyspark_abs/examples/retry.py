@@ -33,7 +33,11 @@ from pyspark_abs.session import local_session
 from pyspark_abs.snapshots import Snapshots
 from pyspark_abs.sources import DeltaSource
 
-JOB_SCHEMA = pa.schema({"job_id": pa.int64(), "payload": pa.string()})
+_JOB_FIELDS: list[pa.Field[Any]] = [
+    pa.field("job_id", pa.int64()),
+    pa.field("payload", pa.string()),
+]
+JOB_SCHEMA = pa.schema(_JOB_FIELDS)
 
 
 def attempts_needed(job_id: int) -> int:

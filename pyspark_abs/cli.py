@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.errors import AbsError
 from pyspark_abs.maintenance import compact, vacuum, validate
+from pyspark_abs.manifest import SNAPSHOT_STATUSES
 from pyspark_abs.restore import rollback
 from pyspark_abs.snapshots import SnapshotInfo, Snapshots
 
@@ -116,8 +118,13 @@ def _snapshots(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    info = Snapshots(args.root).get(args.epoch)
+    snapshots = Snapshots(args.root)
+    info = snapshots.get(args.epoch)
     data = _info_dict(info)
+    tables = [t for t in info.table_versions if t.startswith(BACKEDGE_PREFIX)]
+    edges = [t.removeprefix(BACKEDGE_PREFIX) for t in tables]
+    if info.status in SNAPSHOT_STATUSES and edges:
+        data["in_flight"] = {e: snapshots.in_flight_table(e, info.epoch).num_rows for e in edges}
     if args.json:
         _print_json(data)
         return 0

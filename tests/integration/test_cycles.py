@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from pyspark_abs import (
     Pipeline,
     QuiescenceError,
     Snapshots,
+    cli,
     restore,
     rollback,
 )
@@ -76,7 +78,7 @@ def test_components_equal_union_find(
 
 
 def test_quiescence_bound_then_restore_elsewhere_and_rollback(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     edges = components.generate("random", 60, seed=3)
     expected = expected_components(spark, edges)
@@ -89,6 +91,9 @@ def test_quiescence_bound_then_restore_elsewhere_and_rollback(
     assert [s.epoch for s in snapshots.list()] == [0, 1, 2]
     in_flight = snapshots.in_flight("offers", 1)
     assert in_flight.count() > 0, "epoch 1 should have offers in flight"
+    capsys.readouterr()
+    assert cli.main(["describe", str(root), "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["in_flight"] == {"offers": in_flight.count()}
 
     # Restore epoch 1 into a new root and run it with 3 partitions and 5 key groups.
     copy = tmp_path / "copy"

@@ -1,0 +1,13 @@
+"""Streaming connected components over an edge file, run until quiescent (exit 0 if exact).
+
+    python scripts/connected_components.py --root DIR [--edges FILE.csv]
+
+See pyspark_abs/examples/components.py and the README's "Cycles" section.
+"""
+
+import sys
+
+from pyspark_abs.examples.components import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -258,7 +258,9 @@ class EpochCoordinator:
 
     def _compact(self, table: str, snapshot: ManifestEntry) -> None:
         try:
-            result = compact_table(DeltaStore(), table, snapshot.tables[table], snapshot)
+            result = compact_table(
+                DeltaStore(), table, snapshot.tables[table], snapshot, self.faults
+            )
             log.info(
                 "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
                 table,

@@ -32,6 +32,10 @@ class FaultStep(str, Enum):
     """The first table of the epoch is committed, the others are not."""
     AFTER_COMMITTED = "after_committed"
     """COMMITTED is recorded; in sync mode the micro-batch has not returned yet."""
+    DURING_COMPACTION = "during_compaction"
+    """Compaction wrote the compacted files; the commit replacing the old ones is not made."""
+    DURING_VACUUM = "during_vacuum"
+    """Vacuum deleted the files of one table; the other tables are not vacuumed yet."""
 
 
 class FaultAction(str, Enum):

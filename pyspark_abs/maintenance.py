@@ -40,6 +40,7 @@ from pyspark_abs.commit import EpochWriter, app_id
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.envelope import Kind
 from pyspark_abs.errors import AbsError, CommitError, ConfigError, SnapshotNotFoundError
+from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import TableTarget, file_epoch, write_files
 from pyspark_abs.recovery import manifest_owner, open_manifest
@@ -148,10 +149,13 @@ class CompactionPolicy:
         return bool(due)
 
 
-def compact(root: str, *, progress: Progress = _quiet) -> list[Compaction]:
+def compact(
+    root: str, *, progress: Progress = _quiet, config: AbsConfig | None = None
+) -> list[Compaction]:
     """Compact every state table of a snapshot root as of its newest snapshot.
 
     Safe while the pipeline runs. The manifest is compacted too (small-file bin packing).
+    ``config`` only matters for its injected faults.
 
     Raises:
         SnapshotNotFoundError: The root does not exist.
@@ -164,17 +168,20 @@ def compact(root: str, *, progress: Progress = _quiet) -> list[Compaction]:
     if not snapshots:
         return []
     latest = snapshots[-1]
+    faults = FaultInjector((config or AbsConfig()).faults)
     results = []
     for table, uri in latest.tables.items():
         if table.startswith("state/"):
             progress(f"compacting {table} as of epoch {latest.epoch}")
-            results.append(compact_table(store, table, uri, latest))
+            results.append(compact_table(store, table, uri, latest, faults))
     progress("compacting _manifest")
     DeltaTable(f"{root}/_manifest").optimize.compact()
     return results
 
 
-def compact_table(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry) -> Compaction:
+def compact_table(
+    store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry, faults: FaultInjector
+) -> Compaction:
     """Rewrite one state table's latest row per key as of ``snapshot`` in one commit.
 
     Raises:
@@ -192,6 +199,7 @@ def compact_table(store: DeltaStore, table: str, uri: str, snapshot: ManifestEnt
     target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
     prefix = f"abs-c{snapshot.epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
     written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
+    faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
     now_ms = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [
         RemoveAction(f["path"], False, now_ms, int(f["size_bytes"]), {}) for f in files
@@ -250,6 +258,7 @@ def vacuum(
     min_age_seconds: float = 3600.0,
     dry_run: bool = False,
     progress: Progress = _quiet,
+    config: AbsConfig | None = None,
 ) -> VacuumReport:
     """Delete files that no retained snapshot references, after applying retention.
 
@@ -260,10 +269,12 @@ def vacuum(
             they belong to an epoch that can no longer commit them.
         dry_run: List what would be deleted without deleting.
         progress: Receives a line per table.
+        config: Only its injected faults matter.
 
     Raises:
         SnapshotNotFoundError: The root does not exist.
     """
+    faults = FaultInjector((config or AbsConfig()).faults)
     expired = expire(root, keep_last) if keep_last is not None and not dry_run else []
     root = normalize_uri(root)
     store = DeltaStore()
@@ -297,6 +308,7 @@ def vacuum(
             doomed.append(path)
         if doomed and not dry_run:
             store.delete_files(uri, doomed)
+            faults.at(FaultStep.DURING_VACUUM, newest_decided)
         if doomed:
             deleted[table] = sorted(doomed)
     return VacuumReport(expired, deleted, kept, dry_run)

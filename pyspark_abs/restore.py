@@ -41,7 +41,7 @@ from pyspark_abs.errors import (
     SnapshotNotFoundError,
     SnapshotRootError,
 )
-from pyspark_abs.faults import FaultInjector
+from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.keygroups import key_group_column
 from pyspark_abs.keys import key_arrays, repeated
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
@@ -133,7 +133,8 @@ def restore(
 
     Raises:
         SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
-        SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself.
+        SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself. Running
+            the same restore again after it was interrupted finishes it instead.
     """
     root, into = normalize_uri(root), normalize_uri(into)
     config = config if config is not None else AbsConfig()
@@ -146,7 +147,16 @@ def restore(
             f"{root} itself, use rollback({root!r}, {epoch})"
         )
     name = pipeline or source.pipeline
-    writer = _open(store, into, name, config, empty=True)
+    origin = f"restored from {root} epoch {target.epoch}"
+    writer = _open(store, into, name, config)
+    writer.recover()
+    if writer.epochs.entries:
+        done = writer.epochs.latest(target.epoch)
+        if len(writer.epochs.snapshots()) == 1 and done is not None and done.origin == origin:
+            return SnapshotInfo.from_entry(done)  # an interrupted restore, now finished
+        raise SnapshotRootError(
+            f"{into} already holds epochs of pipeline {name!r}; restore into a new root"
+        )
     tables: dict[str, str] = {}
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
@@ -170,7 +180,7 @@ def restore(
         files=files,
         rows=rows,
         restore_versions={},
-        origin=f"restored from {root} epoch {target.epoch}",
+        origin=origin,
     )
 
 
@@ -284,9 +294,7 @@ def write_state(
     )
 
 
-def _open(
-    store: DeltaStore, root: str, pipeline: str | None, config: AbsConfig, *, empty: bool = False
-) -> EpochWriter:
+def _open(store: DeltaStore, root: str, pipeline: str | None, config: AbsConfig) -> EpochWriter:
     """The writer of a snapshot root (``pipeline`` None: the root must exist)."""
     if pipeline is None:
         owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
@@ -298,10 +306,6 @@ def _open(
     else:
         store.ensure_root(root)
     epochs = open_manifest(store, root, pipeline)
-    if empty and epochs.entries:
-        raise SnapshotRootError(
-            f"{root} already holds epochs of pipeline {pipeline!r}; restore into a new root"
-        )
     return EpochWriter(
         pipeline,
         root,
@@ -391,6 +395,7 @@ def _install(
         origin=origin,
     )
     writer.record(prepared)
+    writer.faults.at(FaultStep.AFTER_PREPARED, epoch)
     return SnapshotInfo.from_entry(writer.commit(prepared))
 
 

@@ -1,17 +1,32 @@
-"""A fault at every protocol step, then a restart: the result equals a failure-free run."""
+"""A fault at every protocol step, then a restart: the result equals a failure-free run.
+
+Also a fault inside each maintenance operation (compaction, vacuum, rollback, restore), then
+the operation again: nothing committed is lost and ``validate`` passes.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import Fault, FaultAction, FaultStep, InjectedFault, Snapshots
+from pyspark_abs import (
+    AbsConfig,
+    Fault,
+    FaultAction,
+    FaultStep,
+    InjectedFault,
+    Snapshots,
+    restore,
+    rollback,
+)
 from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.maintenance import compact, vacuum, validate
 from pyspark_abs.store import DeltaStore
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import (
@@ -102,3 +117,75 @@ def test_process_killed_in_the_background_committer_recovers(
     second = subprocess.run(command, env=env, capture_output=True, timeout=300)
     assert second.returncode == 0, second.stderr.decode()[-2000:]
     assert_equals_reference(spark, root, reference)
+
+
+def _state_and_sink_as_of(
+    spark: SparkSession, root: Path, reference: Snapshots, epoch: int
+) -> None:
+    """The newest snapshot of ``root`` equals the reference's snapshot of ``epoch``."""
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state("word_count"), reference.state("word_count", epoch))
+    assert_same(snapshots.sink("output"), reference.sink("output", epoch))
+
+
+def _compact(root: Path, faults: tuple[Fault, ...]) -> None:
+    compact(str(root), config=AbsConfig(faults=faults))
+
+
+def _vacuum(root: Path, faults: tuple[Fault, ...]) -> None:
+    vacuum(str(root), keep_last=1, min_age_seconds=0, config=AbsConfig(faults=faults))
+
+
+def _rollback(root: Path, faults: tuple[Fault, ...]) -> None:
+    rollback(str(root), 2, config=AbsConfig(faults=faults))
+
+
+def _restore(root: Path, faults: tuple[Fault, ...]) -> None:
+    restore(str(root), 2, into=str(root.parent / "copy"), config=AbsConfig(faults=faults))
+
+
+MAINTENANCE_FAULTS = [
+    (_compact, Fault(FaultStep.DURING_COMPACTION), None),
+    (_vacuum, Fault(FaultStep.DURING_VACUUM), 2),
+    (_rollback, Fault(FaultStep.AFTER_PREPARED), 2),
+    (_rollback, Fault(FaultStep.BETWEEN_TABLE_COMMITS), 2),
+    (_rollback, Fault(FaultStep.AFTER_COMMITTED), 2),
+    (_restore, Fault(FaultStep.AFTER_PREPARED), 2),
+    (_restore, Fault(FaultStep.BETWEEN_TABLE_COMMITS), 2),
+]
+"""Operation, fault, and the reference epoch its result equals (None: all epochs kept).
+
+The vacuum runs after a rollback to epoch 2, so that it has files to delete in two tables.
+"""
+
+
+@pytest.mark.parametrize(
+    ("operation", "fault", "as_of"),
+    MAINTENANCE_FAULTS,
+    ids=[f"{op.__name__.strip('_')}-{fault.step.value}" for op, fault, _ in MAINTENANCE_FAULTS],
+)
+def test_maintenance_interrupted_then_run_again_loses_nothing(
+    spark: SparkSession,
+    tmp_path: Path,
+    reference: Snapshots,
+    operation: Callable[[Path, tuple[Fault, ...]], None],
+    fault: Fault,
+    as_of: int | None,
+) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    if operation is _vacuum:
+        rollback(str(root), 2)
+    with pytest.raises(InjectedFault, match=fault.step.value):
+        operation(root, (fault,))
+    operation(root, ())  # run again: it finishes or redoes the interrupted work
+    result = root.parent / "copy" if operation is _restore else root
+    assert validate(str(result)) == []
+    if as_of is None:
+        assert_equals_reference(spark, root, reference)
+    elif operation is _restore:
+        assert_same(
+            Snapshots(str(result), spark).state("word_count"), reference.state("word_count", 2)
+        )
+    else:
+        _state_and_sink_as_of(spark, result, reference, as_of)

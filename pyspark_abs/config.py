@@ -1,16 +1,20 @@
 """Typed pipeline configuration.
 
-A configuration is built from code (:class:`AbsConfig`) or from ``spark.abs.*`` keys of the
-Spark session's configuration (:meth:`AbsConfig.from_spark_conf`), which is how
-``spark-submit --conf spark.abs.commitMode=sync`` reaches a pipeline.
+A configuration is built from code (:class:`AbsConfig`), from the ``[abs]`` table of a TOML
+file (:meth:`AbsConfig.from_file`, see ``conf/pipeline.toml``), or from ``spark.abs.*`` keys
+of the Spark session's configuration (:meth:`AbsConfig.from_spark_conf`), which is how
+``spark-submit --conf spark.abs.commitMode=sync`` or ``conf/spark-defaults.conf`` reach a
+pipeline. Unknown keys are rejected everywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pyspark_abs.errors import ConfigError
@@ -103,6 +107,38 @@ class AbsConfig:
             )
         converted = {name: _convert(name, known[name].type, v) for name, v in values.items()}
         return cls(**converted)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> AbsConfig:
+        """Build a configuration from the ``[abs]`` table of a TOML file.
+
+        Keys are the field names (``commit_mode = "sync"``, ``key_groups = 64``). Other
+        tables of the file are left alone, for the job's own settings.
+
+        Raises:
+            ConfigError: The file cannot be read, is not TOML, has no ``[abs]`` table, or
+                a key in it is unknown or invalid.
+        """
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - Python 3.10
+            import tomli as tomllib
+        try:
+            document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as err:
+            raise ConfigError(f"cannot read configuration file {path}: {err}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {err}") from None
+        values = document.get("abs")
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"configuration file {path} has no [abs] table; put the pyspark-abs settings "
+                f"under [abs]"
+            )
+        try:
+            return cls.from_mapping(values)
+        except ConfigError as err:
+            raise ConfigError(f"in [abs] of {path}: {err}") from None
 
     @classmethod
     def from_spark_conf(cls, spark: SparkSession) -> AbsConfig:

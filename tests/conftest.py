@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import local_session
+from pyspark_abs import testing
 
 
 def arrow_schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
@@ -23,12 +23,8 @@ def arrow_schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
 def spark() -> Iterator[SparkSession]:
     """A local session with task retries (``local[2,3]``), shared by all Spark tests."""
     log_config = Path(__file__).parents[1] / "conf" / "log4j2.properties"
-    session = local_session(
-        "pyspark-abs-tests",
-        cores=2,
-        max_failures=3,
-        shuffle_partitions=2,
-        conf={"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}"},
+    session = testing.session(
+        conf={"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}"}
     )
     yield session
     session.stop()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from chispa import DataFramesNotEqualError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -26,6 +27,7 @@ from pyspark_abs import (
     cli,
     restore,
     rollback,
+    testing,
 )
 from pyspark_abs.examples import components, retry
 from pyspark_abs.maintenance import validate
@@ -98,7 +100,7 @@ def test_quiescence_bound_then_restore_elsewhere_and_rollback(
     # Restore epoch 1 into a new root and run it with 3 partitions and 5 key groups.
     copy = tmp_path / "copy"
     restore(str(root), 1, into=str(copy))
-    assert_same(Snapshots(str(copy), spark).in_flight("offers", 1), in_flight)
+    testing.assert_in_flight_equal(copy, "offers", in_flight, epoch=1)
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
         restored = components_pipeline(
@@ -122,11 +124,15 @@ def test_quiescence_bound_then_restore_elsewhere_and_rollback(
 def expected_jobs(spark: SparkSession, jobs: int, max_attempts: int) -> tuple[DataFrame, ...]:
     outcome = retry.expected_outcome(range(jobs), max_attempts)
     done = [(j, f"job-{j}", n) for j, (kind, n) in outcome.items() if kind == "done"]
-    dead = [(j, f"job-{j}", n) for j, (kind, n) in outcome.items() if kind == "dead_letter"]
+    dead = [
+        (j, f"job-{j}", n, f"service failed {n} time(s)")
+        for j, (kind, n) in outcome.items()
+        if kind == "dead_letter"
+    ]
     state = [(j, n) for j, (_, n) in outcome.items()]
     return (
         spark.createDataFrame(done, "job_id long, payload string, attempts int"),
-        spark.createDataFrame(dead, "job_id long, payload string, attempts int"),
+        spark.createDataFrame(dead, "job_id long, payload string, attempts int, error string"),
         spark.createDataFrame(state, "job_id long, attempts int"),
     )
 
@@ -134,11 +140,10 @@ def expected_jobs(spark: SparkSession, jobs: int, max_attempts: int) -> tuple[Da
 def assert_jobs_exactly_once(spark: SparkSession, root: Path, jobs: int) -> None:
     """Every job is done or dead-lettered once, after exactly its attempts; validate passes."""
     done, dead, state = expected_jobs(spark, jobs, max_attempts=3)
-    snapshots = Snapshots(str(root), spark)
-    assert_same(snapshots.sink("done"), done)
-    assert_same(snapshots.sink("dead_letter").drop("error"), dead)
-    assert_same(snapshots.state("attempt_job"), state)
-    assert snapshots.in_flight_table("retry").num_rows == 0
+    testing.assert_sink_equal(root, "done", done)
+    testing.assert_sink_equal(root, "dead_letter", dead)
+    testing.assert_state_equal(root, "attempt_job", state)
+    assert Snapshots(str(root)).in_flight_table("retry").num_rows == 0
     assert validate(str(root)) == []
 
 
@@ -185,7 +190,9 @@ def test_write_state_keeps_records_in_flight(spark: SparkSession, tmp_path: Path
     before = snapshots.in_flight("retry", 0)
     state = snapshots.state("attempt_job")
     info = write_state(state, str(root), retry.retry_operator(3), config=config)
-    assert_same(Snapshots(str(root), spark).in_flight("retry", info.epoch), before)
+    testing.assert_in_flight_equal(root, "retry", before, epoch=info.epoch)
+    with pytest.raises(DataFramesNotEqualError):
+        testing.assert_in_flight_equal(root, "retry", before.limit(1), epoch=info.epoch)
     retry.build(spark, jobs, str(root), config=config).run_until_quiescent()
     assert_jobs_exactly_once(spark, root, JOBS)
 

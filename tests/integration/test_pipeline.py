@@ -294,3 +294,18 @@ def test_continuous_query_processes_available_data_and_restarts(
     query.process_all_available()
     query.stop()
     assert_word_counts(spark, tmp_path / "root", EPOCHS)
+
+
+def test_spark_defaults_and_pipeline_file_configure_the_same(spark: SparkSession) -> None:
+    conf = Path(__file__).parents[2] / "conf"
+    lines = (conf / "spark-defaults.conf").read_text().splitlines()
+    pairs = [line.split(None, 1) for line in lines if line.startswith("spark.abs.")]
+    try:
+        for key, value in pairs:
+            spark.conf.set(key, value.strip())
+        from_spark = AbsConfig.from_spark_conf(spark)
+    finally:
+        for key, _ in pairs:
+            spark.conf.unset(key)
+    assert len(pairs) >= 3
+    assert from_spark == AbsConfig.from_file(conf / "pipeline.toml")

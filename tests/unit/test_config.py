@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from pyspark_abs import AbsConfig, ConfigError
@@ -31,3 +33,32 @@ def test_from_mapping_converts_strings() -> None:
 def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         AbsConfig.from_mapping(values)
+
+
+CONF = Path(__file__).parents[2] / "conf"
+
+
+def test_the_example_pipeline_file_is_read() -> None:
+    config = AbsConfig.from_file(CONF / "pipeline.toml")
+    assert config == AbsConfig(commit_mode="async", key_groups=256, compaction_ratio=10.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[abs]\ncommit_mod = "sync"\n', r"in \[abs\] of .*unknown configuration key"),
+        ("[abs]\nkey_groups = 0\n", "key_groups must be a positive integer"),
+        ('[job]\nroot = "/data"\n', r"has no \[abs\] table"),
+        ("[abs\n", "is not valid TOML"),
+    ],
+)
+def test_bad_files_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        AbsConfig.from_file(path)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read configuration file .*nope\.toml"):
+        AbsConfig.from_file(tmp_path / "nope.toml")

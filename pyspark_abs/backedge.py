@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -164,14 +164,20 @@ def loop_head(
     """The streaming DataFrame of an edge's records, with the edge's transform applied.
 
     A checkpoint that starts from a restore epoch reads the log from the restore epoch's
-    version, which holds exactly the records in flight in the restored snapshot; any other
-    checkpoint reads it from the start. Offsets carry the edge's id as their tag.
+    version, which holds exactly the records in flight in the restored snapshot; if the
+    snapshot had no such edge, none of the log's records are in flight and the log is read
+    from its next version. Any other checkpoint reads the log from the start. Offsets carry
+    the edge's id as their tag.
     """
-    start = 0
-    if restore is not None and edge.table in restore.table_versions:
+    source = DeltaSource(uri, ignore_changes=True, tag=edge.edge_id)
+    if restore is None:
+        frame = source.load(spark)
+    elif edge.table in restore.table_versions:
         start = restore.table_versions[edge.table]
-    source = DeltaSource(uri, starting_version=start, ignore_changes=True, tag=edge.edge_id)
-    frame = source.load(spark)
+        frame = replace(source, starting_version=start).load(spark)
+    else:
+        after = Offset(int(DeltaStore().open(uri).version()) + 1, 0)
+        frame = source.load(spark, starting_offset=after.to_dict())
     return edge.transform(frame) if edge.transform is not None else frame
 
 

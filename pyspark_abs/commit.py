@@ -16,7 +16,7 @@ import time
 from pyspark_abs.errors import SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry, entries_to_table
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.store import DeltaStore, brief_error
 
 log = logging.getLogger("pyspark_abs")
 
@@ -65,7 +65,7 @@ class EpochWriter:
             except Exception as err:
                 raise SnapshotRootError(
                     f"epoch {entry.epoch}: cannot record {entry.status.value} in the manifest "
-                    f"at {self.manifest_uri}: {err}"
+                    f"at {self.manifest_uri}: {brief_error(err)}"
                 ) from err
             self.epochs.record(entry)
 

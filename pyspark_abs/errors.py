@@ -55,6 +55,14 @@ class SnapshotRootError(AbsError):
     """The snapshot root cannot be created, read or written."""
 
 
+class StorageError(AbsError):
+    """A table's files cannot be written (disk full, read-only or unwritable storage)."""
+
+
+class SnapshotDamagedError(AbsError):
+    """A committed snapshot's files or Delta log are missing, cut short or unreadable."""
+
+
 class PipelineMismatchError(AbsError):
     """The snapshot root or checkpoint belongs to another pipeline or another checkpoint."""
 
@@ -97,6 +105,8 @@ _ALL: dict[str, type[AbsError]] = {
         AlignmentError,
         PrecommitFileError,
         SnapshotRootError,
+        StorageError,
+        SnapshotDamagedError,
         PipelineMismatchError,
         TableSchemaError,
         ManifestError,

@@ -33,6 +33,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.execution import KeyGroupTask, OperatorPlan
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.keygroups import key_group_column
+from pyspark_abs.maintenance import require_sound_start
 from pyspark_abs.manifest import EpochLog, ManifestEntry
 from pyspark_abs.operator import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
@@ -205,6 +206,7 @@ class Pipeline:
         recovered: list[int] = []
         if self.config.snapshots:
             writer.epochs = open_manifest(store, self.root, self.name)
+            require_sound_start(self.root, writer.epochs)
             recovered = writer.recover()
             lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
             self._check_key_groups(lineage)

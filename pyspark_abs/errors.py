@@ -63,6 +63,10 @@ class SnapshotDamagedError(AbsError):
     """A committed snapshot's files or Delta log are missing, cut short or unreadable."""
 
 
+class FencingError(AbsError):
+    """Another live run holds the snapshot root, or took it over from this run."""
+
+
 class PipelineMismatchError(AbsError):
     """The snapshot root or checkpoint belongs to another pipeline or another checkpoint."""
 
@@ -107,6 +111,7 @@ _ALL: dict[str, type[AbsError]] = {
         SnapshotRootError,
         StorageError,
         SnapshotDamagedError,
+        FencingError,
         PipelineMismatchError,
         TableSchemaError,
         ManifestError,

@@ -46,7 +46,9 @@ class FaultAction(str, Enum):
     PAUSE = "pause"
     """Driver steps only: stop the process (SIGSTOP) at the step. A supervisor that waits
     for the stop (``waitpid`` with ``WUNTRACED``) can then kill it exactly there, or let it
-    go on (SIGCONT) and kill it a moment later, e.g. inside the next Delta commit."""
+    go on (SIGCONT) and kill it a moment later, e.g. inside the next Delta commit. Start the
+    process in its own session: a supervisor running Spark itself may signal its whole
+    process group and so continue it early."""
     DROP_MARKER = "drop_marker"
     """Pre-commit task only: write the files but yield no barrier marker."""
     DELETE_FILE = "delete_file"

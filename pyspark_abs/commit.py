@@ -15,8 +15,9 @@ import time
 
 from pyspark_abs.errors import SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
+from pyspark_abs.lease import Lease, require_no_live_holder
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry, entries_to_table
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.store import DeltaStore, brief_error
 
 log = logging.getLogger("pyspark_abs")
 
@@ -37,13 +38,27 @@ class EpochWriter:
         epochs: EpochLog,
         run_id: str,
         faults: FaultInjector | None = None,
+        lease: Lease | None = None,
     ) -> None:
+        """Set up a writer.
+
+        Args:
+            pipeline: The pipeline the root belongs to.
+            root: The snapshot root.
+            store: Delta access.
+            epochs: The root's manifest.
+            run_id: Recorded with every entry this writer appends.
+            faults: Faults to inject in phase 2.
+            lease: The run's lease on the root. Without one (rollback, restore, retention),
+                the writer refuses to decide or commit epochs while a live run holds it.
+        """
         self.pipeline = pipeline
         self.root = root
         self.store = store
         self.epochs = epochs
         self.run_id = run_id
         self.faults = faults if faults is not None else FaultInjector(())
+        self.lease = lease
         self._lock = threading.Lock()
 
     @property
@@ -57,17 +72,37 @@ class EpochWriter:
         Raises:
             ManifestError: The transition is not allowed.
             SnapshotRootError: The manifest cannot be written.
+            FencingError: Another run holds the root.
         """
         with self._lock:
             self.epochs.check(entry)
+            if self.lease is not None or entry.status is not EpochStatus.EXPIRED:
+                self.fence(f"epoch {entry.epoch} {entry.status.value}")
             try:
                 self.store.append(self.manifest_uri, entries_to_table([entry]))
             except Exception as err:
                 raise SnapshotRootError(
                     f"epoch {entry.epoch}: cannot record {entry.status.value} in the manifest "
-                    f"at {self.manifest_uri}: {err}"
+                    f"at {self.manifest_uri}: {brief_error(err)}"
                 ) from err
             self.epochs.record(entry)
+
+    def fence(self, what: str) -> None:
+        """Make sure this writer may write ``what`` to the root (see :mod:`pyspark_abs.lease`).
+
+        Raises:
+            FencingError: This run lost the root's lease, or a writer without a lease meets a
+                live run that holds it.
+        """
+        if self.lease is not None:
+            self.lease.check(what)
+        else:
+            require_no_live_holder(self.root, what)
+
+    def close(self) -> None:
+        """Give up the run's lease on the root, if it holds one."""
+        if self.lease is not None:
+            self.lease.release()
 
     def recover(self) -> list[int]:
         """Commit every PREPARED epoch that has no outcome yet; return their epochs."""
@@ -88,6 +123,7 @@ class EpochWriter:
         times.
         """
         epoch = prepared.epoch
+        self.fence(f"the commit of epoch {epoch}")
         started = time.perf_counter()
         versions = {}
         for position, (table, uri) in enumerate(prepared.tables.items()):

@@ -151,12 +151,14 @@ class EpochCoordinator:
     def close(self) -> None:
         """Stop the background committer after it has committed what it holds.
 
-        Also waits for a running background compaction to finish.
+        Also waits for a running background compaction to finish, then gives up the run's
+        lease on the snapshot root.
         """
         if self._committer is not None:
             self._committer.close()
         if self._compactor is not None:
             self._compactor.join()
+        self.writer.close()
 
     def _process_snapshot(self, batch: DataFrame, batch_id: int) -> None:
         epoch = self.epoch_base + batch_id

@@ -55,6 +55,18 @@ class SnapshotRootError(AbsError):
     """The snapshot root cannot be created, read or written."""
 
 
+class StorageError(AbsError):
+    """A table's files cannot be written (disk full, read-only or unwritable storage)."""
+
+
+class SnapshotDamagedError(AbsError):
+    """A committed snapshot's files or Delta log are missing, cut short or unreadable."""
+
+
+class FencingError(AbsError):
+    """Another live run holds the snapshot root, or took it over from this run."""
+
+
 class PipelineMismatchError(AbsError):
     """The snapshot root or checkpoint belongs to another pipeline or another checkpoint."""
 
@@ -101,6 +113,9 @@ _ALL: dict[str, type[AbsError]] = {
         AlignmentError,
         PrecommitFileError,
         SnapshotRootError,
+        StorageError,
+        SnapshotDamagedError,
+        FencingError,
         PipelineMismatchError,
         TableSchemaError,
         ManifestError,

@@ -193,8 +193,8 @@ def run_key_group(
         )
         try:
             result = plan.vectorized(rows, current, ctx)
-        except AbsError:
-            raise
+        except AbsError as err:
+            raise _located(err, where) from err
         except Exception as err:
             raise OperatorError(f"{where}: the function raised {_describe(err)}") from err
         if result is None:
@@ -249,8 +249,8 @@ def _run_per_key(
         assert plan.per_key is not None
         try:
             returned = plan.per_key(key, key_rows, handle)
-        except AbsError:
-            raise
+        except AbsError as err:
+            raise _located(err, f"{where}, key {key!r}") from err
         except Exception as err:
             raise OperatorError(
                 f"{where}, key {key!r}: the function raised {_describe(err)}"
@@ -602,6 +602,11 @@ def _is_missing(value: Any) -> bool:
 
 def _ms_or_none(value: Any) -> int | None:
     return None if _is_missing(value) else int(value)
+
+
+def _located(err: AbsError, where: str) -> AbsError:
+    """A pyspark-abs error the function raised (e.g. from ``KeyState``), with where it was."""
+    return type(err)(f"{where}: {err}")
 
 
 def _describe(err: BaseException) -> str:

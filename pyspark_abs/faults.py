@@ -2,12 +2,14 @@
 
 Tests, demos and chaos runs put :class:`Fault` objects into ``AbsConfig(faults=...)``. When
 the protocol reaches a matching step it raises :class:`~pyspark_abs.errors.InjectedFault`,
-exits the process as a crash would, or damages what a pre-commit task wrote.
+exits the process as a crash would, stops the process for a supervisor to kill, or damages
+what a pre-commit task wrote.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +47,12 @@ class FaultAction(str, Enum):
     """Raise InjectedFault: the micro-batch (or task) fails like any other error."""
     EXIT = "exit"
     """Leave the process at once with EXIT_CODE, skipping cleanup, as a crash would."""
+    PAUSE = "pause"
+    """Driver steps only: stop the process (SIGSTOP) at the step. A supervisor that waits
+    for the stop (``waitpid`` with ``WUNTRACED``) can then kill it exactly there, or let it
+    go on (SIGCONT) and kill it a moment later, e.g. inside the next Delta commit. Start the
+    process in its own session: a supervisor running Spark itself may signal its whole
+    process group and so continue it early."""
     DROP_MARKER = "drop_marker"
     """Pre-commit task only: write the files but yield no barrier marker."""
     DELETE_FILE = "delete_file"
@@ -54,6 +62,7 @@ class FaultAction(str, Enum):
 
 
 _TASK_ONLY = {FaultAction.DROP_MARKER, FaultAction.DELETE_FILE, FaultAction.TRUNCATE_FILE}
+_DRIVER_ONLY = {FaultAction.PAUSE}
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,11 @@ class Fault:
                 f"fault action {self.action.value!r} applies only to step "
                 f"{FaultStep.PRECOMMIT_TASK.value!r}, not {self.step.value!r}"
             )
+        if self.action in _DRIVER_ONLY and self.step is FaultStep.PRECOMMIT_TASK:
+            raise ConfigError(
+                f"fault action {self.action.value!r} stops the driver process and applies only "
+                f"to driver steps, not {self.step.value!r}"
+            )
 
     def matches(
         self, step: FaultStep, epoch: int, partition: int | None = None, attempt: int = 0
@@ -98,9 +112,11 @@ class Fault:
 
 
 def crash_or_raise(fault: Fault, where: str) -> None:
-    """Carry out a RAISE or EXIT fault; other actions are left to the caller."""
+    """Carry out a RAISE, EXIT or PAUSE fault; other actions are left to the caller."""
     if fault.action is FaultAction.EXIT:
         os._exit(EXIT_CODE)
+    if fault.action is FaultAction.PAUSE:
+        os.kill(os.getpid(), signal.SIGSTOP)
     if fault.action is FaultAction.RAISE:
         raise InjectedFault(f"injected fault at {where}")
 

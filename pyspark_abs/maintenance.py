@@ -39,13 +39,26 @@ from pyspark_abs.changelog import duplicate_changes, latest_per_key
 from pyspark_abs.commit import EpochWriter, app_id
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.envelope import Kind
-from pyspark_abs.errors import AbsError, CommitError, ConfigError, SnapshotNotFoundError
+from pyspark_abs.errors import (
+    AbsError,
+    CommitError,
+    ConfigError,
+    SnapshotDamagedError,
+    SnapshotNotFoundError,
+)
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import TableTarget, file_epoch, write_files
 from pyspark_abs.recovery import manifest_owner, open_manifest
 from pyspark_abs.schema import EPOCH
-from pyspark_abs.store import APP_ID_KEY, EPOCH_KEY, DeltaStore, arrow_schema, normalize_uri
+from pyspark_abs.store import (
+    APP_ID_KEY,
+    EPOCH_KEY,
+    DeltaStore,
+    arrow_schema,
+    brief_error,
+    normalize_uri,
+)
 
 log = logging.getLogger("pyspark_abs")
 
@@ -327,19 +340,17 @@ def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
         epochs = open_manifest(store, root, pipeline)
     except AbsError as err:
         return [Problem(None, "_manifest", str(err))]
-    problems: list[Problem] = []
-    checked: dict[tuple[str, int], list[Problem]] = {}
+    checker = _SnapshotChecker(store, epochs)
+    problems = checker.unreadable_tables()
     histories: dict[str, dict[int, dict[str, Any]]] = {}
     snapshots = epochs.snapshots()
     for number, entry in enumerate(snapshots, 1):
         progress(f"validating epoch {entry.epoch} ({number}/{len(snapshots)})")
         for table, version in entry.table_versions.items():
             uri = entry.tables[table]
-            if (table, version) not in checked:
-                checked[table, version] = _check_version(store, table, uri, version)
-            found = [Problem(entry.epoch, p.table, p.message) for p in checked[table, version]]
+            found = checker.table(entry, table)
             problems += found
-            if found:
+            if found or checker.latest_unreadable(table):
                 continue
             if entry.rows.get(table) and not entry.is_restore:
                 if table not in histories:
@@ -350,12 +361,135 @@ def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
     return problems
 
 
-def _check_version(store: DeltaStore, table: str, uri: str, version: int) -> list[Problem]:
+def require_intact(root: str, epochs: EpochLog, epoch: int, consequence: str) -> None:
+    """Refuse to build on a damaged snapshot, naming the newest intact one.
+
+    Checks that every table version of the snapshot loads, that its files exist with the
+    sizes the Delta log records, that it holds every file the epoch prepared, and that each
+    table's latest version loads (the next commit, restore or rollback builds on it).
+
+    Args:
+        root: The snapshot root.
+        epochs: Its manifest.
+        epoch: A COMMITTED or RESTORED epoch.
+        consequence: What is refused, e.g. "The pipeline cannot continue from it."
+
+    Raises:
+        SnapshotDamagedError: The snapshot or one of its tables is damaged.
+    """
+    checker = _SnapshotChecker(DeltaStore(), epochs)
+    entry = epochs.latest(epoch)
+    assert entry is not None
+    for table, uri in entry.tables.items():
+        reason = checker.latest_unreadable(table)
+        if reason is not None:
+            raise SnapshotDamagedError(
+                f"snapshot root {root}: the Delta log of table {table} at {uri} cannot be "
+                f"read up to its latest version (epoch {epoch} is at version "
+                f"{entry.table_versions.get(table)}): {reason}. {consequence} Nothing was "
+                f"changed. Put the damaged log entry back from a backup, or move it and the "
+                f"entries after it aside; pyspark-abs validate {root} lists every damaged epoch"
+            )
+    problems = checker.snapshot(entry)
+    if not problems:
+        return
+    older = [e for e in reversed(epochs.snapshots()) if e.epoch < epoch]
+    intact = next((e.epoch for e in older if not checker.snapshot(e)), None)
+    fallback = (
+        f"roll back to the newest intact snapshot, epoch {intact} "
+        f"(pyspark_abs.rollback({root!r}, {intact}))"
+        if intact is not None
+        else "no older snapshot is intact either"
+    )
+    shown = "; ".join(f"table {p.table}: {p.message}" for p in problems[:3])
+    more = f" and {len(problems) - 3} more problem(s)" if len(problems) > 3 else ""
+    raise SnapshotDamagedError(
+        f"epoch {epoch} of snapshot root {root} is damaged: {shown}{more}. {consequence} "
+        f"Nothing was changed. Put the files back from a backup, or {fallback}; "
+        f"pyspark-abs validate {root} lists every damaged epoch"
+    )
+
+
+def require_sound_start(root: str, epochs: EpochLog) -> None:
+    """Refuse to start a pipeline whose newest snapshot is damaged (see require_intact).
+
+    Raises:
+        SnapshotDamagedError: The newest snapshot or one of its tables is damaged.
+    """
+    snapshots = epochs.snapshots()
+    if snapshots:
+        require_intact(root, epochs, snapshots[-1].epoch, "The pipeline cannot continue from it.")
+
+
+class _SnapshotChecker:
+    """Checks snapshots' tables, loading each table version once."""
+
+    def __init__(self, store: DeltaStore, epochs: EpochLog) -> None:
+        self.store = store
+        self.epochs = epochs
+        self._versions: dict[tuple[str, int], tuple[set[str], list[Problem]]] = {}
+        self._latest: dict[str, str | None] = {}
+
+    def snapshot(self, entry: ManifestEntry) -> list[Problem]:
+        """Problems of every table of one snapshot."""
+        return [p for table in entry.table_versions for p in self.table(entry, table)]
+
+    def table(self, entry: ManifestEntry, table: str) -> list[Problem]:
+        """Problems of one table of one snapshot (see :func:`require_intact`)."""
+        version = entry.table_versions[table]
+        key = (table, version)
+        if key not in self._versions:
+            self._versions[key] = _check_version(self.store, table, entry.tables[table], version)
+        paths, problems = self._versions[key]
+        found = [Problem(entry.epoch, p.table, p.message) for p in problems]
+        prepared = self.epochs.prepared(entry.epoch)
+        if not found and prepared is not None:
+            found += [
+                Problem(
+                    entry.epoch,
+                    table,
+                    f"file {f.path}, which the epoch prepared, is not in version {version}: "
+                    f"the commit lost it",
+                )
+                for f in prepared.files
+                if f.table == table and f.path not in paths
+            ]
+        return found
+
+    def latest_unreadable(self, table: str) -> str | None:
+        """Why the table's latest version cannot be loaded, or None if it loads."""
+        if table not in self._latest:
+            uri = next(e.tables[table] for e in self.epochs.entries if table in e.tables)
+            try:
+                DeltaTable(uri)
+                self._latest[table] = None
+            except Exception as err:
+                self._latest[table] = brief_error(err)
+        return self._latest[table]
+
+    def unreadable_tables(self) -> list[Problem]:
+        """A problem for each table whose latest version cannot be loaded."""
+        problems = []
+        for table in sorted(_tables(e for e in self.epochs.snapshots())):
+            reason = self.latest_unreadable(table)
+            if reason is not None:
+                problems.append(
+                    Problem(None, table, f"the latest version cannot be loaded: {reason}")
+                )
+        return problems
+
+
+def _check_version(
+    store: DeltaStore, table: str, uri: str, version: int
+) -> tuple[set[str], list[Problem]]:
+    """The files of a table version, and problems: it does not load, files missing or cut."""
     try:
         at_version = DeltaTable(uri, version=version)
         actions = _add_actions(at_version)
     except Exception as err:
-        return [Problem(None, table, f"version {version} cannot be loaded: {err}")]
+        return set(), [
+            Problem(None, table, f"version {version} cannot be loaded: {brief_error(err)}")
+        ]
     paths = [unquote(a["path"]) for a in actions]
     sizes = store.file_sizes(uri, paths)
     problems = []
@@ -371,7 +505,7 @@ def _check_version(store: DeltaStore, table: str, uri: str, version: int) -> lis
                     f"{action['size_bytes']}",
                 )
             )
-    return problems
+    return set(paths), problems
 
 
 def _history(uri: str) -> dict[int, dict[str, Any]]:

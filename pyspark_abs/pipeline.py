@@ -46,6 +46,8 @@ from pyspark_abs.errors import (
 from pyspark_abs.execution import KeyGroupTask, OperatorPlan
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.keygroups import key_group_column
+from pyspark_abs.lease import Lease
+from pyspark_abs.maintenance import require_sound_start
 from pyspark_abs.manifest import EpochLog, ManifestEntry
 from pyspark_abs.operator import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
@@ -232,6 +234,7 @@ class Pipeline:
 
         Raises:
             SnapshotRootError: The root is not writable.
+            FencingError: Another live run holds the snapshot root.
             PipelineMismatchError: The root or checkpoint belongs to another pipeline or
                 checkpoint.
             TableSchemaError: An existing table has another schema.
@@ -246,16 +249,23 @@ class Pipeline:
         layout = SnapshotLayout(self.name, self.root, self.plan.name, self._targets())
         checkpoint = CheckpointReader(self.spark, self.checkpoint)
         faults = FaultInjector(self.config.faults)
-        writer = EpochWriter(self.name, self.root, store, EpochLog(), uuid.uuid4().hex, faults)
+        run_id = uuid.uuid4().hex
+        lease = Lease.acquire(self.root, self.name, run_id)
+        writer = EpochWriter(self.name, self.root, store, EpochLog(), run_id, faults, lease)
         lineage = Lineage()
         recovered: list[int] = []
-        if self.config.snapshots:
-            writer.epochs = open_manifest(store, self.root, self.name)
-            recovered = writer.recover()
-            lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
-            self._check_key_groups(lineage)
-        for spec in self._table_specs(layout):
-            store.ensure_table(spec)
+        try:
+            if self.config.snapshots:
+                writer.epochs = open_manifest(store, self.root, self.name)
+                require_sound_start(self.root, writer.epochs)
+                recovered = writer.recover()
+                lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
+                self._check_key_groups(lineage)
+            for spec in self._table_specs(layout):
+                store.ensure_table(spec)
+        except BaseException:
+            writer.close()
+            raise
         coordinator = EpochCoordinator(
             layout,
             self.config,

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from pyspark_abs.barrier import BarrierMarker, FileEntry
 from pyspark_abs.envelope import Kind
+from pyspark_abs.errors import StorageError
 from pyspark_abs.faults import Fault, FaultAction, crash_or_raise, task_fault
 from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP
 from pyspark_abs.state_codec import BatchCodec
@@ -237,9 +238,18 @@ class _TableWriter:
         self.sequence += 1
         relative = f"{directory}{name}"
         target_dir = f"{self.root}/{directory}".rstrip("/")
-        self.fs.create_dir(target_dir, recursive=True)
-        with self.fs.open_output_stream(f"{self.root}/{relative}") as out:
-            out.write(data)
+        try:
+            self.fs.create_dir(target_dir, recursive=True)
+            with self.fs.open_output_stream(f"{self.root}/{relative}") as out:
+                out.write(data)
+        except OSError as err:
+            epoch = file_epoch(name)
+            raise StorageError(
+                f"{'' if epoch is None else f'epoch {epoch}: '}cannot write file {relative} "
+                f"({data.size} bytes) of table {self.target.table} at {self.target.uri}: "
+                f"{err}. Free space on that storage or make it writable; nothing of the "
+                f"epoch is committed, and restarting the pipeline replays it"
+            ) from None
         metadata = pq.read_metadata(pa.BufferReader(data))
         self.done.append(
             FileEntry(

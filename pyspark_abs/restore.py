@@ -44,6 +44,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.keygroups import key_group_column
 from pyspark_abs.keys import key_arrays, repeated
+from pyspark_abs.maintenance import require_intact
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import TableTarget, file_prefix, write_files
 from pyspark_abs.recovery import manifest_owner, open_manifest
@@ -326,6 +327,7 @@ def _snapshot(epochs: EpochLog, epoch: int, root: str) -> ManifestEntry:
             f"epoch {epoch} of snapshot root {root} is {shown}; snapshots are "
             f"{epoch_ranges(readable)}"
         )
+    require_intact(root, epochs, epoch, "It cannot be restored.")
     return entry
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -25,7 +26,12 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from pyspark_abs.barrier import FileEntry
-from pyspark_abs.errors import CommitError, SnapshotRootError, TableSchemaError
+from pyspark_abs.errors import (
+    CommitError,
+    SnapshotDamagedError,
+    SnapshotRootError,
+    TableSchemaError,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -121,7 +127,7 @@ class DeltaStore:
                 )
             except (DeltaError, OSError) as err:
                 raise SnapshotRootError(
-                    f"cannot create table {spec.table} at {spec.uri}: {err}"
+                    f"cannot create table {spec.table} at {spec.uri}: {brief_error(err)}"
                 ) from None
             return
         table = self.open(spec.uri)
@@ -144,6 +150,7 @@ class DeltaStore:
 
         Raises:
             SnapshotRootError: No Delta table exists there.
+            SnapshotDamagedError: The table's Delta log cannot be read.
         """
         with self._lock:
             table = self._tables.get(uri)
@@ -154,6 +161,11 @@ class DeltaStore:
                     table.update_incremental()
             except TableNotFoundError:
                 raise SnapshotRootError(f"no Delta table at {uri}") from None
+            except DeltaError as err:
+                raise SnapshotDamagedError(
+                    f"the Delta log of the table at {uri} cannot be read: {brief_error(err)}. "
+                    f"Run validate on the snapshot root to see which epochs are damaged"
+                ) from None
             return table
 
     def description(self, uri: str) -> str | None:
@@ -246,7 +258,7 @@ class DeltaStore:
         except (DeltaError, OSError) as err:
             raise CommitError(
                 f"epoch {epoch}: committing {len(files)} file(s) to the table at {uri} "
-                f"failed: {err}. The epoch stays PREPARED and is committed on restart"
+                f"failed: {brief_error(err)}. The epoch stays PREPARED and is committed on restart"
             ) from err
         return CommitResult(int(table.version()), committed=True)
 
@@ -271,7 +283,8 @@ class DeltaStore:
         except (DeltaError, OSError) as err:
             raise CommitError(
                 f"epoch {epoch}: restoring the table at {uri} to version {version} failed: "
-                f"{err}. The epoch stays PREPARED and is retried on the next start or rollback"
+                f"{brief_error(err)}. The epoch stays PREPARED and is retried on the next start or "
+                f"rollback"
             ) from err
         return int(table.version())
 
@@ -299,6 +312,22 @@ class DeltaStore:
                 fs.delete_file(f"{root}/{path}")
             except FileNotFoundError:
                 continue
+
+
+_BACKTRACE_LINE = re.compile(r"^\s*\d+: ")
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def brief_error(err: BaseException) -> str:
+    """An error's message on one line, without the native backtrace delta-rs appends."""
+    parts = []
+    for line in _ANSI_CODE.sub("", str(err)).splitlines():
+        if _BACKTRACE_LINE.match(line):
+            break
+        line = line.strip().lstrip("\u21b3").strip()
+        if line:
+            parts.append(line)
+    return ": ".join(parts) or type(err).__name__
 
 
 def _epoch_commit(app_id: str, epoch: int) -> CommitProperties:

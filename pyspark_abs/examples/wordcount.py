@@ -5,12 +5,14 @@ Run it as a program to process a directory of text files, one file per epoch::
     python -m pyspark_abs.examples.wordcount --input DIR --root ROOT [--crash STEP:EPOCH]
 
 ``--crash`` exits the process at that protocol step, as a crash would; running the same
-command again recovers and finishes.
+command again recovers and finishes. ``--pause STEP:EPOCH`` stops the process there
+(SIGSTOP) instead, for a supervisor such as ``scripts/chaos.py`` to kill.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -64,26 +66,49 @@ def build(
     )
 
 
+def input_files(input_dir: str) -> list[Path]:
+    """The text files of ``input_dir`` in the order the pipeline reads them, one per epoch.
+
+    Spark's file source takes the oldest file first; files with the same modification time
+    are ordered by name here, which Spark does not promise.
+    """
+    files = [
+        p for p in Path(input_dir).iterdir() if p.is_file() and not p.name.startswith((".", "_"))
+    ]
+    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def words_in(path: Path) -> list[str]:
+    """The words of one file, split and lower-cased as :func:`words_of` does."""
+    return [w for w in re.split(r"[^a-z0-9']+", path.read_text().lower()) if w]
+
+
 def count_directly(input_dir: str) -> Counter[str]:
     """The word count of every file in ``input_dir``, computed without Spark."""
-    import re
-
     counts: Counter[str] = Counter()
-    for path in sorted(Path(input_dir).iterdir()):
-        if path.is_file() and not path.name.startswith((".", "_")):
-            counts.update(w for w in re.split(r"[^a-z0-9']+", path.read_text().lower()) if w)
+    for path in input_files(input_dir):
+        counts.update(words_in(path))
     return counts
 
 
 def parse_crash(text: str) -> Fault:
     """Parse ``STEP:EPOCH`` (e.g. ``after_prepared:2``) into an EXIT fault."""
+    return _parse_fault(text, FaultAction.EXIT, "--crash")
+
+
+def parse_pause(text: str) -> Fault:
+    """Parse ``STEP:EPOCH`` (e.g. ``after_prepared:2``) into a PAUSE fault."""
+    return _parse_fault(text, FaultAction.PAUSE, "--pause")
+
+
+def _parse_fault(text: str, action: FaultAction, option: str) -> Fault:
     step, _, epoch = text.partition(":")
     try:
-        return Fault(FaultStep(step), int(epoch), FaultAction.EXIT)
+        return Fault(FaultStep(step), int(epoch), action)
     except ValueError:
         steps = ", ".join(s.value for s in FaultStep)
         raise argparse.ArgumentTypeError(
-            f"--crash takes STEP:EPOCH with STEP one of {steps}, got {text!r}"
+            f"{option} takes STEP:EPOCH with STEP one of {steps}, got {text!r}"
         ) from None
 
 
@@ -93,11 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--input", required=True, help="directory of text files")
     parser.add_argument("--root", required=True, help="snapshot root")
     parser.add_argument("--crash", type=parse_crash, help="exit at STEP:EPOCH")
+    parser.add_argument("--pause", type=parse_pause, help="stop (SIGSTOP) at STEP:EPOCH")
     parser.add_argument("--commit-mode", choices=["sync", "async"], default="async")
     parser.add_argument("--key-groups", type=int, default=16)
     args = parser.parse_args(argv)
     spark = local_session("wordcount", shuffle_partitions=2)
-    faults = (args.crash,) if args.crash else ()
+    faults = tuple(f for f in (args.crash, args.pause) if f is not None)
     config = AbsConfig(commit_mode=args.commit_mode, key_groups=args.key_groups, faults=faults)
     query = build(spark, args.input, args.root, config=config).run()
     if query.recovered_epochs:

@@ -1,3 +1,9 @@
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from pyspark_abs import ConfigError, Fault, FaultAction, FaultStep, InjectedFault
@@ -32,3 +38,29 @@ def test_steps_and_actions_parse_from_strings() -> None:
     fault = Fault("after_committed", 3, "exit")  # type: ignore[arg-type]
     assert fault.step is FaultStep.AFTER_COMMITTED
     assert fault.action is FaultAction.EXIT
+
+
+def test_pause_only_applies_on_the_driver() -> None:
+    with pytest.raises(ConfigError, match="applies only to driver steps, not 'precommit_task'"):
+        Fault(FaultStep.PRECOMMIT_TASK, action=FaultAction.PAUSE)
+
+
+def test_pause_stops_the_process_at_its_step_until_continued() -> None:
+    code = (
+        "from pyspark_abs.faults import Fault, FaultInjector, FaultStep\n"
+        "injector = FaultInjector([Fault('after_prepared', 1, 'pause')])\n"
+        "injector.at(FaultStep.AFTER_PREPARED, 0)\n"
+        "print('before', flush=True)\n"
+        "injector.at(FaultStep.AFTER_PREPARED, 1)\n"
+        "print('resumed')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True
+    )
+    _, status = os.waitpid(child.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status)
+    assert os.WSTOPSIG(status) == signal.SIGSTOP
+    os.kill(child.pid, signal.SIGCONT)
+    out, _ = child.communicate(timeout=60)
+    assert (child.returncode, out.split()) == (0, ["before", "resumed"])

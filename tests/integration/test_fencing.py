@@ -1,0 +1,104 @@
+"""Fencing: one live run per snapshot root; a zombie that lost the root writes nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pyspark_abs import EpochStatus, FencingError, Snapshots, rollback
+from pyspark_abs.lease import break_lease, read_lease
+from pyspark_abs.maintenance import validate
+from pyspark_abs.store import DeltaStore
+from tests.conftest import EPOCHS, write_epochs
+from tests.integration.conftest import assert_word_counts, word_pipeline
+
+REPO = Path(__file__).parents[2]
+
+
+def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    root = tmp_path / "root"
+    first = word_pipeline(spark, inputs, root).start(processing_time="100 milliseconds")
+    try:
+        first.process_all_available()
+        with pytest.raises(
+            FencingError,
+            match=rf"pipeline 'wordcount' cannot start: snapshot root .*root is held by run "
+            rf"{first.run_id} of pipeline 'wordcount' \(host \S+, pid {os.getpid()}, lease "
+            rf"renewed \d+ s ago\)\. Stop that run first",
+        ):
+            word_pipeline(spark, inputs, root).start()
+        with pytest.raises(FencingError, match=rf"held by run {first.run_id} .* is refused"):
+            rollback(str(root), 0)
+    finally:
+        first.stop()
+    assert read_lease(str(root)) is None
+    write_epochs(inputs, EPOCHS)
+    word_pipeline(spark, inputs, root).run()
+    assert_word_counts(spark, root, EPOCHS)
+
+
+def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root = tmp_path / "root"
+    command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
+    command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync"]
+    command += ["--pause", "after_prepared:1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = tmp_path / "zombie.log"
+    with log.open("w") as out:
+        zombie = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _, status = os.waitpid(zombie.pid, os.WUNTRACED)  # stopped right after PREPARED(1)
+        assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
+        holder = read_lease(str(root))
+        assert holder is not None
+        assert holder.pid == zombie.pid
+        with pytest.raises(
+            FencingError, match=rf"is held by run {holder.run_id} .*pid {zombie.pid}"
+        ):
+            word_pipeline(spark, inputs, root).start()
+
+        break_lease(str(root))  # its operator declares it gone; it is only paused
+        taken_over = word_pipeline(spark, inputs, root).run()
+        assert taken_over.recovered_epochs == [1]
+        versions = {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.wait(timeout=300)
+    assert zombie.returncode != 0
+    assert (
+        f"pyspark_abs.errors.FencingError: run {holder.run_id} of pipeline 'wordcount' no "
+        f"longer holds snapshot root {root}, now held by nobody"
+    ) in log.read_text()
+    entries = Snapshots(str(root)).list(include_aborted=True)
+    assert [e.status for e in entries] == [EpochStatus.COMMITTED] * len(EPOCHS)
+    by_zombie = [
+        (r["epoch"], r["status"]) for r in manifest_rows(root) if r["run_id"] == holder.run_id
+    ]
+    assert by_zombie == [(0, "PREPARED"), (0, "COMMITTED"), (1, "PREPARED")]
+    assert versions == {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
+    assert_word_counts(spark, root, EPOCHS)
+    assert validate(str(root)) == []
+
+
+TABLES = {"state/word_count": "state/word_count", "sink/output": "sinks/word_counts"}
+
+
+def manifest_rows(root: Path) -> list[dict[str, Any]]:
+    """The manifest's rows in the order they were recorded."""
+    rows: list[dict[str, Any]] = DeltaStore().read(str(root / "_manifest")).to_pylist()
+    return sorted(rows, key=lambda r: r["recorded_at"])

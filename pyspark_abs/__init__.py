@@ -40,6 +40,7 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.manifest import EpochStatus
+from pyspark_abs.metrics import SnapshotListener
 from pyspark_abs.operator import (
     Clock,
     KeyGroupContext,
@@ -91,6 +92,7 @@ __all__ = [
     "SchemaMismatchError",
     "SnapshotDamagedError",
     "SnapshotInfo",
+    "SnapshotListener",
     "SnapshotNotFoundError",
     "SnapshotRootError",
     "Snapshots",

@@ -49,6 +49,7 @@ from pyspark_abs.keygroups import key_group_column
 from pyspark_abs.lease import Lease
 from pyspark_abs.maintenance import require_sound_start
 from pyspark_abs.manifest import EpochLog, ManifestEntry
+from pyspark_abs.metrics import SnapshotListener
 from pyspark_abs.operator import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
 from pyspark_abs.recovery import Lineage, open_manifest, resolve_lineage
@@ -145,6 +146,7 @@ class Pipeline:
         config: AbsConfig | None = None,
         transform: Callable[[DataFrame], DataFrame] | None = None,
         back_edges: Sequence[BackEdge] | BackEdge = (),
+        listeners: Sequence[SnapshotListener] = (),
     ) -> None:
         """Declare a pipeline.
 
@@ -163,12 +165,14 @@ class Pipeline:
                 parse columns or set a watermark on a DeltaSource.
             back_edges: Outputs whose rows return as the operator's input in a later epoch
                 (see :class:`~pyspark_abs.backedge.BackEdge`).
+            listeners: Receive each epoch's metrics as it is committed or aborted (see
+                :class:`~pyspark_abs.metrics.SnapshotListener`).
 
         Raises:
             OperatorDefinitionError: The source, operator, sinks and back-edges do not fit
                 together.
-            ConfigError: The configuration is invalid, or back-edges are declared with
-                snapshots off.
+            ConfigError: The configuration is invalid, back-edges are declared with
+                snapshots off, or a listener is not a SnapshotListener.
         """
         if (
             not isinstance(name, str)
@@ -214,6 +218,13 @@ class Pipeline:
         self._check_back_edges(sinks)
         looped = {edge.output for edge in self.back_edges}
         self.sinks = _resolve_sinks(name, self.plan, {} if sinks is None else sinks, looped)
+        strangers = [x for x in listeners if not isinstance(x, SnapshotListener)]
+        if strangers:
+            raise ConfigError(
+                f"pipeline {name!r}: listeners must be SnapshotListener instances (subclass "
+                f"pyspark_abs.SnapshotListener), got {type(strangers[0]).__name__}"
+            )
+        self.listeners = tuple(listeners)
 
     @property
     def snapshots(self) -> Snapshots:
@@ -273,6 +284,7 @@ class Pipeline:
             checkpoint,
             epoch_base=lineage.epoch_base,
             epoch_limit=epoch_limit,
+            listeners=self.listeners,
         )
         try:
             query = self._start_query(coordinator, lineage, processing_time, available_now)

@@ -10,10 +10,17 @@ The lifecycle, module by module: ``operator`` (what you write) → ``keygroups``
 ``snapshots`` (read) → ``restore`` (rollback, restore, written state) with ``sources``
 (replayable Delta source) → ``maintenance`` (compaction, retention, vacuum, validate).
 ``backedge`` closes feedback loops: back-edge logs in each snapshot, loop heads, quiescence.
+
+Importing the package is cheap: the errors are imported at once, every other public name on
+first use, so Spark's Python workers that unpickle one class (say the Delta source) do not
+load pandas and the pipeline machinery.
 """
 
-from pyspark_abs.backedge import BackEdge
-from pyspark_abs.config import AbsConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pyspark_abs.errors import (
     AbsError,
     AlignmentError,
@@ -38,26 +45,85 @@ from pyspark_abs.errors import (
     StorageError,
     TableSchemaError,
 )
-from pyspark_abs.faults import Fault, FaultAction, FaultStep
-from pyspark_abs.manifest import EpochStatus
-from pyspark_abs.metrics import SnapshotListener
-from pyspark_abs.operator import (
-    Clock,
-    KeyGroupContext,
-    KeyGroupResult,
-    KeyState,
-    Operator,
-    TimeoutMode,
-    operator,
-    vectorized_operator,
-)
-from pyspark_abs.pipeline import DeltaSink, Pipeline, PipelineQuery, Quiescence
-from pyspark_abs.restore import restore, rollback, write_state
-from pyspark_abs.session import local_session
-from pyspark_abs.snapshots import SnapshotInfo, Snapshots
-from pyspark_abs.sources import DeltaSource
+
+if TYPE_CHECKING:
+    from pyspark_abs.backedge import BackEdge
+    from pyspark_abs.config import AbsConfig
+    from pyspark_abs.faults import (
+        Fault,
+        FaultAction,
+        FaultStep,
+    )
+    from pyspark_abs.manifest import EpochStatus
+    from pyspark_abs.metrics import SnapshotListener
+    from pyspark_abs.operator import (
+        Clock,
+        KeyGroupContext,
+        KeyGroupResult,
+        KeyState,
+        Operator,
+        TimeoutMode,
+        operator,
+        vectorized_operator,
+    )
+    from pyspark_abs.pipeline import (
+        DeltaSink,
+        Pipeline,
+        PipelineQuery,
+        Quiescence,
+    )
+    from pyspark_abs.restore import (
+        restore,
+        rollback,
+        write_state,
+    )
+    from pyspark_abs.session import local_session
+    from pyspark_abs.snapshots import (
+        SnapshotInfo,
+        Snapshots,
+    )
+    from pyspark_abs.sources import DeltaSource
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "BackEdge": "pyspark_abs.backedge",
+    "AbsConfig": "pyspark_abs.config",
+    "Fault": "pyspark_abs.faults",
+    "FaultAction": "pyspark_abs.faults",
+    "FaultStep": "pyspark_abs.faults",
+    "EpochStatus": "pyspark_abs.manifest",
+    "SnapshotListener": "pyspark_abs.metrics",
+    "Clock": "pyspark_abs.operator",
+    "KeyGroupContext": "pyspark_abs.operator",
+    "KeyGroupResult": "pyspark_abs.operator",
+    "KeyState": "pyspark_abs.operator",
+    "Operator": "pyspark_abs.operator",
+    "TimeoutMode": "pyspark_abs.operator",
+    "operator": "pyspark_abs.operator",
+    "vectorized_operator": "pyspark_abs.operator",
+    "DeltaSink": "pyspark_abs.pipeline",
+    "Pipeline": "pyspark_abs.pipeline",
+    "PipelineQuery": "pyspark_abs.pipeline",
+    "Quiescence": "pyspark_abs.pipeline",
+    "restore": "pyspark_abs.restore",
+    "rollback": "pyspark_abs.restore",
+    "write_state": "pyspark_abs.restore",
+    "local_session": "pyspark_abs.session",
+    "SnapshotInfo": "pyspark_abs.snapshots",
+    "Snapshots": "pyspark_abs.snapshots",
+    "DeltaSource": "pyspark_abs.sources",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pyspark_abs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AbsConfig",

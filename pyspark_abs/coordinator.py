@@ -124,6 +124,11 @@ class EpochCoordinator:
         """Epochs PREPARED in this run and waiting for the background committer."""
         return self._committer.pending if self._committer else 0
 
+    def latest_snapshot(self) -> ManifestEntry | None:
+        """The newest committed or restored epoch, as this run knows it."""
+        snapshots = self.epochs.snapshots()
+        return snapshots[-1] if snapshots else None
+
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: run the protocol for one micro-batch."""
         try:

@@ -3,11 +3,11 @@
 Stateful pandas operators whose state and outputs are snapshotted every micro-batch epoch
 and committed to Delta Lake tables through a two-phase commit, exactly once.
 
-The lifecycle, module by module: ``operator`` (what you write) → ``keygroups`` and
+The lifecycle, module by module: ``operators`` (what you write) → ``keygroups`` and
 ``execution`` (running it per key group) → ``envelope`` → ``precommit`` (tasks write files)
 → ``barrier`` (markers) → ``alignment`` → ``manifest`` (PREPARED, COMMITTED) → ``store``
 (Delta) → ``coordinator``, ``commit`` and ``committer`` (phase 2) → ``recovery`` →
-``snapshots`` (read) → ``restore`` (rollback, restore, written state) with ``sources``
+``snapshots`` (read) → ``savepoints`` (rollback, restore, written state) with ``sources``
 (replayable Delta source) → ``maintenance`` (compaction, retention, vacuum, validate).
 ``backedge`` closes feedback loops: back-edge logs in each snapshot, loop heads, quiescence.
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     )
     from pyspark_abs.manifest import EpochStatus
     from pyspark_abs.metrics import SnapshotListener
-    from pyspark_abs.operator import (
+    from pyspark_abs.operators import (
         Clock,
         KeyGroupContext,
         KeyGroupResult,
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
         PipelineQuery,
         Quiescence,
     )
-    from pyspark_abs.restore import (
+    from pyspark_abs.savepoints import (
         restore,
         rollback,
         write_state,
@@ -94,21 +94,21 @@ _LAZY = {
     "FaultStep": "pyspark_abs.faults",
     "EpochStatus": "pyspark_abs.manifest",
     "SnapshotListener": "pyspark_abs.metrics",
-    "Clock": "pyspark_abs.operator",
-    "KeyGroupContext": "pyspark_abs.operator",
-    "KeyGroupResult": "pyspark_abs.operator",
-    "KeyState": "pyspark_abs.operator",
-    "Operator": "pyspark_abs.operator",
-    "TimeoutMode": "pyspark_abs.operator",
-    "operator": "pyspark_abs.operator",
-    "vectorized_operator": "pyspark_abs.operator",
+    "Clock": "pyspark_abs.operators",
+    "KeyGroupContext": "pyspark_abs.operators",
+    "KeyGroupResult": "pyspark_abs.operators",
+    "KeyState": "pyspark_abs.operators",
+    "Operator": "pyspark_abs.operators",
+    "TimeoutMode": "pyspark_abs.operators",
+    "operator": "pyspark_abs.operators",
+    "vectorized_operator": "pyspark_abs.operators",
     "DeltaSink": "pyspark_abs.pipeline",
     "Pipeline": "pyspark_abs.pipeline",
     "PipelineQuery": "pyspark_abs.pipeline",
     "Quiescence": "pyspark_abs.pipeline",
-    "restore": "pyspark_abs.restore",
-    "rollback": "pyspark_abs.restore",
-    "write_state": "pyspark_abs.restore",
+    "restore": "pyspark_abs.savepoints",
+    "rollback": "pyspark_abs.savepoints",
+    "write_state": "pyspark_abs.savepoints",
     "local_session": "pyspark_abs.session",
     "SnapshotInfo": "pyspark_abs.snapshots",
     "Snapshots": "pyspark_abs.snapshots",

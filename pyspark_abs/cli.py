@@ -21,7 +21,7 @@ from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.errors import AbsError
 from pyspark_abs.maintenance import compact, vacuum, validate
 from pyspark_abs.manifest import SNAPSHOT_STATUSES
-from pyspark_abs.restore import rollback
+from pyspark_abs.savepoints import rollback
 from pyspark_abs.snapshots import Snapshots
 
 EXIT_PROBLEMS = 1

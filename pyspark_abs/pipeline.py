@@ -51,7 +51,7 @@ from pyspark_abs.lease import Lease
 from pyspark_abs.maintenance import require_sound_start
 from pyspark_abs.manifest import EpochLog, ManifestEntry
 from pyspark_abs.metrics import SnapshotListener
-from pyspark_abs.operator import Operator, TimeoutMode
+from pyspark_abs.operators import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
 from pyspark_abs.recovery import Lineage, open_manifest, resolve_lineage
 from pyspark_abs.schema import (

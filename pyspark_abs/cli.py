@@ -127,7 +127,7 @@ def _describe(args: argparse.Namespace) -> int:
     tables = [t for t in info.table_versions if t.startswith(BACKEDGE_PREFIX)]
     edges = [t.removeprefix(BACKEDGE_PREFIX) for t in tables]
     if info.status in SNAPSHOT_STATUSES and edges:
-        data["in_flight"] = {e: snapshots.in_flight_table(e, info.epoch).num_rows for e in edges}
+        data["in_flight"] = {e: snapshots.in_flight_count(e, info.epoch) for e in edges}
     if args.json:
         _print_json(data)
         return 0

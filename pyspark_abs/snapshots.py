@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight
+from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight, in_flight_count
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
 from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochLog, EpochStatus, ManifestEntry
@@ -231,6 +231,11 @@ class Snapshots:
         """:meth:`in_flight` as an Arrow table, without Spark."""
         entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
         return in_flight(self._store, entry, edge)
+
+    def in_flight_count(self, edge: str, epoch: int | None = None) -> int:
+        """How many records :meth:`in_flight` holds, without reading them."""
+        entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
+        return in_flight_count(self._store, entry, edge)
 
     def manifest(self) -> DataFrame:
         """The ``_manifest`` table as a DataFrame, one row per epoch transition."""

@@ -9,6 +9,7 @@ also when a cell fails.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,8 @@ def test_notebook_runs_top_to_bottom(
     try:
         client.execute()
     except CellExecutionError as err:
-        pytest.fail(f"{path.name}: a cell failed\n{err}", pytrace=False)
+        error = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # without the traceback's colours
+        pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
 
     executable, pid, cwd = notebook.cells[-1].outputs[0]["text"].splitlines()
     assert executable == sys.executable, "the kernel ran another interpreter"

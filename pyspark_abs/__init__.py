@@ -35,6 +35,7 @@ from pyspark_abs.errors import (
     SourceError,
     StateEncodingError,
     StateNotSetError,
+    StateTooLargeError,
     StorageError,
     TableSchemaError,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "SourceError",
     "StateEncodingError",
     "StateNotSetError",
+    "StateTooLargeError",
     "StorageError",
     "TableSchemaError",
     "TimeoutMode",

@@ -169,16 +169,20 @@ def run_pipeline(
     source: DataFrame,
     operator: Operator,
     config: AbsConfig,
-    sinks: Mapping[str, str] | None = None,
+    outputs: Sequence[str] = (),
 ) -> PipelineRun:
-    """Run a pipeline over everything available in a fresh root under ``work``."""
+    """Run a pipeline over everything available in a fresh root under ``work``.
+
+    Each output's sink is a table under the root named after it; without ``outputs`` the
+    operator's single output goes to ``counts``.
+    """
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
     pipeline = Pipeline(
         "bench",
         source,
         operator,
         root=str(root),
-        sinks=dict(sinks) if sinks is not None else str(root / "counts"),
+        sinks={o: str(root / o) for o in outputs} if outputs else str(root / "counts"),
         config=config,
     )
     started = time.perf_counter()
@@ -320,6 +324,14 @@ class MemoryPeaks:
     python_workers_total: float = 0.0
     pids: set[int] = field(default_factory=set)
 
+    def merge(self, other: MemoryPeaks) -> None:
+        """Keep the larger of each peak."""
+        self.driver_python = max(self.driver_python, other.driver_python)
+        self.jvms = max(self.jvms, other.jvms)
+        self.python_worker = max(self.python_worker, other.python_worker)
+        self.python_workers_total = max(self.python_workers_total, other.python_workers_total)
+        self.pids |= other.pids
+
     def as_dict(self) -> dict[str, float]:
         """The peaks, rounded, without the pids."""
         return {
@@ -334,9 +346,11 @@ class MemorySampler:
     """Samples peak RSS of the driver, its JVM(s) and every Python worker, from ``/proc``.
 
     The driver's and each process's own peak come from ``VmHWM`` (the kernel's high-water
-    mark, so short peaks between samples are not missed); the peak total over Python
-    workers is the largest sum of their ``VmRSS`` seen at one sample. Linux only: elsewhere
-    every figure stays 0.
+    mark, so short peaks between samples are not missed, but it covers the process's whole
+    life: the driver's and the JVM's peaks are the highest so far, not the run's own). The
+    peak total over Python workers is the largest sum of their ``VmRSS`` seen at one sample;
+    forked workers share pages with pyspark's daemon, which count in each. Linux only:
+    elsewhere every figure stays 0.
     """
 
     def __init__(self, roots: Sequence[int], interval_s: float = 0.5) -> None:
@@ -377,6 +391,23 @@ class MemorySampler:
                 workers_now += now
             peaks.pids.add(pid)
         peaks.python_workers_total = max(peaks.python_workers_total, workers_now)
+
+
+def measured(
+    spark: SparkSession,
+    peaks: dict[str, MemoryPeaks],
+    run: Callable[[str], float],
+    extra_roots: Sequence[int] = (),
+) -> Callable[[str], float]:
+    """``run`` with the memory of each run sampled into ``peaks[variant]``."""
+
+    def wrapped(variant: str) -> float:
+        with MemorySampler([jvm_pid(spark), *extra_roots]) as sampler:
+            seconds = run(variant)
+        peaks.setdefault(variant, MemoryPeaks()).merge(sampler.peaks)
+        return seconds
+
+    return wrapped
 
 
 def jvm_pid(spark: SparkSession) -> int:

@@ -289,12 +289,8 @@ def plot(
     note: str | None = None,
 ) -> Path:
     """Write a line plot (one line per series of (x, y) points) as a PNG."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure, axes = _axes()
     for label, points in series.items():
         xs, ys = zip(*points, strict=True) if points else ((), ())
         axes.plot(xs, ys, marker="o", label=label)
@@ -307,6 +303,42 @@ def plot(
     axes.legend()
     if note:
         figure.text(0.01, 0.01, note, fontsize=7, alpha=0.7)
+    return _save(figure, path)
+
+
+def bar_plot(
+    path: Path,
+    title: str,
+    ylabel: str,
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+) -> Path:
+    """Write grouped bars (one bar per series in each group) as a PNG."""
+    figure, axes = _axes()
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        axes.bar([g + i * width for g in range(len(groups))], list(values), width, label=label)
+    axes.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
+    axes.set_xticklabels(list(groups))
+    axes.set_title(title)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3, axis="y")
+    axes.legend()
+    return _save(figure, path)
+
+
+def _axes() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def _save(figure: Any, path: Path) -> Path:
+    from matplotlib import pyplot as plt
+
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

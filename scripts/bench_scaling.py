@@ -1,7 +1,7 @@
 """Scaling (the ABS paper's Figure 7): records/s with and without ABS on 1, 2 and 2x1 cores.
 
 Workload W (see ``_bench.py``) under each Spark master in ``--masters`` (default
-``local[1],local[2],standalone``), with and without snapshots (``AbsConfig(snapshots=False)``
+``local[1] local[2] standalone``), with and without snapshots (``AbsConfig(snapshots=False)``
 against ABS async), interleaved within each master, medians of the repeats.
 ``standalone`` starts a Spark standalone cluster from pyspark's own jars on this machine
 (one ``Master`` and two ``Worker`` JVMs with 1 core each, bound to 127.0.0.1) and stops it
@@ -10,7 +10,7 @@ afterwards. Each master gets its own SparkSession; an active session with the sa
 JSON object.
 
     python scripts/bench_scaling.py [--records N] [--keys N] [--epochs N] [--repeats N]
-        [--masters local[1],local[2],standalone] [--plot PATH]
+        [--masters local[1] local[2] standalone] [--plot PATH]
 """
 
 from __future__ import annotations
@@ -120,9 +120,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark per master, print a table and a JSON line; return the figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     _bench.add_workload_arguments(parser)
-    parser.add_argument("--masters", default=f"local[1],local[2],{STANDALONE}")
+    parser.add_argument(
+        "--masters",
+        nargs="+",
+        default=["local[1]", "local[2]", STANDALONE],
+        help=f"Spark master URLs, or {STANDALONE!r} for a local standalone cluster",
+    )
     args = parser.parse_args(argv)
-    masters = args.masters.split(",")
+    masters: list[str] = args.masters
     plot_path = args.plot or Path("bench_scaling.png")
     rates: dict[str, dict[str, float]] = {}
     peaks: dict[str, dict[str, Any]] = {}

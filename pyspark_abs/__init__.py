@@ -3,17 +3,24 @@
 Stateful pandas operators whose state and outputs are snapshotted every micro-batch epoch
 and committed to Delta Lake tables through a two-phase commit, exactly once.
 
-The lifecycle, module by module: ``operator`` (what you write) → ``keygroups`` and
+The lifecycle, module by module: ``operators`` (what you write) → ``keygroups`` and
 ``execution`` (running it per key group) → ``envelope`` → ``precommit`` (tasks write files)
 → ``barrier`` (markers) → ``alignment`` → ``manifest`` (PREPARED, COMMITTED) → ``store``
 (Delta) → ``coordinator``, ``commit`` and ``committer`` (phase 2) → ``recovery`` →
-``snapshots`` (read) → ``restore`` (rollback, restore, written state) with ``sources``
+``snapshots`` (read) → ``savepoints`` (rollback, restore, written state) with ``sources``
 (replayable Delta source) → ``maintenance`` (compaction, retention, vacuum, validate).
 ``backedge`` closes feedback loops: back-edge logs in each snapshot, loop heads, quiescence.
+
+Importing the package is cheap: the errors are imported at once, every other public name on
+first use, so Spark's Python workers that unpickle one class (say the Delta source) do not
+load pandas and the pipeline machinery.
 """
 
-from pyspark_abs.backedge import BackEdge
-from pyspark_abs.config import AbsConfig
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pyspark_abs.errors import (
     AbsError,
     AlignmentError,
@@ -39,25 +46,85 @@ from pyspark_abs.errors import (
     StorageError,
     TableSchemaError,
 )
-from pyspark_abs.faults import Fault, FaultAction, FaultStep
-from pyspark_abs.manifest import EpochStatus
-from pyspark_abs.operator import (
-    Clock,
-    KeyGroupContext,
-    KeyGroupResult,
-    KeyState,
-    Operator,
-    TimeoutMode,
-    operator,
-    vectorized_operator,
-)
-from pyspark_abs.pipeline import DeltaSink, Pipeline, PipelineQuery, Quiescence
-from pyspark_abs.restore import restore, rollback, write_state
-from pyspark_abs.session import local_session
-from pyspark_abs.snapshots import SnapshotInfo, Snapshots
-from pyspark_abs.sources import DeltaSource
+
+if TYPE_CHECKING:
+    from pyspark_abs.backedge import BackEdge
+    from pyspark_abs.config import AbsConfig
+    from pyspark_abs.faults import (
+        Fault,
+        FaultAction,
+        FaultStep,
+    )
+    from pyspark_abs.manifest import EpochStatus
+    from pyspark_abs.metrics import SnapshotListener
+    from pyspark_abs.operators import (
+        Clock,
+        KeyGroupContext,
+        KeyGroupResult,
+        KeyState,
+        Operator,
+        TimeoutMode,
+        operator,
+        vectorized_operator,
+    )
+    from pyspark_abs.pipeline import (
+        DeltaSink,
+        Pipeline,
+        PipelineQuery,
+        Quiescence,
+    )
+    from pyspark_abs.savepoints import (
+        restore,
+        rollback,
+        write_state,
+    )
+    from pyspark_abs.session import local_session
+    from pyspark_abs.snapshots import (
+        SnapshotInfo,
+        Snapshots,
+    )
+    from pyspark_abs.sources import DeltaSource
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "BackEdge": "pyspark_abs.backedge",
+    "AbsConfig": "pyspark_abs.config",
+    "Fault": "pyspark_abs.faults",
+    "FaultAction": "pyspark_abs.faults",
+    "FaultStep": "pyspark_abs.faults",
+    "EpochStatus": "pyspark_abs.manifest",
+    "SnapshotListener": "pyspark_abs.metrics",
+    "Clock": "pyspark_abs.operators",
+    "KeyGroupContext": "pyspark_abs.operators",
+    "KeyGroupResult": "pyspark_abs.operators",
+    "KeyState": "pyspark_abs.operators",
+    "Operator": "pyspark_abs.operators",
+    "TimeoutMode": "pyspark_abs.operators",
+    "operator": "pyspark_abs.operators",
+    "vectorized_operator": "pyspark_abs.operators",
+    "DeltaSink": "pyspark_abs.pipeline",
+    "Pipeline": "pyspark_abs.pipeline",
+    "PipelineQuery": "pyspark_abs.pipeline",
+    "Quiescence": "pyspark_abs.pipeline",
+    "restore": "pyspark_abs.savepoints",
+    "rollback": "pyspark_abs.savepoints",
+    "write_state": "pyspark_abs.savepoints",
+    "local_session": "pyspark_abs.session",
+    "SnapshotInfo": "pyspark_abs.snapshots",
+    "Snapshots": "pyspark_abs.snapshots",
+    "DeltaSource": "pyspark_abs.sources",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pyspark_abs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AbsConfig",
@@ -92,6 +159,7 @@ __all__ = [
     "SchemaMismatchError",
     "SnapshotDamagedError",
     "SnapshotInfo",
+    "SnapshotListener",
     "SnapshotNotFoundError",
     "SnapshotRootError",
     "Snapshots",

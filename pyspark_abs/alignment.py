@@ -25,6 +25,8 @@ class AlignedEpoch:
         files: Every pre-committed file, in partition order.
         keys_delta: Net change of the number of live keys.
         precommit_ms: The slowest partition's pre-commit time.
+        align_wait_ms: Time between the first and the last partition's acknowledgement:
+            how long the fastest partition's barrier waited for the slowest.
     """
 
     epoch: int
@@ -32,6 +34,7 @@ class AlignedEpoch:
     files: tuple[FileEntry, ...]
     keys_delta: int
     precommit_ms: float
+    align_wait_ms: float
 
     def rows_by_table(self) -> dict[str, int]:
         """Rows pre-committed per table."""
@@ -83,12 +86,14 @@ def align(
             f"the epoch"
         )
     ordered = sorted(markers, key=lambda m: m.partition)
+    acked = [m.acked_at_ms for m in ordered]
     return AlignedEpoch(
         epoch=epoch,
         num_partitions=num_partitions,
         files=tuple(f for m in ordered for f in m.files),
         keys_delta=sum(m.keys_delta for m in ordered),
         precommit_ms=max((m.precommit_ms for m in ordered), default=0.0),
+        align_wait_ms=max(acked, default=0.0) - min(acked, default=0.0),
     )
 
 

@@ -210,42 +210,41 @@ def in_flight(store: DeltaStore, entry: ManifestEntry, edge_id: str) -> pa.Table
         KeyError: The epoch has no such back-edge.
         SourceError: The log cannot be read (e.g. its files were vacuumed).
     """
-    table = f"{BACKEDGE_PREFIX}{edge_id}"
-    uri, version = entry.tables[table], entry.table_versions[table]
-    if entry.is_restore:
-        return store.read(uri, version)
-    schema = arrow_schema(store.open(uri))
-    rows = [
-        batch
-        for part in _in_flight_parts(entry, edge_id, uri, version, schema)
-        for batch in read_slice(part, schema)
-    ]
+    installed, parts, schema = _in_flight_parts(store, entry, edge_id)
+    if installed is not None:
+        return installed
+    rows = [batch for part in parts for batch in read_slice(part, schema)]
     return pa.Table.from_batches(rows, schema=schema)
 
 
 def in_flight_count(store: DeltaStore, entry: ManifestEntry, edge_id: str) -> int:
     """How many back-edge records are in flight in a snapshot, from the log alone."""
-    table = f"{BACKEDGE_PREFIX}{edge_id}"
-    uri, version = entry.tables[table], entry.table_versions[table]
-    if entry.is_restore:
-        return int(store.read(uri, version).num_rows)
-    schema = arrow_schema(store.open(uri))
-    return sum(p.stop - p.start for p in _in_flight_parts(entry, edge_id, uri, version, schema))
+    installed, parts, _ = _in_flight_parts(store, entry, edge_id)
+    if installed is not None:
+        return int(installed.num_rows)
+    return sum(p.stop - p.start for p in parts)
 
 
 def _in_flight_parts(
-    entry: ManifestEntry, edge_id: str, uri: str, version: int, schema: pa.Schema
-) -> list[DeltaFilePartition]:
+    store: DeltaStore, entry: ManifestEntry, edge_id: str
+) -> tuple[pa.Table | None, list[DeltaFilePartition], pa.Schema]:
+    """A restore epoch's whole installed log, or the slices of the log still in flight."""
     from pyspark_abs.schema import to_spark
 
+    table = f"{BACKEDGE_PREFIX}{edge_id}"
+    uri, version = entry.tables[table], entry.table_versions[table]
+    if entry.is_restore:
+        installed = store.read(uri, version)
+        return installed, [], installed.schema
+    schema = arrow_schema(store.open(uri))
     consumed = split_offsets(entry.source_offsets)[1].get(edge_id, Offset(0, 0))
     log = DeltaLog(uri, ReadSchema(to_spark(schema), (), version), changes="read")
     end = Offset(version + 1, 0)
     if end <= consumed:
-        return []
+        return None, [], schema
     slices = plan_slices(log.versions(consumed.version, version), consumed, end)
     parts = []
     for piece in slices:
         data = log.version(piece.version).files[piece.file]
         parts.append(DeltaFilePartition(uri, piece.version, data.path, piece.start, piece.stop, ()))
-    return parts
+    return None, parts, schema

@@ -34,6 +34,7 @@ _MARKER_FIELDS: list[pa.Field[Any]] = [
     pa.field("attempt", pa.int32()),
     pa.field("keys_delta", pa.int64()),
     pa.field("precommit_ms", pa.float64()),
+    pa.field("acked_at_ms", pa.float64()),
     pa.field("files", pa.list_(FILE_TYPE)),
 ]
 MARKER_SCHEMA = pa.schema(_MARKER_FIELDS)
@@ -41,8 +42,8 @@ MARKER_SCHEMA = pa.schema(_MARKER_FIELDS)
 
 MARKER_DDL = (
     "operator string, epoch bigint, partition int, attempt int, keys_delta bigint, "
-    "precommit_ms double, files array<struct<table:string, path:string, size_bytes:bigint, "
-    "num_rows:bigint, crc32:bigint, partition_values:string, stats:string>>"
+    "precommit_ms double, acked_at_ms double, files array<struct<table:string, path:string, "
+    "size_bytes:bigint, num_rows:bigint, crc32:bigint, partition_values:string, stats:string>>"
 )
 """Spark schema of a marker row (the same as MARKER_SCHEMA)."""
 
@@ -96,6 +97,7 @@ class BarrierMarker:
         attempt: The task attempt number that wrote them.
         keys_delta: Net change of the number of live keys in this partition.
         precommit_ms: Time the task spent writing files.
+        acked_at_ms: Wall-clock time (Unix epoch, ms) at which the partition acknowledged.
         files: Files the partition pre-committed.
     """
 
@@ -105,6 +107,7 @@ class BarrierMarker:
     attempt: int
     keys_delta: int
     precommit_ms: float
+    acked_at_ms: float
     files: tuple[FileEntry, ...] = field(default_factory=tuple)
 
     def to_batch(self) -> pa.RecordBatch:
@@ -123,5 +126,6 @@ class BarrierMarker:
             attempt=row["attempt"],
             keys_delta=row["keys_delta"],
             precommit_ms=row["precommit_ms"],
+            acked_at_ms=row["acked_at_ms"],
             files=tuple(FileEntry.from_dict(f) for f in row["files"] or ()),
         )

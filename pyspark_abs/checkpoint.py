@@ -3,8 +3,9 @@
 Spark writes ``offsets/<batch>`` before it runs a micro-batch and ``commits/<batch>`` after
 the sink returns. The offsets file holds the source offsets, the watermark and the session
 configuration the query was started with (including its shuffle partition count, which a
-restarted query keeps). Files are read through Hadoop's FileSystem, so every checkpoint
-location Spark supports works.
+restarted query keeps). On a classic session, files are read through Hadoop's FileSystem, so
+every checkpoint location Spark supports works; under Spark Connect, where the client has no
+JVM, through pyarrow's file systems (local paths and object stores).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pyspark_abs.errors import ConfigError, PipelineMismatchError
 
@@ -39,24 +43,40 @@ class BatchOffsets:
     shuffle_partitions: int
 
 
+class CheckpointFiles(Protocol):
+    """The file operations the reader needs, by path."""
+
+    def read(self, path: str) -> str | None:
+        """The file's text, or None if it does not exist."""
+
+    def list(self, path: str) -> list[str]:
+        """Names in the directory, empty if it does not exist."""
+
+    def exists(self, path: str) -> bool:
+        """Whether the path exists."""
+
+    def rename(self, source: str, target: str) -> bool:
+        """Rename a directory; False if the file system refused."""
+
+
 class CheckpointReader:
     """Reads a streaming query's checkpoint directory."""
 
-    def __init__(self, spark: SparkSession, location: str) -> None:
+    def __init__(self, location: str, files: CheckpointFiles) -> None:
         self.location = location.rstrip("/")
+        self._files = files
+
+    @classmethod
+    def for_session(cls, spark: SparkSession, location: str) -> CheckpointReader:
+        """A reader through the session's Hadoop FileSystem, or pyarrow's under Spark Connect."""
         jvm = getattr(spark, "_jvm", None)
         if jvm is None:
-            raise ConfigError(
-                "pyspark-abs reads the streaming checkpoint through the JVM and needs a classic "
-                "SparkSession; this one (Spark Connect?) has no JVM gateway. Run the pipeline "
-                "on a classic session"
-            )
-        self._jvm = jvm
-        self._conf = spark._jsc.hadoopConfiguration()
+            return cls(location, ArrowFiles())
+        return cls(location, HadoopFiles(jvm, spark._jsc.hadoopConfiguration()))
 
     def query_id(self) -> str | None:
         """The id Spark stored for the query, or None for a fresh checkpoint."""
-        text = self._read("metadata")
+        text = self._files.read(f"{self.location}/metadata")
         if text is None:
             return None
         query_id: str = json.loads(text)["id"]
@@ -64,7 +84,7 @@ class CheckpointReader:
 
     def committed_batches(self) -> list[int]:
         """Micro-batch ids Spark has marked as committed."""
-        return sorted(int(n) for n in self._list("commits") if n.isdigit())
+        return sorted(int(n) for n in self._files.list(f"{self.location}/commits") if n.isdigit())
 
     def offsets(self, batch_id: int) -> BatchOffsets:
         """The offsets Spark recorded for ``batch_id``.
@@ -72,7 +92,7 @@ class CheckpointReader:
         Raises:
             PipelineMismatchError: Spark has not recorded offsets for that batch.
         """
-        text = self._read(f"offsets/{batch_id}")
+        text = self._files.read(f"{self.location}/offsets/{batch_id}")
         if text is None:
             raise PipelineMismatchError(
                 f"checkpoint {self.location} has no offsets for micro-batch {batch_id}"
@@ -90,37 +110,96 @@ class CheckpointReader:
 
     def move_aside(self, suffix: str) -> str:
         """Rename the checkpoint directory to ``<location>-<suffix>``; return the new name."""
-        source = self._jvm.org.apache.hadoop.fs.Path(self.location)
-        fs = source.getFileSystem(self._conf)
-        target_name = f"{self.location}-{suffix}"
-        if fs.exists(self._jvm.org.apache.hadoop.fs.Path(target_name)):
-            target_name = f"{target_name}-{uuid.uuid4().hex[:8]}"
-        target = self._jvm.org.apache.hadoop.fs.Path(target_name)
-        if not fs.rename(source, target):
+        target = f"{self.location}-{suffix}"
+        if self._files.exists(target):
+            target = f"{target}-{uuid.uuid4().hex[:8]}"
+        if not self._files.rename(self.location, target):
             raise PipelineMismatchError(
-                f"cannot move superseded checkpoint {self.location} to {target_name}; move or "
+                f"cannot move superseded checkpoint {self.location} to {target}; move or "
                 f"delete it by hand and start again"
             )
-        return target_name
+        return target
 
-    def _path(self, name: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(f"{self.location}/{name}")
 
-    def _read(self, name: str) -> str | None:
-        path = self._path(name)
-        fs = path.getFileSystem(self._conf)
-        if not fs.exists(path):
+class HadoopFiles:
+    """Checkpoint files through the JVM's Hadoop FileSystem (classic sessions)."""
+
+    def __init__(self, jvm: Any, conf: Any) -> None:
+        self._jvm = jvm
+        self._conf = conf
+
+    def read(self, path: str) -> str | None:
+        """The file's text, or None if it does not exist."""
+        fs, hadoop_path = self._fs(path)
+        if not fs.exists(hadoop_path):
             return None
-        stream = fs.open(path)
+        stream = fs.open(hadoop_path)
         try:
             text: str = self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
         finally:
             stream.close()
         return text
 
-    def _list(self, name: str) -> list[str]:
-        path = self._path(name)
-        fs = path.getFileSystem(self._conf)
-        if not fs.exists(path):
+    def list(self, path: str) -> list[str]:
+        """Names in the directory, empty if it does not exist."""
+        fs, hadoop_path = self._fs(path)
+        if not fs.exists(hadoop_path):
             return []
-        return [str(status.getPath().getName()) for status in fs.listStatus(path)]
+        return [str(status.getPath().getName()) for status in fs.listStatus(hadoop_path)]
+
+    def exists(self, path: str) -> bool:
+        """Whether the path exists."""
+        fs, hadoop_path = self._fs(path)
+        return bool(fs.exists(hadoop_path))
+
+    def rename(self, source: str, target: str) -> bool:
+        """Rename a directory; False if the file system refused."""
+        fs, hadoop_source = self._fs(source)
+        return bool(fs.rename(hadoop_source, self._jvm.org.apache.hadoop.fs.Path(target)))
+
+    def _fs(self, path: str) -> tuple[Any, Any]:
+        hadoop_path = self._jvm.org.apache.hadoop.fs.Path(path)
+        return hadoop_path.getFileSystem(self._conf), hadoop_path
+
+
+class ArrowFiles:
+    """Checkpoint files through pyarrow's file systems (Spark Connect clients and servers)."""
+
+    def read(self, path: str) -> str | None:
+        """The file's text, or None if it does not exist."""
+        fs, local = _arrow_fs(path)
+        try:
+            with fs.open_input_stream(local) as stream:
+                return bytes(stream.read()).decode("utf-8")
+        except FileNotFoundError:
+            return None
+
+    def list(self, path: str) -> list[str]:
+        """Names in the directory, empty if it does not exist."""
+        fs, local = _arrow_fs(path)
+        selector = pafs.FileSelector(local, allow_not_found=True)
+        return [info.base_name for info in fs.get_file_info(selector)]
+
+    def exists(self, path: str) -> bool:
+        """Whether the path exists."""
+        fs, local = _arrow_fs(path)
+        return bool(fs.get_file_info(local).type != pafs.FileType.NotFound)
+
+    def rename(self, source: str, target: str) -> bool:
+        """Rename a directory; False if the file system refused."""
+        fs, local = _arrow_fs(source)
+        try:
+            fs.move(local, _arrow_fs(target)[1])
+        except (OSError, pa.ArrowException):
+            return False
+        return True
+
+
+def _arrow_fs(path: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        return pafs.FileSystem.from_uri(path)
+    except (pa.ArrowInvalid, ValueError):
+        raise ConfigError(
+            f"checkpoint location {path} is not a URI pyarrow can open; under Spark Connect use "
+            f"a local path or an s3://, gs://, abfss:// or hdfs:// location"
+        ) from None

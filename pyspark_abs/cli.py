@@ -21,8 +21,8 @@ from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.errors import AbsError
 from pyspark_abs.maintenance import compact, vacuum, validate
 from pyspark_abs.manifest import SNAPSHOT_STATUSES
-from pyspark_abs.restore import rollback
-from pyspark_abs.snapshots import SnapshotInfo, Snapshots
+from pyspark_abs.savepoints import rollback
+from pyspark_abs.snapshots import Snapshots
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     state.add_argument("operator", metavar="OPERATOR")
     state.add_argument("--epoch", type=int, help="a committed epoch (default: the newest)")
     state.add_argument("--limit", type=_positive, default=20, help="rows to print (default 20)")
+    command("metrics", "print per-epoch snapshot metrics as a table", _metrics).add_argument(
+        "--last", type=_positive, help="only the newest N epochs"
+    )
     command("validate", "check every retained snapshot; exit 1 if something is broken", _validate)
     command("rollback", "roll the (stopped) pipeline back to an epoch", _rollback).add_argument(
         "epoch", metavar="EPOCH", type=int
@@ -98,7 +101,7 @@ def _progress(line: str) -> None:
 def _snapshots(args: argparse.Namespace) -> int:
     infos = Snapshots(args.root).list(include_aborted=args.all)
     if args.json:
-        _print_json([_info_dict(i) for i in infos])
+        _print_json([i.to_dict() for i in infos])
         return 0
     rows = [
         [
@@ -120,11 +123,11 @@ def _snapshots(args: argparse.Namespace) -> int:
 def _describe(args: argparse.Namespace) -> int:
     snapshots = Snapshots(args.root)
     info = snapshots.get(args.epoch)
-    data = _info_dict(info)
+    data = info.to_dict()
     tables = [t for t in info.table_versions if t.startswith(BACKEDGE_PREFIX)]
     edges = [t.removeprefix(BACKEDGE_PREFIX) for t in tables]
     if info.status in SNAPSHOT_STATUSES and edges:
-        data["in_flight"] = {e: snapshots.in_flight_table(e, info.epoch).num_rows for e in edges}
+        data["in_flight"] = {e: snapshots.in_flight_count(e, info.epoch) for e in edges}
     if args.json:
         _print_json(data)
         return 0
@@ -137,6 +140,34 @@ def _describe(args: argparse.Namespace) -> int:
                 print(f"  {key}: {item}")
         else:
             print(f"{name}: {value}")
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    table = Snapshots(args.root).metrics_table(include_aborted=True)
+    if args.last:
+        table = table.slice(max(table.num_rows - args.last, 0))
+    rows = table.to_pylist()
+    if args.json:
+        _print_json(rows)
+        return 0
+    timings = ("batch_ms", "precommit_ms", "align_wait_ms", "align_ms", "prepare_ms", "commit_ms")
+    header = ["epoch", "status", "rows", "bytes", "keys", "batch", "pre-commit", "align wait"]
+    _print_table(
+        [*header, "align", "prepare", "commit", "pending"],
+        [
+            [
+                str(r["epoch"]),
+                r["status"],
+                str(r["rows"]),
+                _bytes(r["bytes"]),
+                _or_dash(r["state_keys"]),
+                *(_ms(r[t]) for t in timings),
+                _or_dash(r["pending_epochs"]),
+            ]
+            for r in rows
+        ],
+    )
     return 0
 
 
@@ -168,7 +199,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     info = rollback(args.root, args.epoch)
     if args.json:
-        _print_json(_info_dict(info))
+        _print_json(info.to_dict())
     else:
         print(
             f"epoch {info.epoch} RESTORED from epoch {info.restored_from}; the next start "
@@ -216,13 +247,6 @@ def _vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
-def _info_dict(info: SnapshotInfo) -> dict[str, Any]:
-    data = asdict(info)
-    data["status"] = info.status.value
-    data["recorded_at"] = info.recorded_at.isoformat()
-    return data
-
-
 def _print_json(data: Any) -> None:
     print(json.dumps(data, default=_json_default, indent=2))
 
@@ -253,3 +277,11 @@ def _or_dash(value: object) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms"
+
+
+def _bytes(value: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}"
+        value //= 1024
+    return f"{value} GiB"

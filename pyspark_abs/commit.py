@@ -149,17 +149,20 @@ class EpochWriter:
         )
         self.record(outcome)
         log.info(
-            "epoch %d %s: rows %s, state keys %s, batch %.0f ms, pre-commit %.0f ms, "
-            "align %.0f ms, prepare %.0f ms, commit %.0f ms",
+            "epoch %d %s: %d rows, %d bytes, %s state keys; batch %.0f ms, pre-commit %.0f ms, "
+            "align wait %.0f ms, align %.0f ms, prepare %.0f ms, commit %.0f ms, %d pending",
             epoch,
             outcome.status.value,
-            dict(outcome.rows),
+            sum(outcome.rows.values()),
+            sum(outcome.bytes.values()),
             outcome.state_keys,
             outcome.batch_ms or 0.0,
             outcome.precommit_ms or 0.0,
+            outcome.align_wait_ms or 0.0,
             outcome.align_ms or 0.0,
             outcome.prepare_ms or 0.0,
             outcome.commit_ms or 0.0,
+            outcome.pending_epochs or 0,
         )
         self.faults.at(FaultStep.AFTER_COMMITTED, epoch)
         return outcome

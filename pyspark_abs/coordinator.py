@@ -37,7 +37,9 @@ from pyspark_abs.errors import AbsError, QuiescenceError, rebuild_from_text
 from pyspark_abs.faults import FaultStep
 from pyspark_abs.maintenance import CompactionPolicy, compact_table
 from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry
+from pyspark_abs.metrics import SnapshotListener, notify
 from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
+from pyspark_abs.snapshots import SnapshotInfo
 from pyspark_abs.store import DeltaStore
 
 if TYPE_CHECKING:
@@ -79,6 +81,7 @@ class EpochCoordinator:
         checkpoint: CheckpointReader,
         epoch_base: int = 0,
         epoch_limit: int | None = None,
+        listeners: Sequence[SnapshotListener] = (),
     ) -> None:
         """Set up the protocol for one run.
 
@@ -91,6 +94,7 @@ class EpochCoordinator:
                 epoch R numbers its micro-batches from R + 1.
             epoch_limit: The most epochs this run may process; the next one fails with
                 :class:`QuiescenceError` before it writes anything.
+            listeners: Told of each epoch this run commits or aborts.
         """
         self.layout = layout
         self.config = config
@@ -100,6 +104,7 @@ class EpochCoordinator:
         self.checkpoint = checkpoint
         self.epoch_base = epoch_base
         self.epoch_limit = epoch_limit
+        self.listeners = tuple(listeners)
         self.epochs_run = 0
         """Epochs this run has processed (replays of decided epochs not counted)."""
         self.run_id = writer.run_id
@@ -118,6 +123,11 @@ class EpochCoordinator:
     def pending_epochs(self) -> int:
         """Epochs PREPARED in this run and waiting for the background committer."""
         return self._committer.pending if self._committer else 0
+
+    def latest_snapshot(self) -> ManifestEntry | None:
+        """The newest committed or restored epoch, as this run knows it."""
+        snapshots = self.epochs.snapshots()
+        return snapshots[-1] if snapshots else None
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: run the protocol for one micro-batch."""
@@ -227,7 +237,9 @@ class EpochCoordinator:
             watermark_ms=offsets.watermark_ms,
             batch_ms=batch_ms,
             precommit_ms=aligned.precommit_ms,
+            align_wait_ms=aligned.align_wait_ms,
             align_ms=align_ms,
+            pending_epochs=self.pending_epochs,
         )
         self._record(entry)
         entry = replace(entry, prepare_ms=_ms_since(started))
@@ -245,6 +257,7 @@ class EpochCoordinator:
         thread (one at a time); the pipeline does not wait for it.
         """
         outcome = self.writer.commit(prepared)
+        notify(self.listeners, SnapshotInfo.from_entry(outcome), committed=True)
         state = f"state/{self.layout.operator}"
         if state not in outcome.tables:
             return
@@ -336,6 +349,7 @@ class EpochCoordinator:
             self._record(entry)
         except AbsError as record_err:
             log.warning("epoch %d: could not record ABORTED: %s", epoch, record_err)
+        notify(self.listeners, SnapshotInfo.from_entry(entry), committed=False)
         return err
 
     def _is_idle(self, offsets: BatchOffsets) -> bool:

@@ -30,7 +30,7 @@ from pyspark_abs.errors import (
     StateTooLargeError,
 )
 from pyspark_abs.keys import BoolArray, contains, key_arrays, positions, repeated
-from pyspark_abs.operator import (
+from pyspark_abs.operators import (
     Clock,
     KeyGroupContext,
     KeyGroupFunction,

@@ -142,9 +142,10 @@ def require_no_live_holder(root: str, action: str) -> None:
 class Lease:
     """A run's lease on a snapshot root, renewed in the background until released."""
 
-    def __init__(self, root: str, record: LeaseRecord) -> None:
+    def __init__(self, root: str, record: LeaseRecord, *, owned: bool = True) -> None:
         self.root = root
         self.record = record
+        self._owned = owned
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._renew, name=f"pyspark-abs-lease-{record.pipeline}", daemon=True
@@ -181,6 +182,15 @@ class Lease:
         lease._thread.start()
         return lease
 
+    @classmethod
+    def follow(cls, root: str, record: LeaseRecord) -> Lease:
+        """A lease held by a run in another process, as seen from a process writing for it.
+
+        Checking it fails once the holder has lost the root; it is never renewed or
+        released here (Spark Connect's server-side run follows its client's lease).
+        """
+        return cls(root, record, owned=False)
+
     def check(self, what: str) -> None:
         """Make sure this run still holds the root before it writes ``what``.
 
@@ -201,6 +211,8 @@ class Lease:
 
     def release(self) -> None:
         """Stop renewing and give the root up, if this run still holds it."""
+        if not self._owned:
+            return
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()

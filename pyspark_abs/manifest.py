@@ -92,9 +92,11 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("watermark_ms", pa.int64()),
     pa.field("batch_ms", pa.float64()),
     pa.field("precommit_ms", pa.float64()),
+    pa.field("align_wait_ms", pa.float64()),
     pa.field("align_ms", pa.float64()),
     pa.field("prepare_ms", pa.float64()),
     pa.field("commit_ms", pa.float64()),
+    pa.field("pending_epochs", pa.int32()),
     pa.field("error", pa.string()),
     pa.field("checkpoint", pa.string()),
     pa.field("restored_from", pa.int64()),
@@ -130,9 +132,12 @@ class ManifestEntry:
         watermark_ms: The micro-batch's event-time watermark.
         batch_ms: Wall time of processing plus pre-commit.
         precommit_ms: The slowest task's time writing files.
+        align_wait_ms: Time between the first and the last partition's barrier marker.
         align_ms: Time to align markers and verify files.
         prepare_ms: Time to record PREPARED.
         commit_ms: Time to commit all tables.
+        pending_epochs: Earlier epochs still waiting for the background committer when
+            this one was PREPARED (async mode).
         error: Why the epoch was aborted (ABORTED).
         checkpoint: The Spark checkpoint location of the run.
         restored_from: Restore epochs: the epoch whose snapshot they install.
@@ -160,9 +165,11 @@ class ManifestEntry:
     watermark_ms: int | None = None
     batch_ms: float | None = None
     precommit_ms: float | None = None
+    align_wait_ms: float | None = None
     align_ms: float | None = None
     prepare_ms: float | None = None
     commit_ms: float | None = None
+    pending_epochs: int | None = None
     error: str | None = None
     checkpoint: str | None = None
     restored_from: int | None = None

@@ -34,6 +34,7 @@ from pyspark_abs.backedge import (
 from pyspark_abs.checkpoint import CheckpointReader
 from pyspark_abs.commit import EpochWriter
 from pyspark_abs.config import AbsConfig
+from pyspark_abs.connect import ConnectRun, RemoteCoordinator, is_connect, require_supported
 from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.envelope import ENVELOPE_DDL, STATE_DDL, Kind
 from pyspark_abs.errors import (
@@ -49,7 +50,8 @@ from pyspark_abs.keygroups import key_group_column
 from pyspark_abs.lease import Lease
 from pyspark_abs.maintenance import require_sound_start
 from pyspark_abs.manifest import EpochLog, ManifestEntry
-from pyspark_abs.operator import Operator, TimeoutMode
+from pyspark_abs.metrics import SnapshotListener
+from pyspark_abs.operators import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
 from pyspark_abs.recovery import Lineage, open_manifest, resolve_lineage
 from pyspark_abs.schema import (
@@ -145,6 +147,7 @@ class Pipeline:
         config: AbsConfig | None = None,
         transform: Callable[[DataFrame], DataFrame] | None = None,
         back_edges: Sequence[BackEdge] | BackEdge = (),
+        listeners: Sequence[SnapshotListener] = (),
     ) -> None:
         """Declare a pipeline.
 
@@ -163,12 +166,14 @@ class Pipeline:
                 parse columns or set a watermark on a DeltaSource.
             back_edges: Outputs whose rows return as the operator's input in a later epoch
                 (see :class:`~pyspark_abs.backedge.BackEdge`).
+            listeners: Receive each epoch's metrics as it is committed or aborted (see
+                :class:`~pyspark_abs.metrics.SnapshotListener`).
 
         Raises:
             OperatorDefinitionError: The source, operator, sinks and back-edges do not fit
                 together.
-            ConfigError: The configuration is invalid, or back-edges are declared with
-                snapshots off.
+            ConfigError: The configuration is invalid, back-edges are declared with
+                snapshots off, or a listener is not a SnapshotListener.
         """
         if (
             not isinstance(name, str)
@@ -220,6 +225,13 @@ class Pipeline:
         self._check_back_edges(sinks)
         looped = {edge.output for edge in self.back_edges}
         self.sinks = _resolve_sinks(name, self.plan, {} if sinks is None else sinks, looped)
+        strangers = [x for x in listeners if not isinstance(x, SnapshotListener)]
+        if strangers:
+            raise ConfigError(
+                f"pipeline {name!r}: listeners must be SnapshotListener instances (subclass "
+                f"pyspark_abs.SnapshotListener), got {type(strangers[0]).__name__}"
+            )
+        self.listeners = tuple(listeners)
 
     @property
     def snapshots(self) -> Snapshots:
@@ -250,10 +262,16 @@ class Pipeline:
     def _start(
         self, processing_time: str | None, available_now: bool, epoch_limit: int | None
     ) -> PipelineQuery:
+        remote = is_connect(self.spark)
+        stop_when_idle = self.plan.timeout is TimeoutMode.PROCESSING_TIME and (
+            available_now or not processing_time
+        )
+        if remote:
+            require_supported(self.name, self.config, stop_when_idle)
         store = DeltaStore()
         store.ensure_root(self.root)
         layout = SnapshotLayout(self.name, self.root, self.plan.name, self._targets())
-        checkpoint = CheckpointReader(self.spark, self.checkpoint)
+        checkpoint = CheckpointReader.for_session(self.spark, self.checkpoint)
         faults = FaultInjector(self.config.faults)
         run_id = uuid.uuid4().hex
         lease = Lease.acquire(self.root, self.name, run_id)
@@ -272,21 +290,35 @@ class Pipeline:
         except BaseException:
             writer.close()
             raise
-        coordinator = EpochCoordinator(
-            layout,
-            self.config,
-            writer,
-            checkpoint,
-            epoch_base=lineage.epoch_base,
-            epoch_limit=epoch_limit,
-        )
+        run: EpochCoordinator | ConnectRun
+        if remote:
+            run = ConnectRun(writer)
+            batch_function: Callable[[DataFrame, int], None] = RemoteCoordinator(
+                layout,
+                self.config,
+                self.checkpoint,
+                lease.record,
+                lineage.epoch_base,
+                epoch_limit,
+                self.listeners,
+            )
+        else:
+            run = EpochCoordinator(
+                layout,
+                self.config,
+                writer,
+                checkpoint,
+                epoch_base=lineage.epoch_base,
+                epoch_limit=epoch_limit,
+                listeners=self.listeners,
+            )
+            batch_function = run.process_batch
         try:
-            query = self._start_query(coordinator, lineage, processing_time, available_now)
+            query = self._start_query(batch_function, lineage, processing_time, available_now)
         except BaseException:
-            coordinator.close()
+            run.close()
             raise
-        stop_when_idle = available_now and self.plan.timeout is TimeoutMode.PROCESSING_TIME
-        return PipelineQuery(query, coordinator, self, recovered, stop_when_idle)
+        return PipelineQuery(query, run, self, recovered, available_now and stop_when_idle)
 
     def run(self) -> PipelineQuery:
         """Process everything available now, wait until done, and return the query.
@@ -352,7 +384,7 @@ class Pipeline:
 
     def _start_query(
         self,
-        coordinator: EpochCoordinator,
+        batch_function: Callable[[DataFrame, int], None],
         lineage: Lineage,
         processing_time: str | None,
         available_now: bool,
@@ -375,7 +407,7 @@ class Pipeline:
         )
         writer = (
             envelope.writeStream.outputMode("update")
-            .foreachBatch(coordinator.process_batch)
+            .foreachBatch(batch_function)
             .option("checkpointLocation", self.checkpoint)
             .queryName(self.name)
         )
@@ -515,7 +547,7 @@ class PipelineQuery:
     def __init__(
         self,
         query: StreamingQuery,
-        coordinator: EpochCoordinator,
+        coordinator: EpochCoordinator | ConnectRun,
         pipeline: Pipeline,
         recovered_epochs: list[int],
         stop_when_idle: bool = False,
@@ -550,8 +582,7 @@ class PipelineQuery:
 
     def latest_snapshot(self) -> ManifestEntry | None:
         """The newest committed or restored epoch of the snapshot root, as this run knows it."""
-        snapshots = self._coordinator.epochs.snapshots()
-        return snapshots[-1] if snapshots else None
+        return self._coordinator.latest_snapshot()
 
     def drain(self) -> None:
         """Wait until every epoch PREPARED so far is committed."""
@@ -602,13 +633,20 @@ class PipelineQuery:
 
     def _await_idle(self, timeout: int | None, stop: bool) -> bool:
         """Wait for the next idle epoch (or the end of the query), then maybe stop."""
-        seen = self._coordinator.idle_epochs
+        coordinator = self._coordinator
+        if not isinstance(coordinator, EpochCoordinator):
+            raise ConfigError(
+                f"pipeline {self.pipeline.name!r}: waiting for an idle micro-batch of an "
+                f"operator with processing-time timeouts is not possible under Spark Connect "
+                f"(only the server sees it); stop the query with stop()"
+            )
+        seen = coordinator.idle_epochs
         waited = 0
         while timeout is None or waited < timeout:
             if self.query.awaitTermination(1):
                 return True
             waited += 1
-            if self._coordinator.wait_for_idle(seen, timeout=0):
+            if coordinator.wait_for_idle(seen, timeout=0):
                 if stop:
                     self.query.stop()
                 return stop

@@ -162,6 +162,7 @@ def write_partition(
         attempt=attempt,
         keys_delta=keys_delta,
         precommit_ms=busy * 1000,
+        acked_at_ms=time.time() * 1000,
         files=tuple(files),
     )
 

@@ -12,17 +12,18 @@ import builtins
 import datetime as dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight
+from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight, in_flight_count
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
 from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.metrics import metrics_table
 from pyspark_abs.recovery import manifest_owner
-from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT, to_spark
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
 from pyspark_abs.store import DeltaStore, load_dataframe, normalize_uri
 
 if TYPE_CHECKING:
@@ -56,9 +57,15 @@ class SnapshotInfo:
         state_keys: Live keys in the operator's state after the epoch.
         batch_ms: Processing plus pre-commit time.
         precommit_ms: The slowest task's time writing files.
+        align_wait_ms: Time between the first and the last partition's barrier marker.
         align_ms: Time to align markers and verify files.
         prepare_ms: Time to record PREPARED.
         commit_ms: Time to commit the tables.
+        pending_epochs: Earlier epochs still waiting for the background committer when
+            this one was PREPARED (async mode).
+        query_id: Spark's id of the checkpoint that ran the epoch, as in
+            ``StreamingQueryProgress.id``.
+        batch_id: Spark's micro-batch id, as in ``StreamingQueryProgress.batchId``.
         watermark_ms: The epoch's event-time watermark.
         source_offsets: The source offsets Spark recorded for the epoch.
         error: Why the epoch was aborted.
@@ -75,9 +82,13 @@ class SnapshotInfo:
     state_keys: int | None = None
     batch_ms: float | None = None
     precommit_ms: float | None = None
+    align_wait_ms: float | None = None
     align_ms: float | None = None
     prepare_ms: float | None = None
     commit_ms: float | None = None
+    pending_epochs: int | None = None
+    query_id: str | None = None
+    batch_id: int | None = None
     watermark_ms: int | None = None
     source_offsets: str | None = None
     error: str | None = None
@@ -97,15 +108,26 @@ class SnapshotInfo:
             state_keys=entry.state_keys,
             batch_ms=entry.batch_ms,
             precommit_ms=entry.precommit_ms,
+            align_wait_ms=entry.align_wait_ms,
             align_ms=entry.align_ms,
             prepare_ms=entry.prepare_ms,
             commit_ms=entry.commit_ms,
+            pending_epochs=entry.pending_epochs,
+            query_id=entry.query_id,
+            batch_id=entry.batch_id,
             watermark_ms=entry.watermark_ms,
             source_offsets=entry.source_offsets,
             error=entry.error,
             restored_from=entry.restored_from,
             origin=entry.origin,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The epoch as a JSON-ready dict (status as text, time in ISO 8601)."""
+        data = asdict(self)
+        data["status"] = self.status.value
+        data["recorded_at"] = self.recorded_at.isoformat()
+        return data
 
 
 class Snapshots:
@@ -181,6 +203,20 @@ class Snapshots:
             t[len(BACKEDGE_PREFIX) :] for t in self._tables() if t.startswith(BACKEDGE_PREFIX)
         )
 
+    def metrics(self, *, include_aborted: bool = False) -> DataFrame:
+        """Per-epoch snapshot metrics as a DataFrame, for SQL and plots.
+
+        One row per epoch with the columns of :data:`~pyspark_abs.metrics.METRICS_SCHEMA`.
+
+        Args:
+            include_aborted: Also return epochs whose last attempt was aborted.
+        """
+        return self._spark().createDataFrame(self.metrics_table(include_aborted=include_aborted))
+
+    def metrics_table(self, *, include_aborted: bool = False) -> pa.Table:
+        """:meth:`metrics` as an Arrow table, without Spark."""
+        return metrics_table(self.list(include_aborted=include_aborted))
+
     def in_flight(self, edge: str, epoch: int | None = None) -> DataFrame:
         """The records in flight on a back-edge in a snapshot: produced, not yet consumed.
 
@@ -189,13 +225,17 @@ class Snapshots:
         Raises:
             SnapshotNotFoundError: The back-edge or epoch is unknown or not committed.
         """
-        rows = self.in_flight_table(edge, epoch)
-        return self._spark().createDataFrame(rows.to_pandas(), schema=to_spark(rows.schema))
+        return self._spark().createDataFrame(self.in_flight_table(edge, epoch))
 
     def in_flight_table(self, edge: str, epoch: int | None = None) -> pa.Table:
         """:meth:`in_flight` as an Arrow table, without Spark."""
         entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
         return in_flight(self._store, entry, edge)
+
+    def in_flight_count(self, edge: str, epoch: int | None = None) -> int:
+        """How many records :meth:`in_flight` holds, without reading them."""
+        entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
+        return in_flight_count(self._store, entry, edge)
 
     def manifest(self) -> DataFrame:
         """The ``_manifest`` table as a DataFrame, one row per epoch transition."""

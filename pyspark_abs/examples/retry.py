@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from pyspark_abs.backedge import BackEdge
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.operator import KeyState, Operator, operator
+from pyspark_abs.operators import KeyState, Operator, operator
 from pyspark_abs.pipeline import Pipeline
 from pyspark_abs.session import local_session
 from pyspark_abs.snapshots import Snapshots

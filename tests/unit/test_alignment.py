@@ -13,6 +13,7 @@ def marker(partition: int, epoch: int = 3, files: int = 1, delta: int = 2) -> Ba
         attempt=0,
         keys_delta=delta,
         precommit_ms=float(partition),
+        acked_at_ms=1_000_000.0 + 5 * partition,
         files=tuple(
             FileEntry("state/wc", f"p{partition}-{i}.parquet", 100 + i, 10, 7) for i in range(files)
         ),
@@ -30,6 +31,7 @@ def test_aligned_epoch_sums_partitions_in_order() -> None:
     ]
     assert aligned.keys_delta == 6
     assert aligned.precommit_ms == 2.0
+    assert aligned.align_wait_ms == 10.0
     assert aligned.rows_by_table() == {"state/wc": 40}
     assert aligned.bytes_by_table() == {"state/wc": 100 + 100 + 101 + 100}
 

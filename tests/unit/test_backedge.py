@@ -12,7 +12,7 @@ import pytest
 from pyspark_abs.backedge import BackEdge, check_back_edges, check_loop_schema, split_offsets
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.examples import components
-from pyspark_abs.operator import Clock, KeyGroupContext
+from pyspark_abs.operators import Clock, KeyGroupContext
 from pyspark_abs.sources.delta import Offset
 from tests.conftest import arrow_schema
 

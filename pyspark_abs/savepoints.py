@@ -55,7 +55,7 @@ from pyspark_abs.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pyspark_abs.operator import Operator
+    from pyspark_abs.operators import Operator
 
 
 def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> SnapshotInfo:

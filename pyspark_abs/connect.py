@@ -1,0 +1,163 @@
+"""Spark Connect: the snapshot protocol in the server's ``foreachBatch`` process.
+
+Under Spark Connect (Databricks serverless and shared clusters), a ``foreachBatch`` function
+does not run in the client: Spark pickles it and calls it in a Python process next to the
+server's driver, with a Connect session of its own. The coordinator therefore cannot be an
+object in the client. Instead the client sends a :class:`RemoteCoordinator`, which builds the
+:class:`~pyspark_abs.coordinator.EpochCoordinator` in the server process on the first
+micro-batch; the client keeps the root's lease (the server-side run checks, before every
+entry and commit, that the client's run still holds it) and reads progress from the manifest
+(:class:`ConnectRun`). Checkpoints are read with pyarrow's file systems there.
+
+What needs the client to see the coordinator cannot work and is refused with a
+:class:`~pyspark_abs.errors.ConfigError`: the asynchronous committer (nobody could drain it
+when the query ends) and ``run()`` with processing-time timeouts (its idle detection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark_abs.checkpoint import ArrowFiles, CheckpointReader
+from pyspark_abs.commit import EpochWriter
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.errors import ConfigError
+from pyspark_abs.faults import FaultInjector
+from pyspark_abs.lease import Lease, LeaseRecord
+from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.metrics import SnapshotListener
+from pyspark_abs.recovery import open_manifest
+from pyspark_abs.store import DeltaStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether the session is a Spark Connect client."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    return isinstance(spark, ConnectSession)
+
+
+def require_supported(pipeline: str, config: AbsConfig, stops_when_idle: bool) -> None:
+    """Refuse what cannot work under Spark Connect (see the module docstring).
+
+    Raises:
+        ConfigError: The configuration needs a classic session.
+    """
+    if config.snapshots and config.commit_mode == "async":
+        raise ConfigError(
+            f"pipeline {pipeline!r}: under Spark Connect, epochs are committed in the server's "
+            f"foreachBatch process, which the client cannot drain when the query stops; set "
+            f"AbsConfig(commit_mode='sync') (or spark.abs.commitMode=sync)"
+        )
+    if stops_when_idle:
+        raise ConfigError(
+            f"pipeline {pipeline!r}: run() with processing-time timeouts waits for an idle "
+            f"micro-batch that only the server sees under Spark Connect; use "
+            f"start(processing_time=...) and stop() instead"
+        )
+
+
+@dataclass
+class RemoteCoordinator:
+    """The picklable ``foreachBatch`` function sent to a Spark Connect server.
+
+    Attributes:
+        layout: The pipeline's tables.
+        config: Snapshot configuration.
+        checkpoint: The Spark checkpoint location.
+        lease: The client run's lease, checked (never renewed) by the server-side run.
+        epoch_base: Epoch of micro-batch 0.
+        epoch_limit: The most epochs this run may process.
+        listeners: Told of each epoch (in the server's Python process).
+    """
+
+    layout: SnapshotLayout
+    config: AbsConfig
+    checkpoint: str
+    lease: LeaseRecord
+    epoch_base: int
+    epoch_limit: int | None
+    listeners: Sequence[SnapshotListener]
+    _coordinator: EpochCoordinator | None = field(default=None, init=False, repr=False)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        """Run the snapshot protocol for one micro-batch, in the server's process."""
+        if self._coordinator is None:
+            self._coordinator = self._build()
+        self._coordinator.process_batch(batch, batch_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_coordinator": None}
+
+    def _build(self) -> EpochCoordinator:
+        store = DeltaStore()
+        lease = Lease.follow(self.layout.root, self.lease)
+        writer = EpochWriter(
+            self.layout.pipeline,
+            self.layout.root,
+            store,
+            EpochLog(),
+            self.lease.run_id,
+            FaultInjector(self.config.faults),
+            lease,
+        )
+        if self.config.snapshots:
+            writer.epochs = open_manifest(store, self.layout.root, self.layout.pipeline)
+        return EpochCoordinator(
+            self.layout,
+            self.config,
+            writer,
+            CheckpointReader(self.checkpoint, ArrowFiles()),
+            epoch_base=self.epoch_base,
+            epoch_limit=self.epoch_limit,
+            listeners=self.listeners,
+        )
+
+
+class ConnectRun:
+    """The client's view of a run whose coordinator lives in the Connect server.
+
+    It holds the root's lease for the run and reads the run's progress from the manifest.
+    """
+
+    pending_epochs = 0
+    """Always 0: epochs are committed synchronously under Spark Connect."""
+
+    failure: BaseException | None = None
+    """Always None: failures arrive as the query's exception."""
+
+    def __init__(self, writer: EpochWriter) -> None:
+        self.writer = writer
+        self.run_id = writer.run_id
+
+    @property
+    def epochs_run(self) -> int:
+        """Epochs this run has processed, as the manifest records them."""
+        return len(
+            {
+                e.epoch
+                for e in self._log().entries
+                if e.run_id == self.run_id and e.status is EpochStatus.PREPARED
+            }
+        )
+
+    def latest_snapshot(self) -> ManifestEntry | None:
+        """The newest committed or restored epoch of the root."""
+        snapshots = self._log().snapshots()
+        return snapshots[-1] if snapshots else None
+
+    def drain(self) -> None:
+        """Nothing to wait for: the server commits each epoch before its micro-batch ends."""
+
+    def close(self) -> None:
+        """Give up the run's lease."""
+        self.writer.close()
+
+    def _log(self) -> EpochLog:
+        return open_manifest(self.writer.store, self.writer.root, self.writer.pipeline)

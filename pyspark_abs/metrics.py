@@ -1,0 +1,115 @@
+"""Per-epoch snapshot metrics: a table for SQL and plots, and listeners for live reporting.
+
+Every figure comes from the manifest, so the metrics of past runs and of the running one are
+read the same way. A :class:`SnapshotListener` receives each epoch as it is committed or
+aborted, the way Spark's ``StreamingQueryListener`` receives query progress; the events carry
+Spark's query id and batch id so the two can be joined.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark_abs.snapshots import SnapshotInfo
+
+log = logging.getLogger("pyspark_abs")
+
+_INT_MAP = pa.map_(pa.string(), pa.int64())
+
+_METRICS_FIELDS: list[pa.Field[Any]] = [
+    pa.field("epoch", pa.int64()),
+    pa.field("status", pa.string()),
+    pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+    pa.field("query_id", pa.string()),
+    pa.field("batch_id", pa.int64()),
+    pa.field("rows", pa.int64()),
+    pa.field("bytes", pa.int64()),
+    pa.field("rows_by_table", _INT_MAP),
+    pa.field("bytes_by_table", _INT_MAP),
+    pa.field("state_keys", pa.int64()),
+    pa.field("batch_ms", pa.float64()),
+    pa.field("precommit_ms", pa.float64()),
+    pa.field("align_wait_ms", pa.float64()),
+    pa.field("align_ms", pa.float64()),
+    pa.field("prepare_ms", pa.float64()),
+    pa.field("commit_ms", pa.float64()),
+    pa.field("pending_epochs", pa.int32()),
+]
+METRICS_SCHEMA = pa.schema(_METRICS_FIELDS)
+"""Columns of :meth:`Snapshots.metrics <pyspark_abs.snapshots.Snapshots.metrics>`.
+
+``rows`` and ``bytes`` are totals over the epoch's tables; ``rows_by_table`` and
+``bytes_by_table`` map each table id (``state/<operator>``, ``sink/<output>``,
+``backedge/<edge>``) to what the epoch wrote to it.
+"""
+
+
+def metrics_table(infos: Sequence[SnapshotInfo]) -> pa.Table:
+    """One row of :data:`METRICS_SCHEMA` per epoch."""
+    rows = [
+        {
+            "epoch": i.epoch,
+            "status": i.status.value,
+            "recorded_at": i.recorded_at,
+            "query_id": i.query_id,
+            "batch_id": i.batch_id,
+            "rows": sum(i.rows.values()),
+            "bytes": sum(i.bytes.values()),
+            "rows_by_table": sorted(i.rows.items()),
+            "bytes_by_table": sorted(i.bytes.items()),
+            "state_keys": i.state_keys,
+            "batch_ms": i.batch_ms,
+            "precommit_ms": i.precommit_ms,
+            "align_wait_ms": i.align_wait_ms,
+            "align_ms": i.align_ms,
+            "prepare_ms": i.prepare_ms,
+            "commit_ms": i.commit_ms,
+            "pending_epochs": i.pending_epochs,
+        }
+        for i in infos
+    ]
+    return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
+
+
+class SnapshotListener:
+    """Receives a pipeline's epochs as they end, like Spark's ``StreamingQueryListener``.
+
+    Subclass it, override what you need, and pass instances to ``Pipeline(listeners=...)``.
+    In async mode the callbacks run on the background committer's thread. A callback that
+    raises is logged and ignored: it cannot fail or delay the commit beyond its own run time.
+
+    Example::
+
+        class ToMetrics(SnapshotListener):
+            def on_epoch_committed(self, info):
+                statsd.timing("abs.commit_ms", info.commit_ms)
+    """
+
+    def on_epoch_committed(self, info: SnapshotInfo) -> None:
+        """Epoch ``info.epoch`` is COMMITTED: its state, outputs and logs are visible."""
+
+    def on_epoch_aborted(self, info: SnapshotInfo) -> None:
+        """Epoch ``info.epoch`` was ABORTED (``info.error`` says why); nothing of it is visible."""
+
+
+def notify(listeners: Sequence[SnapshotListener], info: SnapshotInfo, *, committed: bool) -> None:
+    """Call each listener's callback for ``info``, logging (not raising) their failures."""
+    for listener in listeners:
+        try:
+            if committed:
+                listener.on_epoch_committed(info)
+            else:
+                listener.on_epoch_aborted(info)
+        except Exception as err:  # a listener must not break the protocol
+            log.warning(
+                "snapshot listener %s failed on epoch %d: %s: %s",
+                type(listener).__name__,
+                info.epoch,
+                type(err).__name__,
+                err,
+            )

@@ -1,0 +1,80 @@
+"""The word count through a Spark Connect session, run as its own program.
+
+``python -m tests.integration.connect_run URL WORKDIR`` connects to the Spark Connect server at
+``URL``, runs the word count over a Delta table of words (one version per epoch) with a crash
+after PREPARED of epoch 1, restarts it, rolls back to epoch 1 and runs again, then restores
+epoch 1 into a second root and runs that with other partition and key-group counts. It also
+checks that the async committer is refused. A client process of its own, because a Connect
+session switches pyspark into Connect mode for the whole process. The last line printed is a
+JSON object; the test checks the snapshots it left with a classic session.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from pyspark_abs import (
+    AbsConfig,
+    ConfigError,
+    DeltaSource,
+    Fault,
+    FaultStep,
+    InjectedFault,
+    Pipeline,
+    restore,
+    rollback,
+)
+from pyspark_abs.examples.wordcount import word_count
+from tests.conftest import EPOCHS
+from tests.integration.test_savepoints import word_table
+
+
+def pipeline(words: str, root: Path, **config: object) -> Pipeline:
+    settings: dict[str, object] = {"key_groups": 4, "commit_mode": "sync", **config}
+    return Pipeline(
+        "connect",
+        DeltaSource(words, max_files_per_trigger=1),
+        word_count,
+        root=str(root),
+        sinks=str(root / "sink"),
+        config=AbsConfig(**settings),  # type: ignore[arg-type]
+    )
+
+
+def main(url: str, workdir: str) -> int:
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    base = Path(workdir)
+    words = word_table(base / "words", EPOCHS)
+    root = base / "root"
+    report: dict[str, object] = {"session": type(spark).__module__}
+    try:
+        pipeline(words, root, commit_mode="async").run()
+    except ConfigError as err:
+        report["async_refused"] = str(err)
+    crash = (Fault(FaultStep.AFTER_PREPARED, epoch=1),)
+    try:
+        pipeline(words, root, faults=crash).run()
+        raise AssertionError("the crash after PREPARED of epoch 1 did not happen")
+    except InjectedFault as err:
+        report["crash"] = type(err).__name__
+    restarted = pipeline(words, root).run()
+    report["recovered_epochs"] = restarted.recovered_epochs
+    report["epochs_run"] = restarted.epochs_run
+    latest = restarted.latest_snapshot()
+    report["latest_epoch"] = None if latest is None else latest.epoch
+    report["rollback_epoch"] = rollback(str(root), 1).epoch
+    report["after_rollback_epochs_run"] = pipeline(words, root).run().epochs_run
+    restore(str(root), 1, into=str(base / "copy"))
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    report["copy_epochs_run"] = pipeline(words, base / "copy", key_groups=5).run().epochs_run
+    spark.stop()
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,109 @@
+"""Pipelines through Spark Connect: pyspark's own Connect server, a crash, rollback, restore."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+from pyspark.sql import SparkSession
+
+from pyspark_abs import Snapshots
+from tests.conftest import EPOCHS
+from tests.integration.conftest import assert_same, expected_state
+
+REPO = Path(__file__).parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server started from pyspark's own jars, on local[2]."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    command = [
+        str(spark_submit),
+        "--class",
+        "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--master",
+        "local[2]",
+        "--conf",
+        f"spark.connect.grpc.binding.port={port}",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.sql.shuffle.partitions=2",
+        "--conf",
+        "spark.sql.session.timeZone=UTC",
+        "--conf",
+        f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={REPO / 'conf/log4j2.properties'}",
+        "spark-internal",
+    ]
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+    }
+    with log.open("w") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while not listening(port):
+            try:
+                server.wait(timeout=0.5)
+                pytest.fail(f"the Spark Connect server exited: {log.read_text()[-3000:]}")
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        f"no Spark Connect server on port {port}: {log.read_text()[-3000:]}"
+                    )
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_crash_rollback_and_restore_through_spark_connect(
+    spark: SparkSession, connect_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "tests.integration.connect_run", connect_url, str(tmp_path)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-5000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["session"] == "pyspark.sql.connect.session"
+    assert "commit_mode='sync'" in report["async_refused"]
+    assert report["crash"] == "InjectedFault"
+    assert report["recovered_epochs"] == [1]
+    assert report["latest_epoch"] == len(EPOCHS) - 1
+    assert report["rollback_epoch"] == len(EPOCHS)
+    assert report["after_rollback_epochs_run"] == len(EPOCHS) - 2
+    assert report["copy_epochs_run"] == len(EPOCHS) - 2
+
+    for root in ("root", "copy"):
+        snapshots = Snapshots(str(tmp_path / root), spark)
+        assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
+        assert_same(snapshots.state("word_count", 1), expected_state(spark, EPOCHS[:2]))

@@ -42,6 +42,7 @@ from pyspark_abs.errors import (
     SourceError,
     StateEncodingError,
     StateNotSetError,
+    StateTooLargeError,
     StorageError,
     TableSchemaError,
 )
@@ -165,6 +166,7 @@ __all__ = [
     "SourceError",
     "StateEncodingError",
     "StateNotSetError",
+    "StateTooLargeError",
     "StorageError",
     "TableSchemaError",
     "TimeoutMode",

@@ -49,6 +49,10 @@ class AbsConfig:
             background (0: off).
         compaction_ratio: Compact the state table in the background once its changelog
             holds this many times as many rows as there are live keys (0: off).
+        max_key_group_state_bytes: The largest encoded state one key group may hold. A key
+            group whose state outgrows it fails its epoch with a ``StateTooLargeError``
+            (nothing of the epoch is committed) instead of exhausting the memory of a
+            Python worker or of Spark's state store.
         faults: Faults to inject at named protocol steps, for tests and demos.
     """
 
@@ -59,6 +63,7 @@ class AbsConfig:
     target_file_bytes: int = 128 * 1024 * 1024
     compaction_every_epochs: int = 0
     compaction_ratio: float = 10.0
+    max_key_group_state_bytes: int = 256 * 1024 * 1024
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -67,6 +72,7 @@ class AbsConfig:
         _require_positive("key_groups", self.key_groups)
         _require_positive("max_pending_epochs", self.max_pending_epochs)
         _require_positive("target_file_bytes", self.target_file_bytes)
+        _require_positive("max_key_group_state_bytes", self.max_key_group_state_bytes)
         if (
             isinstance(self.compaction_every_epochs, bool)
             or not isinstance(self.compaction_every_epochs, int)

@@ -43,6 +43,10 @@ class StateEncodingError(AbsError):
     """A key group's state blob cannot be encoded or decoded."""
 
 
+class StateTooLargeError(AbsError):
+    """A key group's encoded state outgrew ``AbsConfig.max_key_group_state_bytes``."""
+
+
 class AlignmentError(AbsError):
     """The barrier markers of an epoch do not cover every partition exactly once."""
 
@@ -110,6 +114,7 @@ _ALL: dict[str, type[AbsError]] = {
         InvalidTimeoutError,
         StateNotSetError,
         StateEncodingError,
+        StateTooLargeError,
         AlignmentError,
         PrecommitFileError,
         SnapshotRootError,

@@ -27,6 +27,7 @@ from pyspark_abs.errors import (
     InvalidTimeoutError,
     OperatorError,
     SchemaMismatchError,
+    StateTooLargeError,
 )
 from pyspark_abs.keys import BoolArray, contains, key_arrays, positions, repeated
 from pyspark_abs.operators import (
@@ -68,6 +69,7 @@ class OperatorPlan:
         per_key: The per-key function, or None.
         vectorized: The key-group function, or None.
         snapshots: Whether state changes are emitted for the snapshot.
+        max_state_bytes: The largest encoded state of one key group (None: no bound).
     """
 
     name: str
@@ -79,6 +81,7 @@ class OperatorPlan:
     per_key: PerKeyFunction | None
     vectorized: KeyGroupFunction | None
     snapshots: bool = True
+    max_state_bytes: int | None = None
 
     @cached_property
     def key_schema(self) -> pa.Schema:
@@ -487,6 +490,25 @@ def _apply_state(
     )
 
 
+def encode_state(plan: OperatorPlan, state: pa.Table, key_group: int, epoch: int | None) -> bytes:
+    """Encode a key group's state as the blob kept in Spark's state store.
+
+    Raises:
+        StateTooLargeError: The blob is larger than the plan's ``max_state_bytes``.
+    """
+    blob = plan.state_codec.encode(state)
+    bound = plan.max_state_bytes
+    if bound is not None and len(blob) > bound:
+        raise StateTooLargeError(
+            f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: the key group's "
+            f"state is {len(blob):,} bytes encoded ({state.num_rows:,} keys), above "
+            f"max_key_group_state_bytes={bound:,}; the epoch is not committed. Spread the "
+            f"keys over more key groups (raise key_groups; on an existing checkpoint roll "
+            f"back to the latest epoch first) or raise max_key_group_state_bytes"
+        )
+    return blob
+
+
 def earliest_timeout(state: pa.Table) -> int | None:
     """The earliest ``_timeout`` of a key group's state, if any key has one."""
     earliest: int | None = pc.min(state[TIMEOUT]).as_py() if state.num_rows else None
@@ -665,16 +687,17 @@ class KeyGroupTask:
         clock = Clock(group_state.getCurrentProcessingTimeMs(), _watermark(group_state))
         if restored is not None and not len(rows):
             # Only restore rows: install the key group's state; the function runs on data.
-            group_state.update((plan.state_codec.encode(state),))
+            group_state.update((encode_state(plan, state, key_group, current_epoch()),))
             _set_timeout(plan, group_state, earliest_timeout(state), clock)
             return
-        outcome = run_key_group(plan, key_group, rows, state, clock, current_epoch())
+        epoch = current_epoch()
+        outcome = run_key_group(plan, key_group, rows, state, clock, epoch)
 
         if not outcome.state.num_rows:
             if group_state.exists:
                 group_state.remove()
         elif outcome.changes.num_rows or restored is not None:
-            group_state.update((plan.state_codec.encode(outcome.state),))
+            group_state.update((encode_state(plan, outcome.state, key_group, epoch),))
         _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
 
         changes = None

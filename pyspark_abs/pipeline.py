@@ -213,7 +213,13 @@ class Pipeline:
         self.config = config if config is not None else AbsConfig.from_spark_conf(self.spark)
         self.root = normalize_uri(root)
         self.checkpoint = normalize_uri(checkpoint) if checkpoint else f"{self.root}/_checkpoint"
-        self.plan = resolve_plan(name, frame, operator, self.config.snapshots)
+        self.plan = resolve_plan(
+            name,
+            frame,
+            operator,
+            self.config.snapshots,
+            max_state_bytes=self.config.max_key_group_state_bytes,
+        )
         self._frame = frame
         self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
         self._check_back_edges(sinks)
@@ -671,8 +677,17 @@ class PipelineQuery:
         return rebuilt if rebuilt is not None else err
 
 
-def resolve_plan(name: str, source: DataFrame, operator: Operator, snapshots: bool) -> OperatorPlan:
+def resolve_plan(
+    name: str,
+    source: DataFrame,
+    operator: Operator,
+    snapshots: bool,
+    *,
+    max_state_bytes: int | None = None,
+) -> OperatorPlan:
     """Resolve an operator against its input DataFrame.
+
+    ``max_state_bytes`` bounds the encoded state of one key group (None: no bound).
 
     Raises:
         OperatorDefinitionError: Source and operator do not fit together.
@@ -713,6 +728,7 @@ def resolve_plan(name: str, source: DataFrame, operator: Operator, snapshots: bo
         per_key=operator.per_key,
         vectorized=operator.vectorized,
         snapshots=snapshots,
+        max_state_bytes=max_state_bytes,
     )
 
 

@@ -39,6 +39,7 @@ from pyspark_abs import (
     Pipeline,
     SchemaMismatchError,
     Snapshots,
+    StateTooLargeError,
     operator,
     vectorized_operator,
 )
@@ -163,7 +164,9 @@ def write_json_epochs(directory: Path, epochs: Sequence[Sequence[Record | str]])
     return directory
 
 
-def json_pipeline(spark: SparkSession, inputs: Path, root: Path, op: Operator) -> Pipeline:
+def json_pipeline(
+    spark: SparkSession, inputs: Path, root: Path, op: Operator, **config: Any
+) -> Pipeline:
     records = (
         spark.readStream.schema("word string, n long")
         .option("maxFilesPerTrigger", 1)
@@ -175,7 +178,7 @@ def json_pipeline(spark: SparkSession, inputs: Path, root: Path, op: Operator) -
         op,
         root=str(root),
         sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
+        config=AbsConfig(key_groups=4, commit_mode="sync", **config),
     )
 
 
@@ -253,3 +256,32 @@ def test_malformed_null_unicode_and_huge_records_work(spark: SparkSession, tmp_p
         for records in epochs
     ]
     assert_sums(spark, root, as_read)
+
+
+def test_a_key_group_state_above_the_bound_fails_its_epoch_alone(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    epochs = [
+        [{"word": "a", "n": 1}, {"word": "b", "n": 2}],
+        [{"word": f"w{i}", "n": i} for i in range(400)],
+    ]
+    inputs = write_json_epochs(tmp_path / "in", epochs)
+    root = tmp_path / "root"
+    bounded = json_pipeline(spark, inputs, root, vectorized(), max_key_group_state_bytes=1024)
+    with pytest.raises(
+        StateTooLargeError,
+        match=r"operator 'summing', epoch 1, key group \d+: the key group's state is [\d,]+ "
+        r"bytes encoded \([\d,]+ keys\), above max_key_group_state_bytes=1,024; the epoch is "
+        r"not committed. Spread the keys over more key groups \(raise key_groups",
+    ):
+        bounded.run()
+
+    snapshots = Snapshots(str(root), spark)
+    statuses = [(i.epoch, i.status) for i in snapshots.list(include_aborted=True)]
+    assert statuses == [(0, EpochStatus.COMMITTED), (1, EpochStatus.ABORTED)]
+    assert "StateTooLargeError" in (snapshots.get(1).error or "")
+    sink = DeltaStore().open(str(root / "sink"))
+    assert sink.version() == snapshots.get(0).table_versions["sink/output"]
+
+    json_pipeline(spark, inputs, root, vectorized()).run()
+    assert_sums(spark, root, epochs)

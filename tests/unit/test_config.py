@@ -14,9 +14,16 @@ def test_defaults() -> None:
 
 def test_from_mapping_converts_strings() -> None:
     config = AbsConfig.from_mapping(
-        {"commit_mode": "sync", "key_groups": "64", "snapshots": "false"}
+        {
+            "commit_mode": "sync",
+            "key_groups": "64",
+            "snapshots": "false",
+            "max_key_group_state_bytes": "1048576",
+        }
     )
-    assert config == AbsConfig(commit_mode="sync", key_groups=64, snapshots=False)
+    assert config == AbsConfig(
+        commit_mode="sync", key_groups=64, snapshots=False, max_key_group_state_bytes=1048576
+    )
 
 
 @pytest.mark.parametrize(
@@ -28,6 +35,7 @@ def test_from_mapping_converts_strings() -> None:
         ({"key_groups": "many"}, "cannot read 'many' as int"),
         ({"snapshots": "maybe"}, "cannot read 'maybe' as bool"),
         ({"max_pending_epochs": -1}, "max_pending_epochs must be a positive integer"),
+        ({"max_key_group_state_bytes": "0"}, "max_key_group_state_bytes must be a positive"),
     ],
 )
 def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:
@@ -41,6 +49,7 @@ CONF = Path(__file__).parents[2] / "conf"
 def test_the_example_pipeline_file_is_read() -> None:
     config = AbsConfig.from_file(CONF / "pipeline.toml")
     assert config == AbsConfig(commit_mode="async", key_groups=256, compaction_ratio=10.0)
+    assert config.max_key_group_state_bytes == 256 * 1024 * 1024
 
 
 @pytest.mark.parametrize(

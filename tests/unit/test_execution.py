@@ -1,5 +1,6 @@
 """The per-key-group core: both operator forms, diffs, tombstones, timeouts, and errors."""
 
+import dataclasses
 from typing import Any
 
 import pandas as pd
@@ -14,9 +15,10 @@ from pyspark_abs import (
     KeyState,
     OperatorError,
     SchemaMismatchError,
+    StateTooLargeError,
     TimeoutMode,
 )
-from pyspark_abs.execution import KeyGroupOutcome, OperatorPlan, run_key_group
+from pyspark_abs.execution import KeyGroupOutcome, OperatorPlan, encode_state, run_key_group
 from tests.conftest import arrow_schema
 
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
@@ -357,3 +359,18 @@ def test_nested_state_values_are_diffed() -> None:
     second = run_key_group(plan, 0, rows("a", "b"), first.state, CLOCK, 1)
     assert first.changes.num_rows == 2
     assert second.changes.num_rows == 0
+
+
+def test_a_key_group_state_above_the_bound_is_refused() -> None:
+    plan = dataclasses.replace(plan_for(vectorized_fn=vectorized), max_state_bytes=600)
+    small = run_key_group(plan, 3, rows("a", "b"), plan.blob_schema.empty_table(), CLOCK, 0)
+    assert len(encode_state(plan, small.state, 3, 0)) <= 600
+    words = [f"word-{i}" for i in range(200)]
+    large = run_key_group(plan, 3, rows(*words), small.state, CLOCK, 1)
+    with pytest.raises(StateTooLargeError) as raised:
+        encode_state(plan, large.state, 3, 1)
+    message = str(raised.value)
+    assert message.startswith("operator 'wc', epoch 1, key group 3: the key group's state is ")
+    assert "(202 keys), above max_key_group_state_bytes=600" in message
+    assert "raise key_groups" in message
+    assert "raise max_key_group_state_bytes" in message

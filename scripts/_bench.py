@@ -1,0 +1,485 @@
+"""What the benchmark scripts share: the keyed-count workload, sessions, runs and reports.
+
+Workload W: RECORDS records over KEYS uniform random keys in EPOCHS epochs, one Parquet file
+per epoch, read one file per micro-batch; the operator counts records per key and emits the
+new count of every key it saw (:data:`keyed_count`). Each script interleaves its variants
+after one unmeasured warm-up run of each (the JVM and the Python workers keep getting faster
+for minutes, which would otherwise favour later runs) and compares medians. Scripts print a
+table, then one JSON object as their last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pyspark_abs import (
+    AbsConfig,
+    KeyGroupContext,
+    KeyGroupResult,
+    Operator,
+    Pipeline,
+    Snapshots,
+    local_session,
+    vectorized_operator,
+)
+from pyspark_abs.schema import EPOCH, KEY_GROUP
+from pyspark_abs.state_codec import BatchCodec
+
+if TYPE_CHECKING:
+    import argparse
+
+    from pyspark.sql import DataFrame, SparkSession
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pickle_by_value(module_name: str) -> None:
+    """Ship a script module's functions to Spark's Python workers by value.
+
+    The workers cannot import ``scripts/`` modules, and a module that is not ``__main__``
+    (imported by another script or a test) would otherwise be pickled by reference.
+    """
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[module_name])  # type: ignore[no-untyped-call]
+
+
+pickle_by_value(__name__)
+
+
+@vectorized_operator(key="key", state_schema="count long", output_schema="key long, count long")
+def keyed_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Count records per key; emit the new count of every key seen in the epoch."""
+    counts = count_keys(rows, state)
+    return KeyGroupResult(state=counts, output=counts)
+
+
+def count_keys(rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
+    """The new count of every key in ``rows``, given the current counts in ``state``."""
+    seen = rows["key"].value_counts()
+    before = state.set_index("key")["count"].reindex(seen.index, fill_value=0)
+    return (before + seen).rename("count").rename_axis("key").reset_index()
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, *, repeats: int = 3) -> None:
+    """The options every benchmark takes: workload W's size, repeats and parallelism."""
+    parser.add_argument("--records", type=int, default=5_000_000)
+    parser.add_argument("--keys", type=int, default=500_000)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--key-groups", type=int, default=256)
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="skip the unmeasured warm-up run of each variant (smoke runs)",
+    )
+    parser.add_argument("--plot", type=Path, help="where to write the PNG plot")
+    parser.add_argument("--workdir", type=Path, help="directory for tables (default: temporary)")
+
+
+def session(partitions: int, master: str | None = None) -> SparkSession:
+    """The benchmark session: the active one if there is one (tests), else a new local[2].
+
+    Args:
+        partitions: Shuffle partitions of the checkpoints the benchmark creates.
+        master: A Spark master URL instead of ``local[2]``.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        log_config = REPO / "conf" / "log4j2.properties"
+        conf = {
+            "spark.driver.memory": "4g",
+            "spark.driver.extraJavaOptions": f"-Xms4g -Dlog4j2.configurationFile={log_config}",
+            "spark.pyspark.python": sys.executable,
+        }
+        if master is not None:
+            conf["spark.master"] = master
+        spark = local_session("pyspark-abs-bench", cores=2, conf=conf)
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    return spark
+
+
+@contextmanager
+def workdir(given: Path | None) -> Iterator[Path]:
+    """A directory for the benchmark's tables, removed afterwards unless it was given."""
+    import shutil
+
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    work = Path(tempfile.mkdtemp(prefix="abs-bench-"))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def generate(directory: Path, records: int, keys: int, epochs: int) -> Path:
+    """One Parquet file of uniform random keys per epoch; returns ``directory``."""
+    rng = np.random.default_rng(1506)
+    directory.mkdir(parents=True)
+    per_epoch = records // epochs
+    for epoch in range(epochs):
+        table = pa.table({"key": pa.array(rng.integers(0, keys, per_epoch, dtype=np.int64))})
+        pq.write_table(table, directory / f"epoch-{epoch:04d}.parquet")
+    return directory
+
+
+def parquet_source(spark: SparkSession, input_dir: Path) -> DataFrame:
+    """Workload W's input as a stream: one file per micro-batch."""
+    reader = spark.readStream.schema("key long").option("maxFilesPerTrigger", 1)
+    return reader.parquet(str(input_dir))
+
+
+@dataclass
+class PipelineRun:
+    """One run of a pipeline: wall time, snapshot root and Spark's per-epoch medians."""
+
+    seconds: float
+    root: Path
+    spark_ms: dict[str, float]
+
+
+def run_pipeline(
+    spark: SparkSession,
+    work: Path,
+    name: str,
+    source: DataFrame,
+    operator: Operator,
+    config: AbsConfig,
+    outputs: Sequence[str] = (),
+) -> PipelineRun:
+    """Run a pipeline over everything available in a fresh root under ``work``.
+
+    Each output's sink is a table under the root named after it; without ``outputs`` the
+    operator's single output goes to ``counts``.
+    """
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
+    pipeline = Pipeline(
+        "bench",
+        source,
+        operator,
+        root=str(root),
+        sinks={o: str(root / o) for o in outputs} if outputs else str(root / "counts"),
+        config=config,
+    )
+    started = time.perf_counter()
+    query = pipeline.run()
+    seconds = time.perf_counter() - started
+    return PipelineRun(seconds, root, spark_medians(query.query))
+
+
+def spark_medians(query: Any) -> dict[str, float]:
+    """Median per-epoch durations Spark reports for micro-batches that read input."""
+    progress = [p for p in query.recentProgress if p.numInputRows]
+    return {
+        phase: round(statistics.median(p.durationMs.get(phase, 0) for p in progress), 1)
+        for phase in ("triggerExecution", "addBatch", "walCommit", "commitOffsets")
+        if progress
+    }
+
+
+def protocol_medians(root: Path) -> dict[str, float]:
+    """Median per-epoch protocol timings from the manifest (ABS runs only)."""
+    infos = Snapshots(str(root)).list()[1:] or Snapshots(str(root)).list()
+    fields = ("batch_ms", "precommit_ms", "align_ms", "prepare_ms", "commit_ms")
+    return {f: round(statistics.median(getattr(i, f) or 0.0 for i in infos), 1) for f in fields}
+
+
+def largest_state_blob(root: Path, operator: str) -> dict[str, int]:
+    """The largest key group's state in the newest snapshot, encoded as Spark keeps it.
+
+    Returns the blob's bytes and the key group's keys (the blob is the key group's key,
+    state and ``_timeout`` columns as one Arrow IPC record batch, see ``state_codec``).
+    """
+    state = Snapshots(str(root)).state_table(operator)
+    blob = state.drop_columns([KEY_GROUP, EPOCH])
+    codec = BatchCodec(blob.schema, f"state of operator {operator!r}")
+    groups = state[KEY_GROUP].to_numpy()
+    largest = {"bytes": 0, "keys": 0}
+    for group in np.unique(groups):
+        rows = blob.filter(pc.equal(state[KEY_GROUP], pa.scalar(group, pa.int32())))
+        size = len(codec.encode(rows.combine_chunks()))
+        if size > largest["bytes"]:
+            largest = {"bytes": size, "keys": rows.num_rows}
+    return largest
+
+
+def interleave(
+    variants: Sequence[str],
+    repeats: int,
+    run: Callable[[str], float],
+    *,
+    warm_up: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, list[float]]:
+    """Run every variant ``repeats`` times, rotating the order each round; seconds per variant.
+
+    ``run`` runs one variant and returns its wall time. With ``warm_up``, each variant first
+    runs once unmeasured.
+    """
+    if warm_up:
+        for variant in variants:
+            log(f"warm-up  {variant:<22} {run(variant):7.1f} s")
+    seconds: dict[str, list[float]] = {v: [] for v in variants}
+    order = list(variants)
+    for repeat in range(repeats):
+        shift = repeat % len(order)
+        for variant in order[shift:] + order[:shift]:
+            elapsed = run(variant)
+            seconds[variant].append(elapsed)
+            log(f"repeat {repeat + 1} {variant:<22} {elapsed:7.1f} s")
+    return seconds
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of some run times."""
+    return statistics.median(values)
+
+
+def paired_ratio(reference: Sequence[float], other: Sequence[float]) -> float:
+    """Median over rounds of reference time / other time (throughput of other vs reference)."""
+    return round(statistics.median(r / o for r, o in zip(reference, other, strict=True)), 3)
+
+
+def print_rates(records: int, seconds: Mapping[str, Sequence[float]], reference: str) -> None:
+    """A table: median seconds, records/s and throughput relative to ``reference``."""
+    base = records / median(seconds[reference])
+    print(f"\n{'variant':<24} {'median s':>9} {'records/s':>11} {'vs ' + reference:>14}")
+    for variant, values in seconds.items():
+        rate = records / median(values)
+        print(f"{variant:<24} {median(values):>9.2f} {rate:>11,.0f} {rate / base:>14.3f}")
+
+
+def emit(figures: Mapping[str, Any]) -> None:
+    """Print the benchmark's final JSON line."""
+    print(json.dumps(figures), flush=True)
+
+
+def plot(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    xticks: Sequence[float] | None = None,
+    note: str | None = None,
+) -> Path:
+    """Write a line plot (one line per series of (x, y) points) as a PNG."""
+
+    figure, axes = _axes()
+    for label, points in series.items():
+        xs, ys = zip(*points, strict=True) if points else ((), ())
+        axes.plot(xs, ys, marker="o", label=label)
+    axes.set_title(title)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    if xticks is not None:
+        axes.set_xticks(list(xticks))
+    axes.grid(alpha=0.3)
+    axes.legend()
+    if note:
+        figure.text(0.01, 0.01, note, fontsize=7, alpha=0.7)
+    return _save(figure, path)
+
+
+def bar_plot(
+    path: Path,
+    title: str,
+    ylabel: str,
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+) -> Path:
+    """Write grouped bars (one bar per series in each group) as a PNG."""
+    figure, axes = _axes()
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        axes.bar([g + i * width for g in range(len(groups))], list(values), width, label=label)
+    axes.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
+    axes.set_xticklabels(list(groups))
+    axes.set_title(title)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3, axis="y")
+    axes.legend()
+    return _save(figure, path)
+
+
+def _axes() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def _save(figure: Any, path: Path) -> Path:
+    from matplotlib import pyplot as plt
+
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+@dataclass
+class MemoryPeaks:
+    """Peak resident memory (MiB) of the processes of a Spark application."""
+
+    driver_python: float = 0.0
+    jvms: float = 0.0
+    python_worker: float = 0.0
+    python_workers_total: float = 0.0
+    pids: set[int] = field(default_factory=set)
+
+    def merge(self, other: MemoryPeaks) -> None:
+        """Keep the larger of each peak."""
+        self.driver_python = max(self.driver_python, other.driver_python)
+        self.jvms = max(self.jvms, other.jvms)
+        self.python_worker = max(self.python_worker, other.python_worker)
+        self.python_workers_total = max(self.python_workers_total, other.python_workers_total)
+        self.pids |= other.pids
+
+    def as_dict(self) -> dict[str, float]:
+        """The peaks, rounded, without the pids."""
+        return {
+            "driver_python_mib": round(self.driver_python, 1),
+            "jvm_mib": round(self.jvms, 1),
+            "python_worker_mib": round(self.python_worker, 1),
+            "python_workers_total_mib": round(self.python_workers_total, 1),
+        }
+
+
+class MemorySampler:
+    """Samples peak RSS of the driver, its JVM(s) and every Python worker, from ``/proc``.
+
+    The driver's and each process's own peak come from ``VmHWM`` (the kernel's high-water
+    mark, so short peaks between samples are not missed, but it covers the process's whole
+    life: the driver's and the JVM's peaks are the highest so far, not the run's own). The
+    peak total over Python workers is the largest sum of their ``VmRSS`` seen at one sample;
+    forked workers share pages with pyspark's daemon, which count in each. Linux only:
+    elsewhere every figure stays 0.
+    """
+
+    def __init__(self, roots: Sequence[int], interval_s: float = 0.5) -> None:
+        """Watch the driver and the descendants of ``roots`` (e.g. the driver's JVM)."""
+        self.roots = [os.getpid(), *roots]
+        self.interval_s = interval_s
+        self.peaks = MemoryPeaks()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-memory", daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        peaks = self.peaks
+        workers_now = 0.0
+        for pid in _descendants(self.roots):
+            status = _status(pid)
+            if status is None:
+                continue
+            name, high, now = status
+            if pid == os.getpid():
+                peaks.driver_python = max(peaks.driver_python, high)
+            elif name == "java":
+                peaks.jvms = max(peaks.jvms, high)
+            elif name.startswith("python"):
+                peaks.python_worker = max(peaks.python_worker, high)
+                workers_now += now
+            peaks.pids.add(pid)
+        peaks.python_workers_total = max(peaks.python_workers_total, workers_now)
+
+
+def measured(
+    spark: SparkSession,
+    peaks: dict[str, MemoryPeaks],
+    run: Callable[[str], float],
+    extra_roots: Sequence[int] = (),
+) -> Callable[[str], float]:
+    """``run`` with the memory of each run sampled into ``peaks[variant]``."""
+
+    def wrapped(variant: str) -> float:
+        with MemorySampler([jvm_pid(spark), *extra_roots]) as sampler:
+            seconds = run(variant)
+        peaks.setdefault(variant, MemoryPeaks()).merge(sampler.peaks)
+        return seconds
+
+    return wrapped
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    """The process id of the session's driver JVM."""
+    return int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
+
+
+def _descendants(roots: Sequence[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def _status(pid: int) -> tuple[str, float, float] | None:
+    """A process's name, peak RSS and current RSS in MiB."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+    except OSError:
+        return None
+    if "VmHWM" not in fields:
+        return None
+    return (
+        fields["Name"].strip(),
+        int(fields["VmHWM"].split()[0]) / 1024,
+        int(fields["VmRSS"].split()[0]) / 1024,
+    )

@@ -1,0 +1,98 @@
+"""Each benchmark script runs end to end at a tiny size and reports sensible figures.
+
+The scripts run in this process (``main(argv)``), on the session-scoped SparkSession, with
+one repeat, no warm-up, few keys and few key groups; the scaling script runs on this
+session's master only (its standalone cluster is not started here). ``bench_overhead``'s
+variants are a subset of ``bench_intervals``' and share its code, so it is not run again.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+
+import bench_builtin
+import bench_intervals
+import bench_multistage
+import bench_scaling
+
+TINY = [
+    "--records",
+    "2000",
+    "--keys",
+    "200",
+    "--epochs",
+    "2",
+    "--repeats",
+    "1",
+    "--key-groups",
+    "4",
+    "--partitions",
+    "2",
+    "--no-warm-up",
+]
+
+
+def positive(values: dict[str, Any]) -> bool:
+    return bool(values) and all(v > 0 for v in values.values())
+
+
+def test_intervals(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "intervals.png"
+    argv = [*TINY, "--intervals", "1,2", "--plot", str(plot), "--workdir", str(tmp_path / "w")]
+    figures = bench_intervals.main(argv)
+    assert set(figures["records_per_s"]) == {
+        "baseline",
+        "abs_async",
+        "abs_sync",
+        "naiad_every_1",
+        "naiad_every_2",
+    }
+    assert positive(figures["records_per_s"])
+    assert set(figures["naiad_overhead_by_interval"]) == {"1", "2"}
+    assert figures["largest_key_group_state"]["bytes"] > 0
+    assert figures["largest_key_group_state"]["keys"] > 0
+    assert figures["memory_peaks"]["abs_async"]["driver_python_mib"] > 0
+    assert plot.stat().st_size > 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"records": 2000')
+
+
+def test_builtin(spark: SparkSession, tmp_path: Path) -> None:
+    figures = bench_builtin.main([*TINY, "--workdir", str(tmp_path)])
+    assert set(figures["records_per_s"]) == {
+        "builtin_default",
+        "builtin_rocksdb",
+        "plain_pandas",
+        "abs_baseline",
+        "abs_async",
+    }
+    assert positive(figures["records_per_s"])
+    for ratio in ("builtin_rocksdb", "builtin_default", "abs_baseline", "plain_pandas"):
+        assert figures[f"abs_async_vs_{ratio}"] > 0
+    assert isinstance(figures["targets_met"], bool)
+    # The per-query RocksDB settings do not leak into the session.
+    assert spark.conf.get("spark.sql.streaming.stateStore.providerClass", None) in (None, "")
+
+
+def test_scaling_on_this_sessions_master(spark: SparkSession, tmp_path: Path) -> None:
+    plot = tmp_path / "scaling.png"
+    master = str(spark.sparkContext.master)
+    argv = [*TINY, "--masters", master, "--plot", str(plot), "--workdir", str(tmp_path / "w")]
+    figures = bench_scaling.main(argv)
+    assert SparkSession.getActiveSession() is spark  # reused, not replaced
+    assert positive(figures["records_per_s"][master])
+    assert figures["async_vs_baseline"][master] > 0
+    assert plot.stat().st_size > 0
+
+
+def test_multistage(spark: SparkSession, tmp_path: Path) -> None:
+    figures = bench_multistage.main([*TINY, "--buckets", "20", "--workdir", str(tmp_path)])
+    assert positive(figures["records_per_s"])
+    for variant in ("baseline", "abs_async"):
+        assert positive(figures["stage_seconds"][variant])

@@ -47,31 +47,33 @@ def envelope_frame(
         keys_delta: Net change of the number of live keys in the group.
         outputs: (output index, rows, encoded payload) for every output with rows.
     """
-    kinds: list[int] = []
-    targets: list[int] = []
-    counts: list[int] = []
-    deltas: list[int] = []
-    payloads: list[bytes] = []
+    count = len(outputs) + (state_changes is not None)
+    kinds = np.zeros(count, dtype=np.int32)
+    targets = np.zeros(count, dtype=np.int32)
+    counts = np.zeros(count, dtype=np.int64)
+    deltas = np.zeros(count, dtype=np.int64)
+    payloads = np.empty(count, dtype=object)
+    row = 0
     if state_changes is not None:
-        table, payload = state_changes
-        kinds.append(Kind.STATE)
-        targets.append(0)
-        counts.append(table.num_rows)
-        deltas.append(keys_delta)
-        payloads.append(payload)
+        table, payloads[0] = state_changes
+        kinds[0] = Kind.STATE
+        counts[0] = table.num_rows
+        deltas[0] = keys_delta
+        row = 1
     for index, table, payload in outputs:
-        kinds.append(Kind.OUTPUT)
-        targets.append(index)
-        counts.append(table.num_rows)
-        deltas.append(0)
-        payloads.append(payload)
+        kinds[row] = Kind.OUTPUT
+        targets[row] = index
+        counts[row] = table.num_rows
+        payloads[row] = payload
+        row += 1
     return pd.DataFrame(
         {
-            "kind": np.asarray(kinds, dtype=np.int32),
-            "target": np.asarray(targets, dtype=np.int32),
-            "key_group": np.full(len(kinds), key_group, dtype=np.int32),
-            "num_rows": np.asarray(counts, dtype=np.int64),
-            "keys_delta": np.asarray(deltas, dtype=np.int64),
-            "payload": pd.Series(payloads, dtype=object),
-        }
+            "kind": kinds,
+            "target": targets,
+            "key_group": np.full(count, key_group, dtype=np.int32),
+            "num_rows": counts,
+            "keys_delta": deltas,
+            "payload": payloads,
+        },
+        copy=False,
     )

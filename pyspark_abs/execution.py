@@ -29,7 +29,7 @@ from pyspark_abs.errors import (
     SchemaMismatchError,
     StateTooLargeError,
 )
-from pyspark_abs.keys import BoolArray, contains, key_arrays, positions, repeated
+from pyspark_abs.keys import BoolArray, KeyArray, contains, key_arrays, positions, repeated
 from pyspark_abs.operators import (
     Clock,
     KeyGroupContext,
@@ -97,6 +97,11 @@ class OperatorPlan:
     def blob_schema(self) -> pa.Schema:
         """A key group's state: key columns, state columns and ``_timeout``."""
         return pa.schema([*self.key_schema, *self.state_schema, pa.field(TIMEOUT, pa.int64())])
+
+    @cached_property
+    def upsert_schema(self) -> pa.Schema:
+        """New state a function returns: key and state columns (``_timeout`` optional)."""
+        return pa.schema([*self.key_schema, *self.state_schema])
 
     @cached_property
     def change_schema(self) -> pa.Schema:
@@ -182,9 +187,12 @@ def run_key_group(
     current = state.to_pandas(use_threads=False)
     row_keys = _arrow_keys(rows, plan, where)
     state_keys, input_keys = key_arrays([state, row_keys], plan.key_columns)
-    has_rows = contains(state_keys, input_keys)
-    fired = _expired(plan, state, has_rows, clock)
+    # Which keys the function is called for matters only for keys with a timeout.
+    timeouts = has_timeouts(state)
+    has_rows = contains(state_keys, input_keys) if timeouts else _no_keys(state)
+    fired = _expired(plan, state, has_rows, clock) if timeouts else has_rows
 
+    converted = _Converted()
     if plan.vectorized is not None:
         timed_out = (
             state.filter(fired).select(list(plan.key_columns)).to_pandas(use_threads=False)
@@ -207,12 +215,23 @@ def run_key_group(
                 f"{where}: the function returned {type(result).__name__}; a vectorized "
                 f"operator returns a KeyGroupResult (or None)"
             )
-        outputs = _vectorized_outputs(plan, result.output, where)
+        outputs = _vectorized_outputs(plan, result.output, where, converted)
     else:
         result, outputs = _run_per_key(plan, rows, row_keys, current, fired, clock, where)
 
     called = has_rows | fired
-    return _apply_state(plan, state, row_keys, called, result, outputs, clock, where)
+    return _apply_state(
+        plan,
+        state,
+        row_keys,
+        (state_keys, input_keys),
+        called,
+        result,
+        outputs,
+        clock,
+        where,
+        converted,
+    )
 
 
 def _run_per_key(
@@ -357,6 +376,7 @@ def _vectorized_outputs(
     plan: OperatorPlan,
     output: pd.DataFrame | Mapping[str, pd.DataFrame] | None,
     where: str,
+    converted: _Converted,
 ) -> tuple[pa.Table, ...]:
     names = [name for name, _ in plan.outputs]
     by_name: Mapping[str, pd.DataFrame | None]
@@ -389,19 +409,41 @@ def _vectorized_outputs(
             continue
         what = f"{where}: output {name!r}"
         check_columns(frame, schema.names, what)
-        tables.append(frame_to_arrow(frame, schema, what))
+        tables.append(converted(frame, schema, what))
     return tuple(tables)
+
+
+class _Converted:
+    """Frames a function returned, converted to Arrow once even when returned twice.
+
+    A vectorized operator often returns one frame as both new state and output (say, the
+    new counts); when the schemas agree, the second conversion is free.
+    """
+
+    def __init__(self) -> None:
+        self._done: dict[int, tuple[pd.DataFrame, pa.Schema, pa.Table]] = {}
+
+    def __call__(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+        """``frame_to_arrow(frame, schema, what)``, reusing an earlier conversion."""
+        done = self._done.get(id(frame))
+        if done is not None and done[0] is frame and done[1].equals(schema):
+            return done[2]
+        table = frame_to_arrow(frame, schema, what)
+        self._done[id(frame)] = (frame, schema, table)
+        return table
 
 
 def _apply_state(
     plan: OperatorPlan,
     state: pa.Table,
     row_keys: pa.Table,
+    keys: tuple[KeyArray, KeyArray],
     called: BoolArray,
     result: KeyGroupResult,
     outputs: tuple[pa.Table, ...],
     clock: Clock,
     where: str,
+    converted: _Converted,
 ) -> KeyGroupOutcome:
     """Check the returned state, diff it against the current state, and build the outcome.
 
@@ -409,17 +451,19 @@ def _apply_state(
         plan: The operator.
         state: The key group's state before the call.
         row_keys: Key columns of the call's input rows.
+        keys: Keys of ``state`` and ``row_keys`` (see :func:`key_arrays`).
         called: For each key in ``state``, whether the function was called for it.
         result: What the function returned.
         outputs: The call's output tables.
         clock: The epoch's clocks.
         where: Operator, epoch and key group, for messages.
+        converted: Converts returned frames to Arrow.
     """
     columns = plan.key_columns
-    upserts = _upsert_table(plan, result.state, where)
+    upserts = _upsert_table(plan, result.state, where, converted)
     removed = _removed_table(plan, result.removed, where)
-    state_keys, input_keys, up_keys, rm_keys = key_arrays(
-        [state, row_keys, upserts, removed], columns
+    state_keys, input_keys, up_keys, rm_keys = _joint_keys(
+        plan, state, row_keys, keys, [upserts, removed]
     )
     twice = repeated(up_keys)
     if twice.any():
@@ -432,9 +476,12 @@ def _apply_state(
             f"{where}: key(s) {_few(upserts, both, columns)} are both updated and removed; do "
             f"one or the other"
         )
-    known = pa.concat_arrays([state_keys, input_keys])
-    for table, keys_ in ((upserts, up_keys), (removed, rm_keys)):
-        foreign = ~contains(keys_, known)
+    found = positions(up_keys, state_keys)
+    gone_at = positions(rm_keys, state_keys)
+    for table, keys_, at in ((upserts, up_keys, found), (removed, rm_keys, gone_at)):
+        foreign = at < 0
+        if foreign.any():
+            foreign[foreign] = ~contains(keys_.filter(foreign), input_keys)
         if foreign.any():
             raise OperatorError(
                 f"{where}: returned state for key(s) {_few(table, foreign, columns)} that have "
@@ -444,12 +491,14 @@ def _apply_state(
     _check_timeouts(plan, upserts, clock, where)
 
     # Keys the function was called for keep no timeout unless it set one again.
-    reset = (
-        called
-        & ~contains(state_keys, up_keys)
-        & ~contains(state_keys, rm_keys)
-        & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
-    )
+    reset = _no_keys(state)
+    if has_timeouts(state):
+        reset = (
+            called
+            & ~contains(state_keys, up_keys)
+            & ~contains(state_keys, rm_keys)
+            & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
+        )
     if reset.any():
         carried = state.filter(reset)
         carried = carried.set_column(
@@ -458,9 +507,8 @@ def _apply_state(
             pa.nulls(carried.num_rows, pa.int64()),
         )
         upserts = pa.concat_tables([upserts, carried])
-        up_keys = pa.concat_arrays([up_keys, state_keys.filter(reset)])
+        found = np.concatenate([found, np.flatnonzero(reset)])
 
-    found = positions(up_keys, state_keys)
     existing = found >= 0
     changed = ~existing
     if existing.any():
@@ -468,7 +516,6 @@ def _apply_state(
         before = state.select(values).take(found[existing])
         after = upserts.select(values).filter(existing)
         changed[existing] = ~_rows_equal(before, after)
-    gone_at = positions(rm_keys, state_keys)
     gone = gone_at >= 0
 
     keep = np.ones(state.num_rows, dtype=bool)
@@ -511,19 +558,47 @@ def encode_state(plan: OperatorPlan, state: pa.Table, key_group: int, epoch: int
 
 def earliest_timeout(state: pa.Table) -> int | None:
     """The earliest ``_timeout`` of a key group's state, if any key has one."""
-    earliest: int | None = pc.min(state[TIMEOUT]).as_py() if state.num_rows else None
+    earliest: int | None = pc.min(state[TIMEOUT]).as_py() if has_timeouts(state) else None
     return earliest
 
 
-def _upsert_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
+def has_timeouts(state: pa.Table) -> bool:
+    """Whether any key of a key group's state (or of its changes) has a ``_timeout``."""
+    return state[TIMEOUT].null_count < state.num_rows
+
+
+def _no_keys(state: pa.Table) -> BoolArray:
+    return np.zeros(state.num_rows, dtype=bool)
+
+
+def _joint_keys(
+    plan: OperatorPlan,
+    state: pa.Table,
+    row_keys: pa.Table,
+    keys: tuple[KeyArray, KeyArray],
+    returned: list[pa.Table],
+) -> list[KeyArray]:
+    """Keys of the state, the input rows and the returned tables, comparable with each other.
+
+    ``keys`` are those of ``state`` and ``row_keys``. Keys of one column compare as they
+    are; keys of several columns are coded again, jointly over all the tables (see
+    :func:`key_arrays`).
+    """
+    if len(plan.key_columns) == 1:
+        return [*keys, *key_arrays(returned, plan.key_columns)]
+    return key_arrays([state, row_keys, *returned], plan.key_columns)
+
+
+def _upsert_table(
+    plan: OperatorPlan, frame: pd.DataFrame | None, where: str, converted: _Converted
+) -> pa.Table:
     if frame is None:
         return plan.blob_schema.empty_table()
     what = f"{where}: returned state"
-    declared = pa.schema([*plan.key_schema, *plan.state_schema])
-    check_columns(frame, declared.names, what, optional=[TIMEOUT])
+    check_columns(frame, plan.upsert_schema.names, what, optional=[TIMEOUT])
     if TIMEOUT in frame.columns:
-        return frame_to_arrow(frame, plan.blob_schema, what)
-    table = frame_to_arrow(frame, declared, what)
+        return converted(frame, plan.blob_schema, what)
+    table = converted(frame, plan.upsert_schema, what)
     return table.append_column(plan.blob_schema.field(TIMEOUT), pa.nulls(len(frame), pa.int64()))
 
 
@@ -544,9 +619,9 @@ def _tombstones(plan: OperatorPlan, keys: pa.Table) -> pa.Table:
 
 
 def _check_timeouts(plan: OperatorPlan, upserts: pa.Table, clock: Clock, where: str) -> None:
-    set_ = upserts.filter(pc.is_valid(upserts[TIMEOUT]))
-    if not set_.num_rows:
+    if not has_timeouts(upserts):
         return
+    set_ = upserts.filter(pc.is_valid(upserts[TIMEOUT]))
     if plan.timeout is TimeoutMode.NONE:
         raise InvalidTimeoutError(
             f"{where}: returned state sets _timeout, but the operator was declared without "
@@ -592,6 +667,8 @@ def _rows_equal(before: pa.Table, after: pa.Table) -> BoolArray:
 
 
 def _column_equal(a: Any, b: Any) -> BoolArray:
+    if a.null_count == len(a) and b.null_count == len(b):
+        return np.ones(len(a), dtype=bool)
     kind = a.type
     if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and not (
         a.null_count or b.null_count
@@ -672,7 +749,7 @@ class KeyGroupTask:
         chunks = [f for f in frames if len(f)]
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            rows = rows.drop(columns=[KEY_GROUP])
+            rows = _without(rows, KEY_GROUP)
         else:
             rows = plan.input_schema.empty_table().to_pandas()
         restored = None
@@ -710,6 +787,11 @@ class KeyGroupTask:
         ]
         if changes is not None or outputs:
             yield envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+
+
+def _without(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """``frame`` without ``column``, sharing the other columns (``drop`` copies them)."""
+    return pd.DataFrame({c: frame[c] for c in frame.columns if c != column}, copy=False)
 
 
 def _split_restore(

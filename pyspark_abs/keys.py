@@ -52,8 +52,7 @@ def positions(keys: KeyArray, among: KeyArray) -> IntArray:
     if not len(keys) or not len(among):
         return np.full(len(keys), -1, dtype=np.int64)
     found: Any = pc.index_in(keys, value_set=among)
-    values = np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.float64)  # null: NaN
-    return np.where(np.isnan(values), -1, values).astype(np.int64)
+    return np.asarray(pc.fill_null(found, -1).to_numpy(), dtype=np.int64)
 
 
 def contains(keys: KeyArray, among: KeyArray) -> BoolArray:

@@ -138,11 +138,10 @@ def write_partition(
             table = codecs[key].decode(payload)
             if target.stamped:
                 keys_delta += delta
+                rows = table.num_rows
                 table = (
-                    table.append_column(
-                        KEY_GROUP, pa.array([key_group] * table.num_rows, pa.int32())
-                    )
-                    .append_column(EPOCH, pa.array([plan.epoch] * table.num_rows, pa.int64()))
+                    table.append_column(KEY_GROUP, pa.array(np.full(rows, key_group, np.int32)))
+                    .append_column(EPOCH, pa.array(np.full(rows, plan.epoch, np.int64)))
                     .select(target.table_schema.names)
                 )
             writer = writers.get(key)

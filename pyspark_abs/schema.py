@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -123,8 +124,12 @@ def frame_to_arrow(frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Tabl
     arrays = []
     for field in schema:
         column = frame[field.name]
+        # NumPy columns convert the same but several times faster without pandas in between.
+        numpy = isinstance(column.dtype, np.dtype) and column.dtype.kind in "biuf"
         try:
-            array = pa.array(column, type=field.type, from_pandas=True)
+            array = pa.array(
+                column.to_numpy() if numpy else column, type=field.type, from_pandas=True
+            )
         except (
             pa.ArrowInvalid,
             pa.ArrowTypeError,

@@ -49,7 +49,8 @@ class AbsConfig:
             background (0: off).
         compaction_ratio: Compact the state table in the background once its changelog
             holds this many times as many rows as there are live keys (0: off).
-        max_key_group_state_bytes: The largest encoded state one key group may hold. A key
+        max_key_group_state_bytes: The largest state one key group may hold, measured as
+            Arrow before compression (what a Python worker holds in memory). A key
             group whose state outgrows it fails its epoch with a ``StateTooLargeError``
             (nothing of the epoch is committed) instead of exhausting the memory of a
             Python worker or of Spark's state store.

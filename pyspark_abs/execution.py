@@ -125,7 +125,7 @@ class OperatorPlan:
     @cached_property
     def state_codec(self) -> BatchCodec:
         """Codec of the key-group state blob."""
-        return BatchCodec(self.blob_schema, f"state of operator {self.name!r}")
+        return BatchCodec(self.blob_schema, f"state of operator {self.name!r}", compress=True)
 
     @cached_property
     def change_codec(self) -> BatchCodec:
@@ -541,19 +541,20 @@ def encode_state(plan: OperatorPlan, state: pa.Table, key_group: int, epoch: int
     """Encode a key group's state as the blob kept in Spark's state store.
 
     Raises:
-        StateTooLargeError: The blob is larger than the plan's ``max_state_bytes``.
+        StateTooLargeError: The state, as Arrow before compression (what a Python worker
+            holds in memory), is larger than the plan's ``max_state_bytes``.
     """
-    blob = plan.state_codec.encode(state)
+    message = plan.state_codec.message(state)
     bound = plan.max_state_bytes
-    if bound is not None and len(blob) > bound:
+    if bound is not None and message.size > bound:
         raise StateTooLargeError(
             f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: the key group's "
-            f"state is {len(blob):,} bytes encoded ({state.num_rows:,} keys), above "
+            f"state is {message.size:,} bytes encoded ({state.num_rows:,} keys), above "
             f"max_key_group_state_bytes={bound:,}; the epoch is not committed. Spread the "
             f"keys over more key groups (raise key_groups; on an existing checkpoint roll "
             f"back to the latest epoch first) or raise max_key_group_state_bytes"
         )
-    return blob
+    return plan.state_codec.frame(message)
 
 
 def earliest_timeout(state: pa.Table) -> int | None:

@@ -219,19 +219,21 @@ def protocol_medians(root: Path) -> dict[str, float]:
 def largest_state_blob(root: Path, operator: str) -> dict[str, int]:
     """The largest key group's state in the newest snapshot, encoded as Spark keeps it.
 
-    Returns the blob's bytes and the key group's keys (the blob is the key group's key,
-    state and ``_timeout`` columns as one Arrow IPC record batch, see ``state_codec``).
+    Returns the blob's bytes (LZ4-compressed, as in Spark's state store), its bytes as
+    Arrow before compression (what the ``max_key_group_state_bytes`` bound measures) and
+    the key group's keys.
     """
     state = Snapshots(str(root)).state_table(operator)
     blob = state.drop_columns([KEY_GROUP, EPOCH])
-    codec = BatchCodec(blob.schema, f"state of operator {operator!r}")
+    codec = BatchCodec(blob.schema, f"state of operator {operator!r}", compress=True)
     groups = state[KEY_GROUP].to_numpy()
-    largest = {"bytes": 0, "keys": 0}
+    largest = {"bytes": 0, "arrow_bytes": 0, "keys": 0}
     for group in np.unique(groups):
         rows = blob.filter(pc.equal(state[KEY_GROUP], pa.scalar(group, pa.int32())))
-        size = len(codec.encode(rows.combine_chunks()))
-        if size > largest["bytes"]:
-            largest = {"bytes": size, "keys": rows.num_rows}
+        message = codec.message(rows.combine_chunks())
+        if message.size > largest["arrow_bytes"]:
+            size = len(codec.frame(message))
+            largest = {"bytes": size, "arrow_bytes": message.size, "keys": rows.num_rows}
     return largest
 
 
@@ -272,13 +274,35 @@ def paired_ratio(reference: Sequence[float], other: Sequence[float]) -> float:
     return round(statistics.median(r / o for r, o in zip(reference, other, strict=True)), 3)
 
 
-def print_rates(records: int, seconds: Mapping[str, Sequence[float]], reference: str) -> None:
-    """A table: median seconds, records/s and throughput relative to ``reference``."""
+def print_rates(
+    records: int,
+    seconds: Mapping[str, Sequence[float]],
+    reference: str,
+    costs: Mapping[str, RunCosts] | None = None,
+    repeats: int = 0,
+) -> None:
+    """A table: median seconds, records/s and throughput relative to ``reference``.
+
+    With ``costs``, also the median CPU seconds of the last ``repeats`` runs.
+    """
     base = records / median(seconds[reference])
-    print(f"\n{'variant':<24} {'median s':>9} {'records/s':>11} {'vs ' + reference:>14}")
+    cpu = f" {'median CPU s':>13}" if costs else ""
+    print(f"\n{'variant':<24} {'median s':>9} {'records/s':>11} {'vs ' + reference:>14}{cpu}")
     for variant, values in seconds.items():
         rate = records / median(values)
-        print(f"{variant:<24} {median(values):>9.2f} {rate:>11,.0f} {rate / base:>14.3f}")
+        row = f"{variant:<24} {median(values):>9.2f} {rate:>11,.0f} {rate / base:>14.3f}"
+        if costs:
+            row += f" {median(costs[variant].measured_cpu(repeats)):>13.1f}"
+        print(row)
+
+
+def cost_figures(costs: Mapping[str, RunCosts], repeats: int) -> dict[str, Any]:
+    """The JSON figures of the variants' costs: memory peaks and CPU seconds per run."""
+    return {
+        "memory_peaks": {v: c.memory() for v, c in costs.items()},
+        "cpu_seconds": {v: c.measured_cpu(repeats) for v, c in costs.items()},
+        "cpu_median_s": {v: round(median(c.measured_cpu(repeats)), 2) for v, c in costs.items()},
+    }
 
 
 def emit(figures: Mapping[str, Any]) -> None:
@@ -355,25 +379,34 @@ def _save(figure: Any, path: Path) -> Path:
 
 
 @dataclass
-class MemoryPeaks:
-    """Peak resident memory (MiB) of the processes of a Spark application."""
+class RunCosts:
+    """What the runs of one variant cost: peak resident memory (MiB) and CPU time.
+
+    Attributes:
+        driver_python: Peak RSS of the driver's Python process.
+        jvms: Peak RSS of a JVM (driver, or a standalone worker or executor).
+        python_worker: Peak RSS of one Python worker.
+        python_workers_total: Largest sum of the Python workers' RSS at one sample.
+        cpu_seconds: CPU time (user + system) of every process of the application, one
+            entry per run, warm-up included.
+    """
 
     driver_python: float = 0.0
     jvms: float = 0.0
     python_worker: float = 0.0
     python_workers_total: float = 0.0
-    pids: set[int] = field(default_factory=set)
+    cpu_seconds: list[float] = field(default_factory=list)
 
-    def merge(self, other: MemoryPeaks) -> None:
-        """Keep the larger of each peak."""
+    def merge(self, other: RunCosts) -> None:
+        """Keep the larger of each peak and add the other's CPU times."""
         self.driver_python = max(self.driver_python, other.driver_python)
         self.jvms = max(self.jvms, other.jvms)
         self.python_worker = max(self.python_worker, other.python_worker)
         self.python_workers_total = max(self.python_workers_total, other.python_workers_total)
-        self.pids |= other.pids
+        self.cpu_seconds.extend(other.cpu_seconds)
 
-    def as_dict(self) -> dict[str, float]:
-        """The peaks, rounded, without the pids."""
+    def memory(self) -> dict[str, float]:
+        """The memory peaks, rounded."""
         return {
             "driver_python_mib": round(self.driver_python, 1),
             "jvm_mib": round(self.jvms, 1),
@@ -381,27 +414,37 @@ class MemoryPeaks:
             "python_workers_total_mib": round(self.python_workers_total, 1),
         }
 
+    def measured_cpu(self, repeats: int) -> list[float]:
+        """CPU seconds of the measured runs (the last ``repeats``), rounded."""
+        return [round(c, 2) for c in self.cpu_seconds[-repeats:]]
 
-class MemorySampler:
-    """Samples peak RSS of the driver, its JVM(s) and every Python worker, from ``/proc``.
 
-    The driver's and each process's own peak come from ``VmHWM`` (the kernel's high-water
-    mark, so short peaks between samples are not missed, but it covers the process's whole
-    life: the driver's and the JVM's peaks are the highest so far, not the run's own). The
-    peak total over Python workers is the largest sum of their ``VmRSS`` seen at one sample;
-    forked workers share pages with pyspark's daemon, which count in each. Linux only:
-    elsewhere every figure stays 0.
+class CostSampler:
+    """Samples the memory and CPU time of the driver, its JVM(s) and every Python worker.
+
+    Memory peaks come from each process's ``VmHWM`` (the kernel's high-water mark, so short
+    peaks between samples are not missed), which is reset when sampling starts, so the peaks
+    are this run's own. The peak total over Python workers is the largest sum of their
+    ``VmRSS`` at one sample; forked workers share pages with pyspark's daemon, which count
+    in each. CPU time is the growth of user plus system time, children reaped included, of
+    every process under the roots: on a shared machine it is steadier than wall time. Linux
+    only: elsewhere every figure stays 0.
     """
 
     def __init__(self, roots: Sequence[int], interval_s: float = 0.5) -> None:
         """Watch the driver and the descendants of ``roots`` (e.g. the driver's JVM)."""
         self.roots = [os.getpid(), *roots]
         self.interval_s = interval_s
-        self.peaks = MemoryPeaks()
+        self.costs = RunCosts()
+        self._cpu_at_start = 0.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bench-memory", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="bench-costs", daemon=True)
 
-    def __enter__(self) -> MemorySampler:
+    def __enter__(self) -> CostSampler:
+        pids = _descendants(self.roots)
+        for pid in pids:
+            _reset_peak(pid)
+        self._cpu_at_start = _cpu_seconds(pids)
         self._thread.start()
         return self
 
@@ -409,13 +452,14 @@ class MemorySampler:
         self._stop.set()
         self._thread.join()
         self._sample()
+        self.costs.cpu_seconds.append(_cpu_seconds(_descendants(self.roots)) - self._cpu_at_start)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
     def _sample(self) -> None:
-        peaks = self.peaks
+        costs = self.costs
         workers_now = 0.0
         for pid in _descendants(self.roots):
             status = _status(pid)
@@ -423,28 +467,27 @@ class MemorySampler:
                 continue
             name, high, now = status
             if pid == os.getpid():
-                peaks.driver_python = max(peaks.driver_python, high)
+                costs.driver_python = max(costs.driver_python, high)
             elif name == "java":
-                peaks.jvms = max(peaks.jvms, high)
+                costs.jvms = max(costs.jvms, high)
             elif name.startswith("python"):
-                peaks.python_worker = max(peaks.python_worker, high)
+                costs.python_worker = max(costs.python_worker, high)
                 workers_now += now
-            peaks.pids.add(pid)
-        peaks.python_workers_total = max(peaks.python_workers_total, workers_now)
+        costs.python_workers_total = max(costs.python_workers_total, workers_now)
 
 
 def measured(
     spark: SparkSession,
-    peaks: dict[str, MemoryPeaks],
+    costs: dict[str, RunCosts],
     run: Callable[[str], float],
     extra_roots: Sequence[int] = (),
 ) -> Callable[[str], float]:
-    """``run`` with the memory of each run sampled into ``peaks[variant]``."""
+    """``run`` with the memory and CPU time of each run sampled into ``costs[variant]``."""
 
     def wrapped(variant: str) -> float:
-        with MemorySampler([jvm_pid(spark), *extra_roots]) as sampler:
+        with CostSampler([jvm_pid(spark), *extra_roots]) as sampler:
             seconds = run(variant)
-        peaks.setdefault(variant, MemoryPeaks()).merge(sampler.peaks)
+        costs.setdefault(variant, RunCosts()).merge(sampler.costs)
         return seconds
 
     return wrapped
@@ -475,6 +518,28 @@ def _descendants(roots: Sequence[int]) -> set[int]:
         found.add(pid)
         stack.extend(children.get(pid, ()))
     return found
+
+
+def _reset_peak(pid: int) -> None:
+    """Reset a process's ``VmHWM`` to its current RSS (``clear_refs``; needs ownership)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+
+
+def _cpu_seconds(pids: set[int]) -> float:
+    """User plus system CPU time of processes, with their reaped children's."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _status(pid: int) -> tuple[str, float, float] | None:

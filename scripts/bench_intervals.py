@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     naiad = {f"naiad_every_{n}": n for n in intervals}
     variants = ["baseline", *ABS, *naiad]
     spark = _bench.session(args.partitions)
-    peaks: dict[str, _bench.MemoryPeaks] = {}
+    costs: dict[str, _bench.RunCosts] = {}
     largest: dict[str, int] = {}
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)
@@ -113,12 +113,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             return result.seconds
 
         seconds = _bench.interleave(
-            variants, args.repeats, _bench.measured(spark, peaks, run), warm_up=args.warm_up
+            variants, args.repeats, _bench.measured(spark, costs, run), warm_up=args.warm_up
         )
 
     base = _bench.median(seconds["baseline"])
     overhead = {v: round(_bench.median(s) / base - 1, 3) for v, s in seconds.items()}
-    _bench.print_rates(args.records, seconds, "baseline")
+    _bench.print_rates(args.records, seconds, "baseline", costs, args.repeats)
     print(f"\nruntime overhead vs baseline: {overhead}")
     _bench.plot(
         plot_path,
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "overhead": overhead,
         "naiad_overhead_by_interval": {str(n): overhead[v] for v, n in naiad.items()},
         "largest_key_group_state": largest,
-        "memory_peaks": {v: p.as_dict() for v, p in peaks.items()},
+        **_bench.cost_figures(costs, args.repeats),
         "plot": str(plot_path),
         "seconds": {v: [round(x, 2) for x in s] for v, s in seconds.items()},
     }

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
     stage_seconds: dict[str, dict[str, list[float]]] = {v: {"1": [], "2": []} for v in VARIANTS}
-    peaks: dict[str, _bench.MemoryPeaks] = {}
+    costs: dict[str, _bench.RunCosts] = {}
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)
 
@@ -109,10 +109,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             return first.seconds + seconds
 
         seconds = _bench.interleave(
-            list(VARIANTS), args.repeats, _bench.measured(spark, peaks, run), warm_up=args.warm_up
+            list(VARIANTS), args.repeats, _bench.measured(spark, costs, run), warm_up=args.warm_up
         )
 
-    _bench.print_rates(args.records, seconds, "baseline")
+    _bench.print_rates(args.records, seconds, "baseline", costs, args.repeats)
     rate = {v: args.records / _bench.median(s) for v, s in seconds.items()}
     stages = {
         v: {stage: round(_bench.median(s[-args.repeats :]), 2) for stage, s in by_stage.items()}
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "records_per_s": {v: round(r) for v, r in rate.items()},
         "async_vs_baseline": round(rate["abs_async"] / rate["baseline"], 3),
         "stage_seconds": stages,
-        "memory_peaks": {v: p.as_dict() for v, p in peaks.items()},
+        **_bench.cost_figures(costs, args.repeats),
         "seconds": {v: [round(x, 2) for x in s] for v, s in seconds.items()},
     }
     _bench.emit(figures)

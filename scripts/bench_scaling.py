@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     masters: list[str] = args.masters
     plot_path = args.plot or Path("bench_scaling.png")
     rates: dict[str, dict[str, float]] = {}
-    peaks: dict[str, dict[str, Any]] = {}
+    costs: dict[str, dict[str, Any]] = {}
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)
         for master in masters:
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     stack.callback(spark.stop)
                     _wait_for_executors(spark, WORKERS)
                 print(f"master {master} ({url})", flush=True)
-                by_variant: dict[str, _bench.MemoryPeaks] = {}
+                by_variant: dict[str, _bench.RunCosts] = {}
 
                 def run(variant: str, spark: Any = spark) -> float:
                     config = AbsConfig(key_groups=args.key_groups, **VARIANTS[variant])
@@ -161,9 +161,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     _bench.measured(spark, by_variant, run, roots),
                     warm_up=args.warm_up,
                 )
-                _bench.print_rates(args.records, seconds, "baseline")
+                _bench.print_rates(args.records, seconds, "baseline", by_variant, args.repeats)
                 rates[master] = {v: args.records / _bench.median(s) for v, s in seconds.items()}
-                peaks[master] = {v: p.as_dict() for v, p in by_variant.items()}
+                costs[master] = _bench.cost_figures(by_variant, args.repeats)
 
     _bench.bar_plot(
         plot_path,
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "async_vs_baseline": {
             m: round(rs["abs_async"] / rs["baseline"], 3) for m, rs in rates.items()
         },
-        "memory_peaks": peaks,
+        "costs": costs,
         "plot": str(plot_path),
     }
     _bench.emit(figures)

@@ -76,6 +76,10 @@ def test_builtin(spark: SparkSession, tmp_path: Path) -> None:
     for ratio in ("builtin_rocksdb", "builtin_default", "abs_baseline", "plain_pandas"):
         assert figures[f"abs_async_vs_{ratio}"] > 0
     assert isinstance(figures["targets_met"], bool)
+    # CPU time and memory are measured per variant, for the measured run only.
+    assert all(len(runs) == 1 and runs[0] > 0 for runs in figures["cpu_seconds"].values())
+    assert positive(figures["cpu_ratios"])
+    assert figures["memory_peaks"]["abs_async"]["jvm_mib"] > 0
     # The per-query RocksDB settings do not leak into the session.
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass", None) in (None, "")
 

@@ -39,6 +39,9 @@ def manifest_spec(root: str, pipeline: str) -> TableSpec:
 def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
     """Create the root's manifest, or load it after checking it belongs to ``pipeline``.
 
+    A manifest written by an older pyspark-abs first gets the columns added since (null in
+    its existing rows).
+
     Raises:
         PipelineMismatchError: The root belongs to another pipeline.
         ManifestError: The manifest cannot be read or breaks the epoch state machine.
@@ -51,6 +54,9 @@ def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
                 f"snapshot root {root} belongs to pipeline {owner!r}, not {pipeline!r}; give "
                 f"this pipeline its own snapshot root"
             )
+        added = store.add_missing_columns(spec)
+        if added:
+            log.info("manifest at %s: added column(s) %s", spec.uri, ", ".join(added))
     store.ensure_table(spec)
     try:
         rows = store.read(spec.uri).to_pylist()

@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.schema import Field
 from deltalake.transaction import AddAction, RemoveAction
 
 from pyspark_abs.barrier import FileEntry
@@ -145,6 +146,29 @@ class DeltaStore:
                 f"schema"
             )
 
+    def add_missing_columns(self, spec: TableSpec) -> list[str]:
+        """Add the columns of ``spec.schema`` that the existing table lacks, as nullable.
+
+        This is how a table written by an older pyspark-abs gets the columns added since;
+        existing rows read them as null. Returns the names of the columns added.
+
+        Raises:
+            SnapshotRootError: The table cannot be changed.
+        """
+        table = self.open(spec.uri)
+        present = set(arrow_schema(table).names)
+        missing = [f for f in spec.schema if f.name not in present]
+        if missing:
+            try:
+                table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in missing])
+                table.update_incremental()
+            except (DeltaError, OSError) as err:
+                raise SnapshotRootError(
+                    f"cannot add column(s) {[f.name for f in missing]} to table {spec.table} "
+                    f"at {spec.uri}: {brief_error(err)}"
+                ) from None
+        return [f.name for f in missing]
+
     def open(self, uri: str) -> DeltaTable:
         """The table at ``uri``, brought up to date (cached per location).
 
@@ -206,6 +230,11 @@ class DeltaStore:
         table.create_write_transaction([action], mode="append", schema=table.schema())
         table.update_incremental()
         return int(table.version())
+
+    def transaction_version(self, uri: str, app_id: str) -> int | None:
+        """The newest epoch committed to the table at ``uri`` by ``app_id`` (None: none)."""
+        version: int | None = self.open(uri).transaction_version(app_id)
+        return version
 
     def commit_files(
         self,

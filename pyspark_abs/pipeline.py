@@ -5,6 +5,7 @@
     source ─► key groups ─► operator (applyInPandasWithState) ─► envelope
            ─► pre-commit tasks (files + barrier markers) ─► coordinator (foreachBatch):
               align ─► PREPARED ─► commit tables ─► COMMITTED
+                                   (once per group of ``snapshot_interval`` epochs)
 
 With back-edges, the input is the source plus a loop head per back-edge, which reads the
 records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.backedge`).
@@ -580,7 +581,7 @@ class PipelineQuery:
 
     @property
     def pending_epochs(self) -> int:
-        """PREPARED epochs waiting for the background committer."""
+        """PREPARED epochs not committed yet: the open group's and the committer's."""
         return self._coordinator.pending_epochs
 
     @property

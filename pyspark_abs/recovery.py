@@ -1,7 +1,8 @@
 """Recovery on start: load the manifest and check that root and checkpoint belong together.
 
-After these checks every epoch left PREPARED by an earlier run is committed
-(:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's micro-batches are mapped
+After these checks every epoch left PREPARED by an earlier run is committed, in the groups
+of its snapshot interval (:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's
+micro-batches are mapped
 onto epochs (:func:`resolve_lineage`), and Spark replays the micro-batches it had not
 committed; the coordinator discards replays of decided epochs.
 """

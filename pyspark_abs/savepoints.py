@@ -76,7 +76,8 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
         The RESTORED epoch.
 
     Raises:
-        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
+        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
+            example MERGED into a later snapshot by a snapshot interval).
         CommitError: A table could not be restored (e.g. its files were vacuumed); the
             rollback is finished by the next start or rollback once that is fixed.
     """

@@ -25,7 +25,6 @@ from pyspark_abs.manifest import (
     check_group,
     entries_to_table,
     epoch_ranges,
-    group_files,
     recovery_groups,
 )
 from pyspark_abs.store import DeltaStore, brief_error
@@ -194,7 +193,7 @@ class EpochWriter:
             if table in end.restore_versions:
                 version = self.store.restore_version(uri, end.restore_versions[table], txn, epoch)
             else:
-                files = group_files(group, table, self.store.transaction_version(uri, txn))
+                files = {e.epoch: [f for f in e.files if f.table == table] for e in group}
                 version = self.store.commit_files(
                     uri, files, txn, epoch, overwrite=end.is_restore
                 ).version

@@ -357,7 +357,7 @@ class EpochCoordinator:
         for table, uri in self.layout.tables.items():
             mine = [f for f in aligned.files if f.table == table]
             txn = app_id(self.layout.pipeline, table)
-            if not self.store.commit_files(uri, mine, txn, epoch).committed:
+            if not self.store.commit_files(uri, {epoch: mine}, txn, epoch).committed:
                 self.store.delete_files(uri, [f.path for f in mine])
 
     def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:

@@ -473,24 +473,6 @@ def check_group(group: Sequence[ManifestEntry]) -> None:
         raise ManifestError(f"epochs {epochs} cannot be committed as one snapshot: {problem}")
 
 
-def group_files(
-    group: Sequence[ManifestEntry], table: str, committed_through: int | None
-) -> list[FileEntry]:
-    """The files a group's commit adds to ``table``.
-
-    Those of the group's epochs after ``committed_through``, the table's application
-    transaction version: a table that a crashed run already committed up to an epoch of the
-    group holds that epoch's files and every earlier one's.
-
-    Args:
-        group: PREPARED entries, oldest first.
-        table: The table id.
-        committed_through: The table's application transaction version (None: none yet).
-    """
-    done = -1 if committed_through is None else committed_through
-    return [f for e in group if e.epoch > done for f in e.files if f.table == table]
-
-
 def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
     """Replay order: by epoch, then by the only valid order of one epoch's transitions."""
     rank = {

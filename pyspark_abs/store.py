@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -231,15 +231,10 @@ class DeltaStore:
         table.update_incremental()
         return int(table.version())
 
-    def transaction_version(self, uri: str, app_id: str) -> int | None:
-        """The newest epoch committed to the table at ``uri`` by ``app_id`` (None: none)."""
-        version: int | None = self.open(uri).transaction_version(app_id)
-        return version
-
     def commit_files(
         self,
         uri: str,
-        files: Sequence[FileEntry],
+        files: Mapping[int, Sequence[FileEntry]],
         app_id: str,
         epoch: int,
         *,
@@ -247,11 +242,15 @@ class DeltaStore:
     ) -> CommitResult:
         """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
 
-        The commit carries the application transaction ``(app_id, epoch)``. If the table
-        already holds that transaction or a later one, nothing is committed and the version
-        that committed ``epoch`` is returned. With no files and no overwrite, nothing is
-        committed and the current version is returned. With ``overwrite``, the files
-        replace the table's current files.
+        ``files`` maps each epoch committed together (``epoch`` and, with a snapshot
+        interval, the earlier epochs of its group) to the files it pre-committed. The commit
+        carries the application transaction ``(app_id, epoch)``. If the table already holds
+        that transaction or a later one, nothing is committed and the version that committed
+        ``epoch`` is returned. If it holds an earlier epoch of ``files`` (a crash cut a
+        commit sequence short), only the later epochs' files are added (see
+        :func:`files_after`). With no files left and no overwrite, nothing is committed and
+        the current version is returned. With ``overwrite``, the files replace the table's
+        current files.
 
         Raises:
             CommitError: The Delta commit failed, or the table's transactions say the epoch
@@ -261,7 +260,8 @@ class DeltaStore:
         done = table.transaction_version(app_id)
         if done is not None and done >= epoch:
             return CommitResult(self._version_of(table, uri, app_id, epoch), committed=False)
-        if not files and not overwrite:
+        adding = files_after(files, done)
+        if not adding and not overwrite:
             return CommitResult(int(table.version()), committed=False)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
@@ -273,7 +273,7 @@ class DeltaStore:
                 data_change=True,
                 stats=f.stats,
             )
-            for f in files
+            for f in adding
         ]
         try:
             table.create_write_transaction(
@@ -286,7 +286,7 @@ class DeltaStore:
             table.update_incremental()
         except (DeltaError, OSError) as err:
             raise CommitError(
-                f"epoch {epoch}: committing {len(files)} file(s) to the table at {uri} "
+                f"epoch {epoch}: committing {len(adding)} file(s) to the table at {uri} "
                 f"failed: {brief_error(err)}. The epoch stays PREPARED and is committed on restart"
             ) from err
         return CommitResult(int(table.version()), committed=True)
@@ -345,6 +345,19 @@ class DeltaStore:
 
 _BACKTRACE_LINE = re.compile(r"^\s*\d+: ")
 _ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def files_after(
+    files: Mapping[int, Sequence[FileEntry]], committed_through: int | None
+) -> list[FileEntry]:
+    """The files of the epochs after ``committed_through``, in epoch order.
+
+    A table whose application transaction version is ``committed_through`` holds the files
+    of that epoch and of every earlier one: commits are made in epoch order, each with every
+    epoch up to its own.
+    """
+    done = -1 if committed_through is None else committed_through
+    return [f for epoch in sorted(files) if epoch > done for f in files[epoch]]
 
 
 def brief_error(err: BaseException) -> str:

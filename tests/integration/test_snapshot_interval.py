@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pyspark_abs import (
@@ -198,10 +199,12 @@ def test_crash_between_the_table_commits_of_a_group_then_restart_and_roll_back(
     )
     with pytest.raises(InjectedFault, match="'between_table_commits' of epoch 5"):
         crashing.run()
-    store = DeltaStore()
-    state_uri, sink_uri = str(root / "state" / "word_count"), str(root / "sinks" / "word_counts")
-    assert store.transaction_version(state_uri, "pyspark-abs/wordcount/state/word_count") == 5
-    assert store.transaction_version(sink_uri, "pyspark-abs/wordcount/sink/output") == 2
+    state, sink = (
+        DeltaTable(str(root / "state" / "word_count")),
+        DeltaTable(str(root / "sinks" / "word_counts")),
+    )
+    assert state.transaction_version("pyspark-abs/wordcount/state/word_count") == 5
+    assert sink.transaction_version("pyspark-abs/wordcount/sink/output") == 2
 
     restarted = interval_pipeline(spark, inputs, root).run()
     assert restarted.recovered_epochs == [3, 4, 5]

@@ -18,7 +18,6 @@ from pyspark_abs.manifest import (
     closes_group,
     entries_to_table,
     epoch_ranges,
-    group_files,
     recovery_groups,
 )
 from pyspark_abs.recovery import manifest_spec, open_manifest
@@ -275,15 +274,6 @@ def test_a_group_is_ordered_prepared_and_writes_the_same_tables() -> None:
             check_group(group)
     with pytest.raises(ManifestError, match="at least one PREPARED epoch"):
         check_group([])
-
-
-def test_a_group_commit_adds_the_files_the_table_does_not_hold_yet() -> None:
-    group = [prepared(3), prepared(4), prepared(5)]
-    assert group_files(group, "sink/out", None) == [file("sink/out", e) for e in (3, 4, 5)]
-    assert group_files(group, "sink/out", 2) == [file("sink/out", e) for e in (3, 4, 5)]
-    assert group_files(group, "sink/out", 4) == [file("sink/out", 5)]
-    assert group_files(group, "state/wc", 5) == []
-    assert group_files(group, "sink/other", None) == []
 
 
 def test_epoch_ranges() -> None:

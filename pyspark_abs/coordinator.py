@@ -21,7 +21,8 @@ after a failure it is left for recovery. One lock guards the open group and the 
 so a drain from another thread and a micro-batch never commit groups out of order or twice.
 
 A micro-batch that Spark replays after a crash is not processed again once its epoch is
-decided: a PREPARED epoch is committed from its manifest entry, and the replay only advances
+decided: a PREPARED epoch joins the open group and is committed from its manifest entry
+(a MERGED or COMMITTED one is left alone), and the replay only advances
 Spark's own state store. An idle epoch, a no-data micro-batch that Spark runs for timeouts
 and that changes nothing, is not recorded: its snapshot would equal the previous one.
 """

@@ -8,6 +8,7 @@ from the input, and a crash mid-group loses and repeats nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pyspark_abs import (
     FaultStep,
     InjectedFault,
     Pipeline,
+    SnapshotDamagedError,
     SnapshotInfo,
     SnapshotListener,
     SnapshotNotFoundError,
@@ -31,8 +33,10 @@ from pyspark_abs import (
     cli,
     rollback,
 )
+from pyspark_abs.barrier import FileEntry
 from pyspark_abs.examples import retry, wordcount
-from pyspark_abs.maintenance import vacuum, validate
+from pyspark_abs.maintenance import require_intact, vacuum, validate
+from pyspark_abs.manifest import EpochLog
 from pyspark_abs.recovery import open_manifest
 from pyspark_abs.sources import DeltaSource
 from pyspark_abs.store import EPOCH_KEY, DeltaStore, load_dataframe
@@ -139,6 +143,21 @@ def test_sync_run_snapshots_every_third_epoch_and_the_stop_commits_the_open_grou
         ("sink/output", 3),
     ]
     assert [m["commit_ms"] is not None for m in metrics] == [s is C for _, s, _ in EVERY_THIRD]
+
+    log = open_manifest(store, str(root), "wordcount")
+    lost = FileEntry("sink/output", "abs-lost.parquet", 1, 1, 0)
+    damaged = EpochLog(
+        replace(e, files=(*e.files, lost))
+        if (e.epoch, e.status) == (0, EpochStatus.PREPARED)
+        else e
+        for e in log.entries
+    )
+    with pytest.raises(
+        SnapshotDamagedError,
+        match=r"epoch 2 .* file abs-lost.parquet, which epoch 0 \(merged into this snapshot\) "
+        r"prepared, is not in version 1",
+    ):
+        require_intact(str(root), damaged, 2, "It cannot be restored.")
 
 
 def test_async_run_until_quiescent_commits_the_same_groups(

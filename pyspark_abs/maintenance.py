@@ -383,8 +383,9 @@ def require_intact(root: str, epochs: EpochLog, epoch: int, consequence: str) ->
     """Refuse to build on a damaged snapshot, naming the newest intact one.
 
     Checks that every table version of the snapshot loads, that its files exist with the
-    sizes the Delta log records, that it holds every file the epoch prepared, and that each
-    table's latest version loads (the next commit, restore or rollback builds on it).
+    sizes the Delta log records, that it holds every file the epoch (and each epoch MERGED
+    into it) prepared, and that each table's latest version loads (the next commit, restore
+    or rollback builds on it).
 
     Args:
         root: The snapshot root.

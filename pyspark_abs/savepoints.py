@@ -134,7 +134,8 @@ def restore(
         The RESTORED epoch of ``into``, which has the number ``epoch``.
 
     Raises:
-        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
+        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
+            example MERGED into a later snapshot by a snapshot interval).
         SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself. Running
             the same restore again after it was interrupted finishes it instead.
     """

@@ -262,7 +262,8 @@ class Snapshots:
                 last change) and ``_timeout``.
 
         Raises:
-            SnapshotNotFoundError: The operator or epoch is unknown or not committed.
+            SnapshotNotFoundError: The operator or epoch is unknown or not a snapshot (not
+                committed yet, expired, or MERGED into a later snapshot).
         """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -287,7 +288,8 @@ class Snapshots:
         of the key's last change) and ``_timeout``.
 
         Raises:
-            SnapshotNotFoundError: The operator or epoch is unknown or not committed.
+            SnapshotNotFoundError: The operator or epoch is unknown or not a snapshot (not
+                committed yet, expired, or MERGED into a later snapshot).
         """
         entry, uri, keys, values = self._state_table(operator, epoch)
         changes = self._store.read(uri, entry.table_versions[f"state/{operator}"])
@@ -308,7 +310,8 @@ class Snapshots:
         """A sink table as of a committed epoch.
 
         Raises:
-            SnapshotNotFoundError: The output or epoch is unknown or not committed.
+            SnapshotNotFoundError: The output or epoch is unknown or not a snapshot (not
+                committed yet, expired, or MERGED into a later snapshot).
         """
         table = f"sink/{output}"
         entry = self._committed(epoch, table, f"output {output!r}")

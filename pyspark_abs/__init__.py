@@ -1,7 +1,8 @@
 """pyspark-abs: Asynchronous Barrier Snapshotting for PySpark Structured Streaming.
 
 Stateful pandas operators whose state and outputs are snapshotted every micro-batch epoch
-and committed to Delta Lake tables through a two-phase commit, exactly once.
+(or every N epochs, ``AbsConfig.snapshot_interval``) and committed to Delta Lake tables
+through a two-phase commit, exactly once.
 
 The lifecycle, module by module: ``operators`` (what you write) → ``keygroups`` and
 ``execution`` (running it per key group) → ``envelope`` → ``precommit`` (tasks write files)

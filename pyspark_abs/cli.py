@@ -20,7 +20,7 @@ from typing import Any
 from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.errors import AbsError
 from pyspark_abs.maintenance import compact, vacuum, validate
-from pyspark_abs.manifest import SNAPSHOT_STATUSES
+from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochStatus
 from pyspark_abs.savepoints import rollback
 from pyspark_abs.snapshots import Snapshots
 
@@ -112,7 +112,7 @@ def _snapshots(args: argparse.Namespace) -> int:
             _or_dash(i.state_keys),
             _ms(i.batch_ms),
             _ms(i.commit_ms),
-            i.origin or i.error or "",
+            i.origin or i.error or _merged(i.status, i.snapshot_epoch),
         ]
         for i in infos
     ]
@@ -245,6 +245,10 @@ def _vacuum(args: argparse.Namespace) -> int:
     if report.kept_in_flight:
         print(f"kept {report.kept_in_flight} unreferenced file(s) that may still be committed")
     return 0
+
+
+def _merged(status: EpochStatus, snapshot_epoch: int | None) -> str:
+    return f"merged into snapshot {snapshot_epoch}" if status is EpochStatus.MERGED else ""
 
 
 def _print_json(data: Any) -> None:

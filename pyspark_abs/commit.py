@@ -1,9 +1,10 @@
 """Phase 2 of the two-phase commit: recording epoch transitions and committing tables.
 
-:class:`EpochWriter` is the only code that appends to the manifest and commits an epoch's
-tables. The coordinator uses it for micro-batch epochs; rollback, restore and written state
-use it for restore epochs, so every change to a snapshot root goes through the same
-decide-then-commit steps and the same recovery.
+:class:`EpochWriter` is the only code that appends to the manifest and commits epochs'
+tables. The coordinator uses it for groups of micro-batch epochs (one epoch each with
+``snapshot_interval=1``); rollback, restore and written state use it for restore epochs, so
+every change to a snapshot root goes through the same decide-then-commit steps and the same
+recovery.
 """
 
 from __future__ import annotations
@@ -12,11 +13,20 @@ import datetime as dt
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
-from pyspark_abs.errors import SnapshotRootError
+from pyspark_abs.errors import ManifestError, SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.lease import Lease, require_no_live_holder
-from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry, entries_to_table
+from pyspark_abs.manifest import (
+    EpochLog,
+    EpochStatus,
+    ManifestEntry,
+    check_group,
+    entries_to_table,
+    epoch_ranges,
+    recovery_groups,
+)
 from pyspark_abs.store import DeltaStore, brief_error
 
 log = logging.getLogger("pyspark_abs")
@@ -74,18 +84,39 @@ class EpochWriter:
             SnapshotRootError: The manifest cannot be written.
             FencingError: Another run holds the root.
         """
+        self.record_all([entry])
+
+    def record_all(self, entries: Sequence[ManifestEntry]) -> None:
+        """Append transitions of distinct epochs to the manifest in one Delta commit.
+
+        Either all of them are recorded or none is.
+
+        Raises:
+            ManifestError: A transition is not allowed, or two entries are of one epoch.
+            SnapshotRootError: The manifest cannot be written.
+            FencingError: Another run holds the root.
+        """
+        if not entries:
+            return
+        epochs = [e.epoch for e in entries]
+        subject = f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epoch_ranges(epochs)}"
+        statuses = "/".join(sorted({e.status.value for e in entries}))
         with self._lock:
-            self.epochs.check(entry)
-            if self.lease is not None or entry.status is not EpochStatus.EXPIRED:
-                self.fence(f"epoch {entry.epoch} {entry.status.value}")
+            if len(set(epochs)) != len(epochs):
+                raise ManifestError(f"{subject}: cannot record {statuses} for one epoch twice")
+            for entry in entries:
+                self.epochs.check(entry)
+            if self.lease is not None or any(e.status is not EpochStatus.EXPIRED for e in entries):
+                self.fence(f"{subject} {statuses}")
             try:
-                self.store.append(self.manifest_uri, entries_to_table([entry]))
+                self.store.append(self.manifest_uri, entries_to_table(entries))
             except Exception as err:
                 raise SnapshotRootError(
-                    f"epoch {entry.epoch}: cannot record {entry.status.value} in the manifest "
-                    f"at {self.manifest_uri}: {brief_error(err)}"
+                    f"{subject}: cannot record {statuses} in the manifest at "
+                    f"{self.manifest_uri}: {brief_error(err)}"
                 ) from err
-            self.epochs.record(entry)
+            for entry in entries:
+                self.epochs.record(entry)
 
     def fence(self, what: str) -> None:
         """Make sure this writer may write ``what`` to the root (see :mod:`pyspark_abs.lease`).
@@ -105,54 +136,89 @@ class EpochWriter:
             self.lease.release()
 
     def recover(self) -> list[int]:
-        """Commit every PREPARED epoch that has no outcome yet; return their epochs."""
+        """Commit every PREPARED epoch that has no outcome yet; return their epochs.
+
+        The epochs are committed in the groups their run would have closed, the rest as one
+        last group (see :func:`~pyspark_abs.manifest.recovery_groups`), so the last
+        pending epoch becomes a snapshot.
+        """
+        snapshots = self.epochs.snapshots()
+        last = snapshots[-1].epoch if snapshots else None
         finished = []
-        for entry in self.epochs.pending():
-            log.info("recovery: committing epoch %d, PREPARED by run %s", entry.epoch, entry.run_id)
-            self.commit(entry)
-            finished.append(entry.epoch)
+        for group in recovery_groups(self.epochs.pending(), last):
+            log.info(
+                "recovery: committing epoch(s) %s, PREPARED by run %s",
+                _span(group),
+                group[-1].run_id,
+            )
+            self.commit(group)
+            finished += [e.epoch for e in group]
         return finished
 
-    def commit(self, prepared: ManifestEntry) -> ManifestEntry:
-        """Phase 2 for one PREPARED epoch: commit every table, then record the outcome.
+    def commit(self, group: Sequence[ManifestEntry]) -> ManifestEntry:
+        """Phase 2 for a group of PREPARED epochs: commit every table, record the outcome.
 
-        A micro-batch epoch appends its files and ends COMMITTED. A restore epoch replaces
-        each state table's files with the installed state, restores each sink to its
-        recorded version, and ends RESTORED. Idempotent: a table that already holds the
-        epoch's transaction is not changed again, so recovery may run this any number of
-        times.
+        A group of micro-batch epochs is committed with one Delta transaction per table,
+        whose application transaction version is the group's last epoch s: it appends the
+        files of every epoch of the group the table does not hold yet. Then one manifest
+        append records COMMITTED for s (the snapshot) and MERGED for the earlier epochs.
+
+        A restore epoch (always alone) replaces each state table's files with the installed
+        state, restores each sink to its recorded version, and ends RESTORED.
+
+        Idempotent: a table that already holds transaction s is not changed again, and one
+        that holds an earlier epoch of the group gets the files of the later epochs only, so
+        recovery may run this any number of times.
+
+        Args:
+            group: PREPARED entries, oldest first (see
+                :func:`~pyspark_abs.manifest.check_group`).
+
+        Returns:
+            The COMMITTED (or RESTORED) entry of the group's last epoch.
+
+        Raises:
+            ManifestError: The entries cannot be committed as one group.
+            CommitError: A Delta commit failed; the epochs stay PREPARED.
+            FencingError: Another run holds the root.
         """
-        epoch = prepared.epoch
+        check_group(group)
+        end = group[-1]
+        epoch = end.epoch
         self.fence(f"the commit of epoch {epoch}")
         started = time.perf_counter()
         versions = {}
-        for position, (table, uri) in enumerate(prepared.tables.items()):
+        for position, (table, uri) in enumerate(end.tables.items()):
             txn = app_id(self.pipeline, table)
-            if table in prepared.restore_versions:
-                version = self.store.restore_version(
-                    uri, prepared.restore_versions[table], txn, epoch
-                )
+            if table in end.restore_versions:
+                version = self.store.restore_version(uri, end.restore_versions[table], txn, epoch)
             else:
-                files = [f for f in prepared.files if f.table == table]
+                files = {e.epoch: [f for f in e.files if f.table == table] for e in group}
                 version = self.store.commit_files(
-                    uri, files, txn, epoch, overwrite=prepared.is_restore
+                    uri, files, txn, epoch, overwrite=end.is_restore
                 ).version
             versions[table] = version
             if position == 0:
                 self.faults.at(FaultStep.BETWEEN_TABLE_COMMITS, epoch)
-        outcome = prepared.transition(
-            EpochStatus.RESTORED if prepared.is_restore else EpochStatus.COMMITTED,
+        outcome = end.transition(
+            EpochStatus.RESTORED if end.is_restore else EpochStatus.COMMITTED,
             run_id=self.run_id,
             files=(),
             table_versions=versions,
             commit_ms=_ms_since(started),
+            snapshot_epoch=epoch,
         )
-        self.record(outcome)
+        merged = [
+            e.transition(EpochStatus.MERGED, run_id=self.run_id, files=(), snapshot_epoch=epoch)
+            for e in group[:-1]
+        ]
+        self.record_all([*merged, outcome])
         log.info(
-            "epoch %d %s: %d rows, %d bytes, %s state keys; batch %.0f ms, pre-commit %.0f ms, "
+            "epoch %d %s%s: %d rows, %d bytes, %s state keys; batch %.0f ms, pre-commit %.0f ms, "
             "align wait %.0f ms, align %.0f ms, prepare %.0f ms, commit %.0f ms, %d pending",
             epoch,
             outcome.status.value,
+            f" (snapshot of epochs {_span(group)})" if merged else "",
             sum(outcome.rows.values()),
             sum(outcome.bytes.values()),
             outcome.state_keys,
@@ -175,3 +241,7 @@ def now() -> dt.datetime:
 
 def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1000
+
+
+def _span(group: Sequence[ManifestEntry]) -> str:
+    return epoch_ranges(e.epoch for e in group)

@@ -1,36 +1,41 @@
 """The ordered background committer of asynchronous mode.
 
-In asynchronous mode a micro-batch returns once its epoch is PREPARED; this committer then
-runs phase 2 for the epochs one at a time, in epoch order, in a background thread. At most
-``max_pending`` epochs wait for it: the next micro-batch blocks until one is done. After a
-failure it commits nothing more (later epochs must not overtake an earlier one) and reports
-the failure to the next caller; recovery finishes the epochs on restart.
+In asynchronous mode a micro-batch returns once its epoch is PREPARED; when the epoch closes
+a group (see ``AbsConfig.snapshot_interval``; every epoch does with interval 1), the group
+is handed to this committer, which runs phase 2 for the groups one at a time, in order, in a
+background thread. At most ``max_pending`` groups wait for it: the next hand-over blocks until
+one is done. After a failure it commits nothing more (later groups must not overtake an
+earlier one) and reports the failure to the next caller; recovery finishes the epochs on
+restart.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark_abs.errors import AbsError, CommitError
 from pyspark_abs.manifest import ManifestEntry
 
+Group = Sequence[ManifestEntry]
+"""PREPARED epochs committed together, oldest first; the last one becomes the snapshot."""
+
 
 class OrderedCommitter:
-    """Commits PREPARED epochs in order in a background thread."""
+    """Commits groups of PREPARED epochs in order in a background thread."""
 
-    def __init__(self, commit: Callable[[ManifestEntry], None], max_pending: int) -> None:
+    def __init__(self, commit: Callable[[Group], None], max_pending: int) -> None:
         """Start the committer thread.
 
         Args:
-            commit: Runs phase 2 for one PREPARED entry.
-            max_pending: How many epochs may wait before :meth:`submit` blocks.
+            commit: Runs phase 2 for one group.
+            max_pending: How many groups may wait before :meth:`submit` blocks.
         """
         self._commit = commit
         self._max_pending = max_pending
-        self._queue: deque[ManifestEntry] = deque()
-        self._busy = False
+        self._queue: deque[Group] = deque()
+        self._busy: Group = ()
         self._closed = False
         self._failure: BaseException | None = None
         self._cond = threading.Condition()
@@ -39,34 +44,40 @@ class OrderedCommitter:
 
     @property
     def pending(self) -> int:
-        """Epochs submitted and not yet committed."""
+        """Groups submitted and not yet committed."""
         with self._cond:
-            return len(self._queue) + int(self._busy)
+            return self._waiting()
 
-    def submit(self, entry: ManifestEntry) -> None:
-        """Queue a PREPARED epoch; block while ``max_pending`` epochs are waiting.
+    @property
+    def pending_epochs(self) -> int:
+        """Epochs of the groups submitted and not yet committed."""
+        with self._cond:
+            return sum(len(group) for group in self._queue) + len(self._busy)
+
+    def submit(self, group: Group) -> None:
+        """Queue a group; block while ``max_pending`` groups are waiting.
 
         Raises:
-            CommitError: An earlier epoch failed to commit, or the committer is closed.
+            CommitError: An earlier group failed to commit, or the committer is closed.
         """
         with self._cond:
             self.raise_if_failed()
-            while len(self._queue) + int(self._busy) >= self._max_pending:
+            while self._waiting() >= self._max_pending:
                 self._cond.wait()
                 self.raise_if_failed()
             if self._closed:
-                raise CommitError(f"epoch {entry.epoch}: the committer is closed")
-            self._queue.append(entry)
+                raise CommitError(f"epoch {group[-1].epoch}: the committer is closed")
+            self._queue.append(group)
             self._cond.notify_all()
 
     def drain(self) -> None:
-        """Wait until every submitted epoch is committed.
+        """Wait until every submitted group is committed.
 
         Raises:
-            CommitError: An epoch failed to commit.
+            CommitError: A group failed to commit.
         """
         with self._cond:
-            while (self._queue or self._busy) and self._failure is None:
+            while self._waiting() and self._failure is None:
                 self._cond.wait()
             self.raise_if_failed()
 
@@ -88,6 +99,9 @@ class OrderedCommitter:
             f"stay PREPARED and are committed on restart"
         ) from self._failure
 
+    def _waiting(self) -> int:
+        return len(self._queue) + int(bool(self._busy))
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -95,16 +109,16 @@ class OrderedCommitter:
                     self._cond.wait()
                 if not self._queue or self._failure is not None:
                     return
-                entry = self._queue.popleft()
-                self._busy = True
+                group = self._queue.popleft()
+                self._busy = group
             try:
-                self._commit(entry)
+                self._commit(group)
             except BaseException as err:
                 with self._cond:
                     self._failure = err
-                    self._busy = False
+                    self._busy = ()
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._busy = False
+                self._busy = ()
                 self._cond.notify_all()

@@ -38,8 +38,14 @@ class AbsConfig:
             epoch is COMMITTED.
         key_groups: Number of key groups K. Keys are grouped by ``pmod(hash(key), K)`` and
             the operator runs once per key group and epoch. K bounds the useful parallelism.
-        max_pending_epochs: In async mode, how many PREPARED epochs may wait for the
-            committer before the next micro-batch blocks.
+        max_pending_epochs: In async mode, how many closed groups of PREPARED epochs (one
+            epoch each with ``snapshot_interval=1``) may wait for the committer before the
+            next micro-batch blocks.
+        snapshot_interval: Take a snapshot every this many epochs. Every epoch is still
+            pre-committed and PREPARED; the tables are committed once per group of
+            ``snapshot_interval`` epochs, at its last epoch, so outputs become visible (and
+            restore points exist) every N epochs, as with Flink's exactly-once sinks. The
+            open group is committed when the query stops. Needs ``snapshots=True``.
         snapshots: When False, only sink outputs are written and committed (one Delta
             commit per sink and epoch, idempotent by epoch); no state table, no manifest.
             This is the baseline the overhead benchmark compares against.
@@ -60,6 +66,7 @@ class AbsConfig:
     commit_mode: CommitMode = "async"
     key_groups: int = 256
     max_pending_epochs: int = 2
+    snapshot_interval: int = 1
     snapshots: bool = True
     target_file_bytes: int = 128 * 1024 * 1024
     compaction_every_epochs: int = 0
@@ -72,6 +79,7 @@ class AbsConfig:
             raise ConfigError(f"commit_mode must be 'sync' or 'async', got {self.commit_mode!r}")
         _require_positive("key_groups", self.key_groups)
         _require_positive("max_pending_epochs", self.max_pending_epochs)
+        _require_positive("snapshot_interval", self.snapshot_interval)
         _require_positive("target_file_bytes", self.target_file_bytes)
         _require_positive("max_key_group_state_bytes", self.max_key_group_state_bytes)
         if (
@@ -92,6 +100,12 @@ class AbsConfig:
             raise ConfigError(f"compaction_ratio must be 0 (off) or above 1, got {ratio!r}")
         if not isinstance(self.snapshots, bool):
             raise ConfigError(f"snapshots must be True or False, got {self.snapshots!r}")
+        if self.snapshot_interval > 1 and not self.snapshots:
+            raise ConfigError(
+                f"snapshot_interval={self.snapshot_interval} groups the commits of snapshots, "
+                f"but snapshots=False takes none (each epoch's outputs are committed alone); "
+                f"set snapshot_interval=1 or snapshots=True"
+            )
         for fault in self.faults:
             if not isinstance(fault, Fault):
                 raise ConfigError(f"faults must hold Fault objects, got {fault!r}")

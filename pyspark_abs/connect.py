@@ -11,6 +11,7 @@ entry and commit, that the client's run still holds it) and reads progress from 
 
 What needs the client to see the coordinator cannot work and is refused with a
 :class:`~pyspark_abs.errors.ConfigError`: the asynchronous committer (nobody could drain it
+when the query ends), a snapshot interval above 1 (nobody could commit the last open group
 when the query ends) and ``run()`` with processing-time timeouts (its idle detection).
 """
 
@@ -54,6 +55,13 @@ def require_supported(pipeline: str, config: AbsConfig, stops_when_idle: bool) -
             f"pipeline {pipeline!r}: under Spark Connect, epochs are committed in the server's "
             f"foreachBatch process, which the client cannot drain when the query stops; set "
             f"AbsConfig(commit_mode='sync') (or spark.abs.commitMode=sync)"
+        )
+    if config.snapshot_interval > 1:
+        raise ConfigError(
+            f"pipeline {pipeline!r}: under Spark Connect, epochs are committed in the server's "
+            f"foreachBatch process, and the client cannot commit the last open group of "
+            f"snapshot_interval={config.snapshot_interval} epochs when the query stops; set "
+            f"AbsConfig(snapshot_interval=1) (or spark.abs.snapshotInterval=1)"
         )
     if stops_when_idle:
         raise ConfigError(

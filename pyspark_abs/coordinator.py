@@ -7,12 +7,22 @@ For micro-batch (epoch) e, called from ``foreachBatch``:
 2. Align: exactly one marker per partition, and every listed file exists with its size.
 3. Prepare: append PREPARED with the file list and source offsets to the manifest. This is
    the decision point: from here on epoch e is committed, at the latest by recovery.
-4. Commit: one Delta transaction per table, idempotent by application transaction
-   (pipeline/table, version e); then append COMMITTED with every table's version. Sync mode
-   does this before the micro-batch returns; async mode hands it to the ordered committer.
+4. Commit, once epoch e closes a group (``e - last >= snapshot_interval``, ``last`` being
+   the previous group's end; with the default interval 1 every epoch does): one Delta
+   transaction per table with the files of every epoch of the group, idempotent by
+   application transaction (pipeline/table, version e); then one manifest append with
+   COMMITTED for e, with every table's version, and MERGED for the group's earlier epochs.
+   Sync mode does this before the micro-batch returns; async mode hands the group to the
+   ordered committer. A micro-batch that does not close a group returns after PREPARED.
+
+The open group (epochs PREPARED but not handed to phase 2) is committed as a group of its
+own when the query ends (:meth:`EpochCoordinator.drain`, which the pipeline calls on stop);
+after a failure it is left for recovery. One lock guards the open group and the hand-over,
+so a drain from another thread and a micro-batch never commit groups out of order or twice.
 
 A micro-batch that Spark replays after a crash is not processed again once its epoch is
-decided: a PREPARED epoch is committed from its manifest entry, and the replay only advances
+decided: a PREPARED epoch joins the open group and is committed from its manifest entry
+(a MERGED or COMMITTED one is left alone), and the replay only advances
 Spark's own state store. An idle epoch, a no-data micro-batch that Spark runs for timeouts
 and that changes nothing, is not recorded: its snapshot would equal the previous one.
 """
@@ -31,12 +41,12 @@ from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
 from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.commit import EpochWriter, app_id, now
-from pyspark_abs.committer import OrderedCommitter
+from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import AbsError, QuiescenceError, rebuild_from_text
 from pyspark_abs.faults import FaultStep
 from pyspark_abs.maintenance import CompactionPolicy, compact_table
-from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry
+from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry, closes_group
 from pyspark_abs.metrics import SnapshotListener, notify
 from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
 from pyspark_abs.snapshots import SnapshotInfo
@@ -115,14 +125,22 @@ class EpochCoordinator:
         self._idle = threading.Condition()
         self._idle_epochs = 0
         self._query_id: str | None = None
+        self._group_lock = threading.Lock()
+        self._group: list[ManifestEntry] = []
+        latest = self.latest_snapshot()
+        self._last_end = latest.epoch if latest is not None else None
         self._committer: OrderedCommitter | None = None
         if config.snapshots and config.commit_mode == "async":
-            self._committer = OrderedCommitter(self.commit_epoch, config.max_pending_epochs)
+            self._committer = OrderedCommitter(self.commit_group, config.max_pending_epochs)
 
     @property
     def pending_epochs(self) -> int:
-        """Epochs PREPARED in this run and waiting for the background committer."""
-        return self._committer.pending if self._committer else 0
+        """Epochs PREPARED in this run and not committed yet.
+
+        Those of the open group, and (async) those waiting for the background committer.
+        """
+        waiting = self._committer.pending_epochs if self._committer else 0
+        return len(self._group) + waiting
 
     def latest_snapshot(self) -> ManifestEntry | None:
         """The newest committed or restored epoch, as this run knows it."""
@@ -154,7 +172,20 @@ class EpochCoordinator:
             return self._idle.wait_for(lambda: self._idle_epochs > seen, timeout)
 
     def drain(self) -> None:
-        """Wait until the background committer has committed every PREPARED epoch."""
+        """Commit every epoch PREPARED so far, and wait until it is committed.
+
+        The open group is committed as a group of its own, so its last epoch becomes a
+        snapshot (as Flink's stop-with-savepoint), unless this run has failed: then it is
+        left PREPARED for recovery. (A :class:`QuiescenceError` is no failure here: it
+        stops the run before the next epoch starts.) Safe to call while micro-batches run.
+
+        Raises:
+            AbsError: A commit failed.
+        """
+        if self.failure is None or isinstance(self.failure, QuiescenceError):
+            with self._group_lock:
+                if self._group:
+                    self._close_group()
         if self._committer is not None:
             self._committer.drain()
 
@@ -176,7 +207,7 @@ class EpochCoordinator:
         if decision is not EpochDecision.PROCESS:
             prepared = self.epochs.prepared(epoch)
             if decision is EpochDecision.FINISH_REPLAY and prepared is not None:
-                self.commit_epoch(prepared)
+                self._join_group(prepared)
             log.info("epoch %d is already decided; the replayed micro-batch is discarded", epoch)
             _advance_spark_state(batch)
             return
@@ -240,28 +271,49 @@ class EpochCoordinator:
             align_wait_ms=aligned.align_wait_ms,
             align_ms=align_ms,
             pending_epochs=self.pending_epochs,
+            snapshot_interval=self.config.snapshot_interval,
         )
         self._record(entry)
         entry = replace(entry, prepare_ms=_ms_since(started))
         self.faults.at(FaultStep.AFTER_PREPARED, epoch)
-        # Step 4: commit, now or in the background.
-        if self._committer is None:
-            self.commit_epoch(entry)
-        else:
-            self._committer.submit(entry)
+        # Step 4: commit the group this epoch closes, now or in the background.
+        self._join_group(entry)
 
-    def commit_epoch(self, prepared: ManifestEntry) -> None:
-        """Phase 2 for one PREPARED epoch (see :meth:`EpochWriter.commit`).
+    def _join_group(self, prepared: ManifestEntry) -> None:
+        """Add a PREPARED epoch to the open group; hand the group over if it closes it."""
+        with self._group_lock:
+            self._group.append(prepared)
+            if closes_group(prepared.epoch, self._last_end, self.config.snapshot_interval):
+                self._close_group()
 
-        Then, when the compaction policy says so, compacts the state table in a background
-        thread (one at a time); the pipeline does not wait for it.
+    def _close_group(self) -> None:
+        """Commit the open group now (sync) or in the background (async).
+
+        The caller holds the group lock, so groups are handed over in epoch order and once.
         """
-        outcome = self.writer.commit(prepared)
+        group = tuple(self._group)
+        self._group.clear()
+        self._last_end = group[-1].epoch
+        if self._committer is None:
+            self.commit_group(group)
+        else:
+            self._committer.submit(group)
+
+    def commit_group(self, group: Group) -> None:
+        """Phase 2 for a group of PREPARED epochs (see :meth:`EpochWriter.commit`).
+
+        Listeners hear of the snapshot once, with the group's last epoch. Then, when the
+        compaction policy says so, compacts the state table in a background thread (one at
+        a time); the pipeline does not wait for it.
+        """
+        outcome = self.writer.commit(group)
         notify(self.listeners, SnapshotInfo.from_entry(outcome), committed=True)
         state = f"state/{self.layout.operator}"
         if state not in outcome.tables:
             return
-        due = self._policy.observe(outcome.rows.get(state, 0), outcome.state_keys or 0)
+        due = self._policy.observe(
+            sum(e.rows.get(state, 0) for e in group), outcome.state_keys or 0, len(group)
+        )
         if due and (self._compactor is None or not self._compactor.is_alive()):
             self._compactor = threading.Thread(
                 target=self._compact,
@@ -306,7 +358,7 @@ class EpochCoordinator:
         for table, uri in self.layout.tables.items():
             mine = [f for f in aligned.files if f.table == table]
             txn = app_id(self.layout.pipeline, table)
-            if not self.store.commit_files(uri, mine, txn, epoch).committed:
+            if not self.store.commit_files(uri, {epoch: mine}, txn, epoch).committed:
                 self.store.delete_files(uri, [f.path for f in mine])
 
     def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:

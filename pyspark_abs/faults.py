@@ -31,9 +31,12 @@ class FaultStep(str, Enum):
     AFTER_PREPARED = "after_prepared"
     """PREPARED is recorded; no table is committed yet."""
     BETWEEN_TABLE_COMMITS = "between_table_commits"
-    """The first table of the epoch is committed, the others are not."""
+    """The first table of the epoch is committed, the others are not. With a snapshot
+    interval, the epoch is the one that closes the group (the others are never committed
+    alone)."""
     AFTER_COMMITTED = "after_committed"
-    """COMMITTED is recorded; in sync mode the micro-batch has not returned yet."""
+    """COMMITTED is recorded; in sync mode the micro-batch has not returned yet. With a
+    snapshot interval, the epoch is the one that closes the group."""
     DURING_COMPACTION = "during_compaction"
     """Compaction wrote the compacted files; the commit replacing the old ones is not made."""
     DURING_VACUUM = "during_vacuum"

@@ -6,15 +6,16 @@ commit that removes the files it replaces (``dataChange=false``); epochs committ
 meanwhile append other files, so it runs beside a running pipeline and retries when Delta
 reports a conflict. Older epochs stay readable: they are read at their own table version.
 
-**Retention** keeps the last N snapshots: older ones are marked EXPIRED in the manifest
-first, so nobody reads or restores them while **vacuum** deletes the files that no retained
-snapshot's table version references. Vacuum never deletes a file of an in-flight epoch: it
-skips files listed by PREPARED epochs, files named for an epoch newer than every decided
-one, and any other unreferenced file younger than ``min_age_seconds``.
+**Retention** keeps the last N snapshots: older ones, with the epochs MERGED into them, are
+marked EXPIRED in the manifest first, so nobody reads or restores them while **vacuum**
+deletes the files that no retained snapshot's table version references. Vacuum never
+deletes a file of an in-flight epoch: it skips files listed by PREPARED epochs (including
+those of an open group waiting for its snapshot), files named for an epoch newer than every
+decided one, and any other unreferenced file younger than ``min_age_seconds``.
 
 **Validation** checks every retained snapshot: table versions exist, their files exist with
-the recorded sizes, commits carry the epoch's application transaction, and no key has two
-changes in one epoch.
+the recorded sizes, they hold the files of every epoch of the snapshot's group, commits
+carry the epoch's application transaction, and no key has two changes in one epoch.
 """
 
 from __future__ import annotations
@@ -150,9 +151,15 @@ class CompactionPolicy:
         self._epochs = 0
         self._rows = 0
 
-    def observe(self, changed_rows: int, live_keys: int) -> bool:
-        """Count a committed epoch; return whether compaction is due (and reset if so)."""
-        self._epochs += 1
+    def observe(self, changed_rows: int, live_keys: int, epochs: int = 1) -> bool:
+        """Count committed epochs; return whether compaction is due (and reset if so).
+
+        Args:
+            changed_rows: State rows the epochs wrote.
+            live_keys: Live keys after them.
+            epochs: How many epochs one commit made visible (a snapshot interval's group).
+        """
+        self._epochs += epochs
         self._rows += changed_rows
         due = (self.every_epochs and self._epochs >= self.every_epochs) or (
             self.ratio and self._rows + live_keys > self.ratio * max(live_keys, 1)
@@ -246,6 +253,8 @@ def compact_table(
 def expire(root: str, keep_last: int) -> list[int]:
     """Mark all but the newest ``keep_last`` snapshots EXPIRED; return the epochs marked.
 
+    The epochs MERGED into an expired snapshot expire with it, in the same manifest commit.
+
     Raises:
         ConfigError: ``keep_last`` is below 1.
         SnapshotNotFoundError: The root does not exist.
@@ -257,11 +266,20 @@ def expire(root: str, keep_last: int) -> list[int]:
     epochs = _load(store, root)
     writer = EpochWriter(_owner(store, root), root, store, epochs, f"vacuum-{uuid.uuid4().hex}")
     snapshots = epochs.snapshots()
-    expired = []
-    for entry in snapshots[: max(0, len(snapshots) - keep_last)]:
-        writer.record(entry.transition(EpochStatus.EXPIRED, run_id=writer.run_id, files=()))
-        expired.append(entry.epoch)
-    return expired
+    doomed = [
+        epoch
+        for snapshot in snapshots[: max(0, len(snapshots) - keep_last)]
+        for epoch in [*epochs.merged_into(snapshot.epoch), snapshot.epoch]
+        if epochs.status(epoch) is not EpochStatus.EXPIRED
+    ]
+    writer.record_all(
+        [
+            entry.transition(EpochStatus.EXPIRED, run_id=writer.run_id, files=())
+            for entry in (epochs.latest(e) for e in doomed)
+            if entry is not None
+        ]
+    )
+    return doomed
 
 
 def vacuum(
@@ -365,8 +383,9 @@ def require_intact(root: str, epochs: EpochLog, epoch: int, consequence: str) ->
     """Refuse to build on a damaged snapshot, naming the newest intact one.
 
     Checks that every table version of the snapshot loads, that its files exist with the
-    sizes the Delta log records, that it holds every file the epoch prepared, and that each
-    table's latest version loads (the next commit, restore or rollback builds on it).
+    sizes the Delta log records, that it holds every file the epoch (and each epoch MERGED
+    into it) prepared, and that each table's latest version loads (the next commit, restore
+    or rollback builds on it).
 
     Args:
         root: The snapshot root.
@@ -442,16 +461,16 @@ class _SnapshotChecker:
             self._versions[key] = _check_version(self.store, table, entry.tables[table], version)
         paths, problems = self._versions[key]
         found = [Problem(entry.epoch, p.table, p.message) for p in problems]
-        prepared = self.epochs.prepared(entry.epoch)
-        if not found and prepared is not None:
+        if not found:
             found += [
                 Problem(
                     entry.epoch,
                     table,
-                    f"file {f.path}, which the epoch prepared, is not in version {version}: "
-                    f"the commit lost it",
+                    f"file {f.path}, which {_preparer(entry, member)} prepared, is not in "
+                    f"version {version}: the commit lost it",
                 )
-                for f in prepared.files
+                for member in self.epochs.group(entry.epoch)
+                for f in member.files
                 if f.table == table and f.path not in paths
             ]
         return found
@@ -477,6 +496,13 @@ class _SnapshotChecker:
                     Problem(None, table, f"the latest version cannot be loaded: {reason}")
                 )
         return problems
+
+
+def _preparer(snapshot: ManifestEntry, member: ManifestEntry) -> str:
+    """Who prepared a file of a snapshot's group, as validate's messages say it."""
+    if member.epoch == snapshot.epoch:
+        return "the epoch"
+    return f"epoch {member.epoch} (merged into this snapshot)"
 
 
 def _check_version(

@@ -8,19 +8,30 @@ Delta version of every table, which together form the consistent cut of the epoc
 Allowed transitions of one epoch::
 
     (none) ──► PREPARED ──► COMMITTED ──► EXPIRED
-       │          ▲     └─► RESTORED ──┘
-       └► ABORTED ┘   (an aborted epoch is replayed by Spark and may be prepared again)
+       │          ▲     ├─► RESTORED ──┤
+       └► ABORTED ┘     └─► MERGED ────┘
+                      (an aborted epoch is replayed by Spark and may be prepared again)
+
+With a snapshot interval N (``AbsConfig.snapshot_interval``), PREPARED epochs are committed
+in *groups*: epoch s closes a group when ``s - last >= N`` (:func:`closes_group`), where
+``last`` is the newest snapshot (or group end). One Delta transaction per table, with
+application transaction version s, commits the files of every epoch of the group; then one
+manifest append records COMMITTED for s, whose table versions are the snapshot, and MERGED
+for each earlier epoch of the group, with ``snapshot_epoch`` = s. A MERGED epoch is neither a
+snapshot nor pending, and Spark's replay of it is discarded. With N = 1 every group is one
+epoch and no epoch is MERGED.
 
 A restore epoch (rollback, restore into another root, written state) is PREPARED with the
-state to install and the table versions to go back to, and ends RESTORED. COMMITTED and
-RESTORED epochs are snapshots; retention marks the ones it no longer keeps EXPIRED before
-vacuum deletes their files.
+state to install and the table versions to go back to, and ends RESTORED; it is always
+committed alone. COMMITTED and RESTORED epochs are snapshots; retention marks the ones it no
+longer keeps EXPIRED, together with the epochs merged into them, before vacuum deletes their
+files.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -28,7 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from pyspark_abs.barrier import FILE_TYPE, FileEntry
-from pyspark_abs.errors import ManifestError
+from pyspark_abs.errors import ManifestError, SnapshotNotFoundError
 
 FORMAT_VERSION = 1
 """Version of the manifest's layout, stored in the table description."""
@@ -41,6 +52,7 @@ class EpochStatus(str, Enum):
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
     RESTORED = "RESTORED"
+    MERGED = "MERGED"
     EXPIRED = "EXPIRED"
 
 
@@ -56,15 +68,18 @@ class EpochDecision(str, Enum):
     FINISH_REPLAY = "finish_replay"
     """Spark replays a PREPARED epoch: the decision stands; commit it, discard the replay."""
     SKIP_REPLAY = "skip_replay"
-    """Spark replays a COMMITTED epoch: discard the replay."""
+    """Spark replays a committed (or merged, or expired) epoch: discard the replay."""
 
 
 _ALLOWED: dict[EpochStatus | None, frozenset[EpochStatus]] = {
     None: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
     EpochStatus.ABORTED: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
-    EpochStatus.PREPARED: frozenset({EpochStatus.COMMITTED, EpochStatus.RESTORED}),
+    EpochStatus.PREPARED: frozenset(
+        {EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.MERGED}
+    ),
     EpochStatus.COMMITTED: frozenset({EpochStatus.EXPIRED}),
     EpochStatus.RESTORED: frozenset({EpochStatus.EXPIRED}),
+    EpochStatus.MERGED: frozenset({EpochStatus.EXPIRED}),
     EpochStatus.EXPIRED: frozenset(),
 }
 
@@ -102,6 +117,8 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("restored_from", pa.int64()),
     pa.field("restore_versions", _INT_MAP),
     pa.field("origin", pa.string()),
+    pa.field("snapshot_interval", pa.int32()),
+    pa.field("snapshot_epoch", pa.int64()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -136,13 +153,19 @@ class ManifestEntry:
         align_ms: Time to align markers and verify files.
         prepare_ms: Time to record PREPARED.
         commit_ms: Time to commit all tables.
-        pending_epochs: Earlier epochs still waiting for the background committer when
-            this one was PREPARED (async mode).
+        pending_epochs: Earlier epochs PREPARED and not committed yet when this one was
+            PREPARED: waiting for the background committer (async mode) or for their
+            group to close (``snapshot_interval`` > 1).
         error: Why the epoch was aborted (ABORTED).
         checkpoint: The Spark checkpoint location of the run.
         restored_from: Restore epochs: the epoch whose snapshot they install.
         restore_versions: Restore epochs: the Delta version each sink table goes back to.
         origin: Restore epochs: what installed them, for people reading the manifest.
+        snapshot_interval: Micro-batch epochs: the run's ``snapshot_interval``, which
+            recovery uses to close the groups the run would have closed.
+        snapshot_epoch: The snapshot whose commit made the epoch's files visible: the
+            epoch itself when COMMITTED or RESTORED, the end of its group when MERGED
+            (kept when the epoch is EXPIRED); None before the commit.
     """
 
     pipeline: str
@@ -175,6 +198,8 @@ class ManifestEntry:
     restored_from: int | None = None
     restore_versions: Mapping[str, int] = field(default_factory=dict)
     origin: str | None = None
+    snapshot_interval: int | None = None
+    snapshot_epoch: int | None = None
 
     @property
     def is_restore(self) -> bool:
@@ -234,6 +259,7 @@ class EpochLog:
         self._entries: list[ManifestEntry] = []
         self._latest: dict[int, ManifestEntry] = {}
         self._prepared: dict[int, ManifestEntry] = {}
+        self._merged: dict[int, list[int]] = {}
         for entry in sorted(entries, key=_order):
             self.record(entry)
 
@@ -246,8 +272,8 @@ class EpochLog:
         """Raise if ``entry`` may not be recorded next.
 
         Raises:
-            ManifestError: The transition is not allowed, or a PREPARED epoch is not newer
-                than every epoch already decided.
+            ManifestError: The transition is not allowed, a PREPARED epoch is not newer
+                than every epoch already decided, or a MERGED epoch names no later snapshot.
         """
         check_transition(entry.epoch, self.status(entry.epoch), entry.status)
         if entry.status is EpochStatus.PREPARED:
@@ -257,12 +283,22 @@ class EpochLog:
                     f"epoch {entry.epoch} cannot be PREPARED after epoch {latest.epoch}; "
                     f"epochs are decided in order"
                 )
+        if entry.status is EpochStatus.MERGED and (
+            entry.snapshot_epoch is None or entry.snapshot_epoch <= entry.epoch
+        ):
+            raise ManifestError(
+                f"epoch {entry.epoch} cannot be MERGED into snapshot {entry.snapshot_epoch}; "
+                f"an epoch is merged into the snapshot of a later epoch"
+            )
 
     def record(self, entry: ManifestEntry) -> None:
         """Add a transition after checking it is allowed (see :meth:`check`)."""
         self.check(entry)
         if entry.status is EpochStatus.PREPARED:
             self._prepared[entry.epoch] = entry
+        if entry.status is EpochStatus.MERGED:
+            assert entry.snapshot_epoch is not None
+            self._merged.setdefault(entry.snapshot_epoch, []).append(entry.epoch)
         self._entries.append(entry)
         self._latest[entry.epoch] = entry
 
@@ -280,7 +316,7 @@ class EpochLog:
         return self._prepared.get(epoch)
 
     def pending(self) -> list[ManifestEntry]:
-        """PREPARED entries of epochs not yet COMMITTED, oldest first."""
+        """PREPARED entries of epochs neither committed nor merged yet, oldest first."""
         return [
             self._prepared[e]
             for e in sorted(self._prepared)
@@ -295,14 +331,55 @@ class EpochLog:
             if self._latest[e].status in SNAPSHOT_STATUSES
         ]
 
+    def require_snapshot(self, epoch: int, root: str) -> ManifestEntry:
+        """The latest entry of ``epoch``, which must be a readable snapshot.
+
+        Raises:
+            SnapshotNotFoundError: The epoch is unknown or not COMMITTED or RESTORED; the
+                message lists the readable epochs, and for a MERGED epoch names the
+                snapshot it was merged into.
+        """
+        entry = self._latest.get(epoch)
+        if entry is not None and entry.status in SNAPSHOT_STATUSES:
+            return entry
+        readable = epoch_ranges([e.epoch for e in self.snapshots()])
+        if entry is not None and entry.status is EpochStatus.MERGED:
+            raise SnapshotNotFoundError(
+                f"epoch {epoch} of snapshot root {root} is not a snapshot: it was MERGED into "
+                f"snapshot {entry.snapshot_epoch} (snapshot_interval "
+                f"{entry.snapshot_interval}), whose commit made its outputs visible. Use "
+                f"epoch {entry.snapshot_epoch} or another readable epoch: {readable}"
+            )
+        shown = "not in the manifest" if entry is None else entry.status.value
+        raise SnapshotNotFoundError(
+            f"epoch {epoch} of snapshot root {root} is {shown}; readable epochs are {readable}"
+        )
+
+    def merged_into(self, snapshot: int) -> list[int]:
+        """The epochs MERGED into the snapshot of epoch ``snapshot``, oldest first."""
+        return sorted(self._merged.get(snapshot, ()))
+
+    def group(self, snapshot: int) -> list[ManifestEntry]:
+        """The PREPARED entries whose files the commit of ``snapshot`` made visible.
+
+        Those of the epochs MERGED into the snapshot, then its own, oldest first.
+        """
+        epochs = [*self.merged_into(snapshot), snapshot]
+        return [self._prepared[e] for e in epochs if e in self._prepared]
+
     def latest_decided(self) -> ManifestEntry | None:
-        """The entry of the newest PREPARED or COMMITTED epoch."""
+        """The latest entry of the newest epoch that was PREPARED."""
         return self._latest[max(self._prepared)] if self._prepared else None
 
     def decide(self, epoch: int) -> EpochDecision:
         """What to do with a micro-batch of ``epoch``."""
         status = self.status(epoch)
-        if status in (EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.EXPIRED):
+        if status in (
+            EpochStatus.COMMITTED,
+            EpochStatus.RESTORED,
+            EpochStatus.MERGED,
+            EpochStatus.EXPIRED,
+        ):
             return EpochDecision.SKIP_REPLAY
         if status is EpochStatus.PREPARED:
             return EpochDecision.FINISH_REPLAY
@@ -316,6 +393,86 @@ class EpochLog:
         return EpochDecision.PROCESS
 
 
+def epoch_ranges(epochs: Iterable[int]) -> str:
+    """Epoch numbers as compact ranges, e.g. ``0..4, 7, 9..12`` (``none`` when empty)."""
+    parts: list[str] = []
+    for epoch in sorted(epochs):
+        if parts and parts[-1].split("..")[-1] == str(epoch - 1):
+            parts[-1] = f"{parts[-1].split('..')[0]}..{epoch}"
+        else:
+            parts.append(str(epoch))
+    return ", ".join(parts) or "none"
+
+
+def closes_group(epoch: int, last_snapshot: int | None, interval: int) -> bool:
+    """Whether the PREPARED micro-batch ``epoch`` closes a group, so its commit is due.
+
+    Args:
+        epoch: The epoch just PREPARED.
+        last_snapshot: The newest snapshot or group end before it (None: none yet).
+        interval: The snapshot interval in epochs.
+    """
+    return epoch - (-1 if last_snapshot is None else last_snapshot) >= interval
+
+
+def recovery_groups(
+    pending: Sequence[ManifestEntry], last_snapshot: int | None
+) -> list[tuple[ManifestEntry, ...]]:
+    """How recovery commits the epochs an earlier run left PREPARED, in order.
+
+    Micro-batch epochs form the groups their run would have closed (each entry records its
+    run's snapshot interval; none recorded means 1), and the epochs after the last such
+    group end form one more group, which ends at the last of them. A restore epoch is
+    always a group of its own.
+
+    Args:
+        pending: PREPARED entries not committed yet, oldest first.
+        last_snapshot: The newest snapshot epoch (None: none yet).
+    """
+    groups: list[tuple[ManifestEntry, ...]] = []
+    open_group: list[ManifestEntry] = []
+    last = last_snapshot
+    for entry in pending:
+        if entry.is_restore and open_group:
+            groups.append(tuple(open_group))
+            open_group = []
+        open_group.append(entry)
+        if entry.is_restore or closes_group(entry.epoch, last, entry.snapshot_interval or 1):
+            groups.append(tuple(open_group))
+            open_group = []
+            last = entry.epoch
+    if open_group:
+        groups.append(tuple(open_group))
+    return groups
+
+
+def check_group(group: Sequence[ManifestEntry]) -> None:
+    """Raise unless ``group`` can be committed as one snapshot.
+
+    A group is one or more PREPARED entries in epoch order with the same tables; a restore
+    epoch is always alone.
+
+    Raises:
+        ManifestError: The group is empty, out of order, not PREPARED, mixes a restore epoch
+            with others, or its epochs write different tables.
+    """
+    if not group:
+        raise ManifestError("a commit needs at least one PREPARED epoch")
+    epochs = [e.epoch for e in group]
+    end = group[-1]
+    problem = None
+    if epochs != sorted(set(epochs)):
+        problem = "its epochs are not in increasing order"
+    elif any(e.status is not EpochStatus.PREPARED for e in group):
+        problem = "not every entry is PREPARED"
+    elif len(group) > 1 and any(e.is_restore for e in group):
+        problem = "a restore epoch is committed alone"
+    elif any(dict(e.tables) != dict(end.tables) for e in group):
+        problem = "its epochs write different tables"
+    if problem is not None:
+        raise ManifestError(f"epochs {epochs} cannot be committed as one snapshot: {problem}")
+
+
 def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
     """Replay order: by epoch, then by the only valid order of one epoch's transitions."""
     rank = {
@@ -323,6 +480,7 @@ def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
         EpochStatus.PREPARED: 1,
         EpochStatus.COMMITTED: 2,
         EpochStatus.RESTORED: 2,
+        EpochStatus.MERGED: 2,
         EpochStatus.EXPIRED: 3,
     }
     return (entry.epoch, rank[entry.status], entry.recorded_at)

@@ -24,6 +24,7 @@ _INT_MAP = pa.map_(pa.string(), pa.int64())
 _METRICS_FIELDS: list[pa.Field[Any]] = [
     pa.field("epoch", pa.int64()),
     pa.field("status", pa.string()),
+    pa.field("snapshot_epoch", pa.int64()),
     pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
     pa.field("query_id", pa.string()),
     pa.field("batch_id", pa.int64()),
@@ -46,6 +47,11 @@ METRICS_SCHEMA = pa.schema(_METRICS_FIELDS)
 ``rows`` and ``bytes`` are totals over the epoch's tables; ``rows_by_table`` and
 ``bytes_by_table`` map each table id (``state/<operator>``, ``sink/<output>``,
 ``backedge/<edge>``) to what the epoch wrote to it.
+
+With ``snapshot_interval`` > 1 every epoch still has its own row with its own figures: the
+epochs committed as part of a later snapshot have status ``MERGED`` and that snapshot's epoch
+in ``snapshot_epoch`` (a snapshot has its own epoch there), so ``GROUP BY snapshot_epoch``
+sums a snapshot's group; ``commit_ms`` is on the snapshot and covers its whole group.
 """
 
 
@@ -55,6 +61,7 @@ def metrics_table(infos: Sequence[SnapshotInfo]) -> pa.Table:
         {
             "epoch": i.epoch,
             "status": i.status.value,
+            "snapshot_epoch": i.snapshot_epoch,
             "recorded_at": i.recorded_at,
             "query_id": i.query_id,
             "batch_id": i.batch_id,
@@ -82,6 +89,9 @@ class SnapshotListener:
     Subclass it, override what you need, and pass instances to ``Pipeline(listeners=...)``.
     In async mode the callbacks run on the background committer's thread. A callback that
     raises is logged and ignored: it cannot fail or delay the commit beyond its own run time.
+    With ``snapshot_interval`` > 1, :meth:`on_epoch_committed` is called once per snapshot
+    (with the group's last epoch); the epochs merged into it are in
+    :meth:`Snapshots.metrics() <pyspark_abs.snapshots.Snapshots.metrics>`.
 
     Example::
 
@@ -91,7 +101,10 @@ class SnapshotListener:
     """
 
     def on_epoch_committed(self, info: SnapshotInfo) -> None:
-        """Epoch ``info.epoch`` is COMMITTED: its state, outputs and logs are visible."""
+        """Epoch ``info.epoch`` is COMMITTED: its state, outputs and logs are visible.
+
+        With ``snapshot_interval`` > 1 so are those of the epochs merged into it.
+        """
 
     def on_epoch_aborted(self, info: SnapshotInfo) -> None:
         """Epoch ``info.epoch`` was ABORTED (``info.error`` says why); nothing of it is visible."""

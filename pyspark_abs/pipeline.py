@@ -5,6 +5,7 @@
     source ─► key groups ─► operator (applyInPandasWithState) ─► envelope
            ─► pre-commit tasks (files + barrier markers) ─► coordinator (foreachBatch):
               align ─► PREPARED ─► commit tables ─► COMMITTED
+                                   (once per group of ``snapshot_interval`` epochs)
 
 With back-edges, the input is the source plus a loop head per back-edge, which reads the
 records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.backedge`).
@@ -469,6 +470,14 @@ class Pipeline:
                 f"pipeline {self.name!r}: back-edges need snapshots (their records in flight "
                 f"are part of each snapshot); set snapshots=True"
             )
+        if self.config.snapshot_interval > 1:
+            raise ConfigError(
+                f"pipeline {self.name!r}: back-edges need snapshot_interval=1, got "
+                f"{self.config.snapshot_interval}: a record sent over a back-edge reaches the "
+                f"loop head only once its epoch is committed, so the loop would wait for each "
+                f"group of {self.config.snapshot_interval} epochs to fill; set "
+                f"snapshot_interval=1"
+            )
         named = sinks.keys() if isinstance(sinks, Mapping) else ()
         outputs = dict(self.plan.outputs)
         check_back_edges(self.name, self.back_edges, list(outputs), named)
@@ -572,7 +581,7 @@ class PipelineQuery:
 
     @property
     def pending_epochs(self) -> int:
-        """PREPARED epochs waiting for the background committer."""
+        """PREPARED epochs not committed yet: the open group's and the committer's."""
         return self._coordinator.pending_epochs
 
     @property
@@ -585,7 +594,11 @@ class PipelineQuery:
         return self._coordinator.latest_snapshot()
 
     def drain(self) -> None:
-        """Wait until every epoch PREPARED so far is committed."""
+        """Commit every epoch PREPARED so far and wait until it is committed.
+
+        With ``snapshot_interval`` > 1 the open group is committed early, so its last epoch
+        becomes a snapshot and its outputs visible. Safe to call while the query runs.
+        """
         self._coordinator.drain()
 
     def await_termination(self, timeout: int | None = None) -> bool:
@@ -653,7 +666,11 @@ class PipelineQuery:
         return False
 
     def stop(self) -> None:
-        """Stop the query, commit every PREPARED epoch, and stop the committer."""
+        """Stop the query, commit every PREPARED epoch, and stop the committer.
+
+        With ``snapshot_interval`` > 1 the open group is committed, so the last PREPARED
+        epoch becomes a snapshot; after a failure it is left for the next start to recover.
+        """
         self.query.stop()
         self._finish(failed=self._coordinator.failure is not None)
 

@@ -1,7 +1,8 @@
 """Recovery on start: load the manifest and check that root and checkpoint belong together.
 
-After these checks every epoch left PREPARED by an earlier run is committed
-(:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's micro-batches are mapped
+After these checks every epoch left PREPARED by an earlier run is committed, in the groups
+of its snapshot interval (:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's
+micro-batches are mapped
 onto epochs (:func:`resolve_lineage`), and Spark replays the micro-batches it had not
 committed; the coordinator discards replays of decided epochs.
 """
@@ -39,6 +40,9 @@ def manifest_spec(root: str, pipeline: str) -> TableSpec:
 def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
     """Create the root's manifest, or load it after checking it belongs to ``pipeline``.
 
+    A manifest written by an older pyspark-abs first gets the columns added since (null in
+    its existing rows).
+
     Raises:
         PipelineMismatchError: The root belongs to another pipeline.
         ManifestError: The manifest cannot be read or breaks the epoch state machine.
@@ -51,6 +55,9 @@ def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
                 f"snapshot root {root} belongs to pipeline {owner!r}, not {pipeline!r}; give "
                 f"this pipeline its own snapshot root"
             )
+        added = store.add_missing_columns(spec)
+        if added:
+            log.info("manifest at %s: added column(s) %s", spec.uri, ", ".join(added))
     store.ensure_table(spec)
     try:
         rows = store.read(spec.uri).to_pylist()

@@ -49,7 +49,7 @@ from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import TableTarget, file_prefix, write_files
 from pyspark_abs.recovery import manifest_owner, open_manifest
 from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
-from pyspark_abs.snapshots import SnapshotInfo, epoch_ranges, state_table_description
+from pyspark_abs.snapshots import SnapshotInfo, state_table_description
 from pyspark_abs.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
         The RESTORED epoch.
 
     Raises:
-        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
+        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
+            example MERGED into a later snapshot by a snapshot interval).
         CommitError: A table could not be restored (e.g. its files were vacuumed); the
             rollback is finished by the next start or rollback once that is fixed.
     """
@@ -133,7 +134,8 @@ def restore(
         The RESTORED epoch of ``into``, which has the number ``epoch``.
 
     Raises:
-        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot.
+        SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
+            example MERGED into a later snapshot by a snapshot interval).
         SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself. Running
             the same restore again after it was interrupted finishes it instead.
     """
@@ -319,14 +321,7 @@ def _open(store: DeltaStore, root: str, pipeline: str | None, config: AbsConfig)
 
 def _snapshot(epochs: EpochLog, epoch: int, root: str) -> ManifestEntry:
     """The epoch's entry, which must be a readable snapshot."""
-    entry = epochs.latest(epoch)
-    if entry is None or entry.status not in (EpochStatus.COMMITTED, EpochStatus.RESTORED):
-        readable = [e.epoch for e in epochs.snapshots()]
-        shown = "not in the manifest" if entry is None else entry.status.value
-        raise SnapshotNotFoundError(
-            f"epoch {epoch} of snapshot root {root} is {shown}; snapshots are "
-            f"{epoch_ranges(readable)}"
-        )
+    entry = epochs.require_snapshot(epoch, root)
     require_intact(root, epochs, epoch, "It cannot be restored.")
     return entry
 
@@ -398,7 +393,7 @@ def _install(
     )
     writer.record(prepared)
     writer.faults.at(FaultStep.AFTER_PREPARED, epoch)
-    return SnapshotInfo.from_entry(writer.commit(prepared))
+    return SnapshotInfo.from_entry(writer.commit([prepared]))
 
 
 def _of(entry: ManifestEntry | None, name: str) -> Any:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight, in_flight_count
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
-from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochLog, EpochStatus, ManifestEntry
+from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.metrics import metrics_table
 from pyspark_abs.recovery import manifest_owner
 from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
@@ -49,9 +49,10 @@ class SnapshotInfo:
 
     Attributes:
         epoch: The epoch.
-        status: PREPARED, COMMITTED or ABORTED.
+        status: The epoch's latest status: COMMITTED or RESTORED (a snapshot), MERGED
+            (committed as part of a later snapshot), PREPARED, ABORTED or EXPIRED.
         recorded_at: When the epoch reached its status.
-        table_versions: Delta version of each table as of the epoch (COMMITTED only).
+        table_versions: Delta version of each table as of the epoch (snapshots only).
         rows: Rows the epoch wrote per table.
         bytes: Bytes the epoch wrote per table.
         state_keys: Live keys in the operator's state after the epoch.
@@ -60,9 +61,10 @@ class SnapshotInfo:
         align_wait_ms: Time between the first and the last partition's barrier marker.
         align_ms: Time to align markers and verify files.
         prepare_ms: Time to record PREPARED.
-        commit_ms: Time to commit the tables.
-        pending_epochs: Earlier epochs still waiting for the background committer when
-            this one was PREPARED (async mode).
+        commit_ms: Time to commit the tables (for a snapshot, of its whole group).
+        pending_epochs: Earlier epochs PREPARED and not committed yet when this one was
+            PREPARED: waiting for the background committer (async mode) or for their
+            group to close (``snapshot_interval`` > 1).
         query_id: Spark's id of the checkpoint that ran the epoch, as in
             ``StreamingQueryProgress.id``.
         batch_id: Spark's micro-batch id, as in ``StreamingQueryProgress.batchId``.
@@ -71,6 +73,9 @@ class SnapshotInfo:
         error: Why the epoch was aborted.
         restored_from: Restore epochs: the epoch whose snapshot they installed.
         origin: Restore epochs: what installed them (rollback, restore, write_state).
+        snapshot_epoch: The snapshot whose commit made the epoch's outputs visible: the
+            epoch itself for a snapshot, the end of its group for a MERGED epoch; None
+            before the commit.
     """
 
     epoch: int
@@ -94,6 +99,7 @@ class SnapshotInfo:
     error: str | None = None
     restored_from: int | None = None
     origin: str | None = None
+    snapshot_epoch: int | None = None
 
     @classmethod
     def from_entry(cls, entry: ManifestEntry) -> SnapshotInfo:
@@ -120,6 +126,7 @@ class SnapshotInfo:
             error=entry.error,
             restored_from=entry.restored_from,
             origin=entry.origin,
+            snapshot_epoch=entry.snapshot_epoch,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,7 +262,8 @@ class Snapshots:
                 last change) and ``_timeout``.
 
         Raises:
-            SnapshotNotFoundError: The operator or epoch is unknown or not committed.
+            SnapshotNotFoundError: The operator or epoch is unknown or not a snapshot (not
+                committed yet, expired, or MERGED into a later snapshot).
         """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -280,7 +288,8 @@ class Snapshots:
         of the key's last change) and ``_timeout``.
 
         Raises:
-            SnapshotNotFoundError: The operator or epoch is unknown or not committed.
+            SnapshotNotFoundError: The operator or epoch is unknown or not a snapshot (not
+                committed yet, expired, or MERGED into a later snapshot).
         """
         entry, uri, keys, values = self._state_table(operator, epoch)
         changes = self._store.read(uri, entry.table_versions[f"state/{operator}"])
@@ -301,7 +310,8 @@ class Snapshots:
         """A sink table as of a committed epoch.
 
         Raises:
-            SnapshotNotFoundError: The output or epoch is unknown or not committed.
+            SnapshotNotFoundError: The output or epoch is unknown or not a snapshot (not
+                committed yet, expired, or MERGED into a later snapshot).
         """
         table = f"sink/{output}"
         entry = self._committed(epoch, table, f"output {output!r}")
@@ -312,17 +322,7 @@ class Snapshots:
         readable = log.snapshots()
         if not readable:
             raise SnapshotNotFoundError(f"snapshot root {self.root} has no committed epoch yet")
-        if epoch is None:
-            entry = readable[-1]
-        else:
-            found = log.latest(epoch)
-            if found is None or found.status not in SNAPSHOT_STATUSES:
-                status = found.status.value if found else "not in the manifest"
-                raise SnapshotNotFoundError(
-                    f"epoch {epoch} of snapshot root {self.root} is {status}; readable epochs "
-                    f"are {epoch_ranges([e.epoch for e in readable])}"
-                )
-            entry = found
+        entry = readable[-1] if epoch is None else log.require_snapshot(epoch, self.root)
         if table not in entry.table_versions:
             known = sorted(entry.table_versions)
             raise SnapshotNotFoundError(
@@ -350,14 +350,3 @@ class Snapshots:
             )
         self.spark = active
         return active
-
-
-def epoch_ranges(epochs: builtins.list[int]) -> str:
-    """Epoch numbers as compact ranges, e.g. ``0..4, 7, 9..12`` (``none`` when empty)."""
-    parts: builtins.list[str] = []
-    for epoch in sorted(epochs):
-        if parts and parts[-1].split("..")[-1] == str(epoch - 1):
-            parts[-1] = f"{parts[-1].split('..')[0]}..{epoch}"
-        else:
-            parts.append(str(epoch))
-    return ", ".join(parts) or "none"

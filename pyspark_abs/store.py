@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.schema import Field
 from deltalake.transaction import AddAction, RemoveAction
 
 from pyspark_abs.barrier import FileEntry
@@ -145,6 +146,29 @@ class DeltaStore:
                 f"schema"
             )
 
+    def add_missing_columns(self, spec: TableSpec) -> list[str]:
+        """Add the columns of ``spec.schema`` that the existing table lacks, as nullable.
+
+        This is how a table written by an older pyspark-abs gets the columns added since;
+        existing rows read them as null. Returns the names of the columns added.
+
+        Raises:
+            SnapshotRootError: The table cannot be changed.
+        """
+        table = self.open(spec.uri)
+        present = set(arrow_schema(table).names)
+        missing = [f for f in spec.schema if f.name not in present]
+        if missing:
+            try:
+                table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in missing])
+                table.update_incremental()
+            except (DeltaError, OSError) as err:
+                raise SnapshotRootError(
+                    f"cannot add column(s) {[f.name for f in missing]} to table {spec.table} "
+                    f"at {spec.uri}: {brief_error(err)}"
+                ) from None
+        return [f.name for f in missing]
+
     def open(self, uri: str) -> DeltaTable:
         """The table at ``uri``, brought up to date (cached per location).
 
@@ -210,7 +234,7 @@ class DeltaStore:
     def commit_files(
         self,
         uri: str,
-        files: Sequence[FileEntry],
+        files: Mapping[int, Sequence[FileEntry]],
         app_id: str,
         epoch: int,
         *,
@@ -218,11 +242,15 @@ class DeltaStore:
     ) -> CommitResult:
         """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
 
-        The commit carries the application transaction ``(app_id, epoch)``. If the table
-        already holds that transaction or a later one, nothing is committed and the version
-        that committed ``epoch`` is returned. With no files and no overwrite, nothing is
-        committed and the current version is returned. With ``overwrite``, the files
-        replace the table's current files.
+        ``files`` maps each epoch committed together (``epoch`` and, with a snapshot
+        interval, the earlier epochs of its group) to the files it pre-committed. The commit
+        carries the application transaction ``(app_id, epoch)``. If the table already holds
+        that transaction or a later one, nothing is committed and the version that committed
+        ``epoch`` is returned. If it holds an earlier epoch of ``files`` (a crash cut a
+        commit sequence short), only the later epochs' files are added (see
+        :func:`files_after`). With no files left and no overwrite, nothing is committed and
+        the current version is returned. With ``overwrite``, the files replace the table's
+        current files.
 
         Raises:
             CommitError: The Delta commit failed, or the table's transactions say the epoch
@@ -232,7 +260,8 @@ class DeltaStore:
         done = table.transaction_version(app_id)
         if done is not None and done >= epoch:
             return CommitResult(self._version_of(table, uri, app_id, epoch), committed=False)
-        if not files and not overwrite:
+        adding = files_after(files, done)
+        if not adding and not overwrite:
             return CommitResult(int(table.version()), committed=False)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
@@ -244,7 +273,7 @@ class DeltaStore:
                 data_change=True,
                 stats=f.stats,
             )
-            for f in files
+            for f in adding
         ]
         try:
             table.create_write_transaction(
@@ -257,7 +286,7 @@ class DeltaStore:
             table.update_incremental()
         except (DeltaError, OSError) as err:
             raise CommitError(
-                f"epoch {epoch}: committing {len(files)} file(s) to the table at {uri} "
+                f"epoch {epoch}: committing {len(adding)} file(s) to the table at {uri} "
                 f"failed: {brief_error(err)}. The epoch stays PREPARED and is committed on restart"
             ) from err
         return CommitResult(int(table.version()), committed=True)
@@ -316,6 +345,19 @@ class DeltaStore:
 
 _BACKTRACE_LINE = re.compile(r"^\s*\d+: ")
 _ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def files_after(
+    files: Mapping[int, Sequence[FileEntry]], committed_through: int | None
+) -> list[FileEntry]:
+    """The files of the epochs after ``committed_through``, in epoch order.
+
+    A table whose application transaction version is ``committed_through`` holds the files
+    of that epoch and of every earlier one: commits are made in epoch order, each with every
+    epoch up to its own.
+    """
+    done = -1 if committed_through is None else committed_through
+    return [f for epoch in sorted(files) if epoch > done for f in files[epoch]]
 
 
 def brief_error(err: BaseException) -> str:

@@ -199,7 +199,7 @@ def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
     pipeline(root, words).run()
     with pytest.raises(
-        SnapshotNotFoundError, match=r"epoch 7 .* not in the manifest; snapshots are 0..1"
+        SnapshotNotFoundError, match=r"epoch 7 .* not in the manifest; readable epochs are 0..1"
     ):
         rollback(str(root), 7)
     with pytest.raises(SnapshotNotFoundError, match="not a pyspark-abs snapshot root"):

@@ -1,4 +1,4 @@
-"""The ordered background committer: order, back-pressure, failure, drain."""
+"""The ordered background committer: order, back-pressure, failure, drain, groups."""
 
 import datetime as dt
 import threading
@@ -6,17 +6,19 @@ import threading
 import pytest
 
 from pyspark_abs import CommitError, InjectedFault
-from pyspark_abs.committer import OrderedCommitter
+from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.manifest import EpochStatus, ManifestEntry
 
 
-def prepared(epoch: int) -> ManifestEntry:
-    return ManifestEntry("p", epoch, EpochStatus.PREPARED, dt.datetime.now(dt.timezone.utc), "r")
+def prepared(*epochs: int) -> Group:
+    """A group of PREPARED epochs."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return tuple(ManifestEntry("p", e, EpochStatus.PREPARED, now, "r") for e in epochs)
 
 
 def test_commits_in_submission_order_and_drains() -> None:
     committed: list[int] = []
-    committer = OrderedCommitter(lambda e: committed.append(e.epoch), max_pending=2)
+    committer = OrderedCommitter(lambda g: committed.append(g[-1].epoch), max_pending=2)
     for epoch in range(5):
         committer.submit(prepared(epoch))
     committer.drain()
@@ -29,7 +31,7 @@ def test_submit_blocks_while_max_pending_epochs_wait() -> None:
     release = threading.Event()
     started = threading.Event()
 
-    def slow(entry: ManifestEntry) -> None:
+    def slow(group: Group) -> None:
         started.set()
         assert release.wait(10)
 
@@ -56,10 +58,10 @@ def test_submit_blocks_while_max_pending_epochs_wait() -> None:
 def test_a_failure_stops_later_epochs_and_is_reported() -> None:
     committed: list[int] = []
 
-    def commit(entry: ManifestEntry) -> None:
-        if entry.epoch == 1:
+    def commit(group: Group) -> None:
+        if group[-1].epoch == 1:
             raise InjectedFault("boom at 1")
-        committed.append(entry.epoch)
+        committed.append(group[-1].epoch)
 
     committer = OrderedCommitter(commit, max_pending=3)
     committer.submit(prepared(0))
@@ -73,7 +75,7 @@ def test_a_failure_stops_later_epochs_and_is_reported() -> None:
 
 
 def test_non_pyspark_abs_failures_become_commit_errors() -> None:
-    def commit(entry: ManifestEntry) -> None:
+    def commit(group: Group) -> None:
         raise OSError("disk full")
 
     committer = OrderedCommitter(commit, max_pending=1)
@@ -85,10 +87,29 @@ def test_non_pyspark_abs_failures_become_commit_errors() -> None:
 
 def test_close_commits_what_is_queued() -> None:
     committed: list[int] = []
-    committer = OrderedCommitter(lambda e: committed.append(e.epoch), max_pending=4)
+    committer = OrderedCommitter(lambda g: committed.append(g[-1].epoch), max_pending=4)
     for epoch in range(3):
         committer.submit(prepared(epoch))
     committer.close()
     assert committed == [0, 1, 2]
     with pytest.raises(CommitError, match="closed"):
         committer.submit(prepared(3))
+
+
+def test_groups_are_committed_whole_and_counted_in_epochs() -> None:
+    release = threading.Event()
+    committed: list[list[int]] = []
+
+    def commit(group: Group) -> None:
+        assert release.wait(10)
+        committed.append([e.epoch for e in group])
+
+    committer = OrderedCommitter(commit, max_pending=2)
+    committer.submit(prepared(0, 1, 2))
+    committer.submit(prepared(3, 4))
+    assert (committer.pending, committer.pending_epochs) == (2, 5)
+    release.set()
+    committer.drain()
+    assert committed == [[0, 1, 2], [3, 4]]
+    assert (committer.pending, committer.pending_epochs) == (0, 0)
+    committer.close()

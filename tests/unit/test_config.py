@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_abs import AbsConfig, ConfigError
+from pyspark_abs.connect import require_supported
 
 
 def test_defaults() -> None:
@@ -10,6 +11,7 @@ def test_defaults() -> None:
     assert config.commit_mode == "async"
     assert config.key_groups == 256
     assert config.snapshots is True
+    assert config.snapshot_interval == 1
 
 
 def test_from_mapping_converts_strings() -> None:
@@ -36,6 +38,14 @@ def test_from_mapping_converts_strings() -> None:
         ({"snapshots": "maybe"}, "cannot read 'maybe' as bool"),
         ({"max_pending_epochs": -1}, "max_pending_epochs must be a positive integer"),
         ({"max_key_group_state_bytes": "0"}, "max_key_group_state_bytes must be a positive"),
+        ({"snapshot_interval": "0"}, "snapshot_interval must be a positive integer, got 0"),
+        ({"snapshot_interval": "often"}, "snapshot_interval: cannot read 'often' as int"),
+        ({"snapshot_interval": True}, "snapshot_interval must be a positive integer, got True"),
+        (
+            {"snapshot_interval": "3", "snapshots": "false"},
+            r"snapshot_interval=3 groups the commits of snapshots, but snapshots=False .*; set "
+            r"snapshot_interval=1 or snapshots=True",
+        ),
     ],
 )
 def test_bad_values_are_refused(values: dict[str, object], message: str) -> None:
@@ -68,6 +78,26 @@ def test_bad_files_are_refused(tmp_path: Path, text: str, message: str) -> None:
         AbsConfig.from_file(path)
 
 
+def test_snapshot_interval_comes_from_code_files_and_strings(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_text("[abs]\nsnapshot_interval = 5\n")
+    assert AbsConfig.from_file(path).snapshot_interval == 5
+    assert AbsConfig.from_mapping({"snapshot_interval": "10"}) == AbsConfig(snapshot_interval=10)
+    assert AbsConfig(snapshot_interval=1, snapshots=False).snapshot_interval == 1
+
+
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot read configuration file .*nope\.toml"):
         AbsConfig.from_file(tmp_path / "nope.toml")
+
+
+def test_spark_connect_refuses_a_snapshot_interval() -> None:
+    require_supported("wc", AbsConfig(commit_mode="sync"), stops_when_idle=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"pipeline 'wc': under Spark Connect.* cannot commit the last open group of "
+        r"snapshot_interval=3 epochs when the query stops; set AbsConfig\(snapshot_interval=1\)",
+    ):
+        require_supported(
+            "wc", AbsConfig(commit_mode="sync", snapshot_interval=3), stops_when_idle=False
+        )

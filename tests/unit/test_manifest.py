@@ -1,17 +1,27 @@
 import datetime as dt
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from pyspark_abs.barrier import FileEntry
-from pyspark_abs.errors import ManifestError
+from pyspark_abs.errors import ManifestError, SnapshotNotFoundError
 from pyspark_abs.manifest import (
+    MANIFEST_SCHEMA,
     EpochDecision,
     EpochLog,
     EpochStatus,
     ManifestEntry,
+    check_group,
     check_transition,
+    closes_group,
     entries_to_table,
+    epoch_ranges,
+    recovery_groups,
 )
+from pyspark_abs.recovery import manifest_spec, open_manifest
+from pyspark_abs.store import DeltaStore
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -35,6 +45,8 @@ def entry(epoch: int, status: EpochStatus, **kw: object) -> ManifestEntry:
         (EpochStatus.ABORTED, EpochStatus.ABORTED),
         (EpochStatus.ABORTED, EpochStatus.PREPARED),
         (EpochStatus.PREPARED, EpochStatus.COMMITTED),
+        (EpochStatus.PREPARED, EpochStatus.MERGED),
+        (EpochStatus.MERGED, EpochStatus.EXPIRED),
     ],
 )
 def test_allowed_transitions(current: EpochStatus | None, new: EpochStatus) -> None:
@@ -51,6 +63,13 @@ def test_allowed_transitions(current: EpochStatus | None, new: EpochStatus) -> N
         (EpochStatus.COMMITTED, EpochStatus.PREPARED),
         (EpochStatus.COMMITTED, EpochStatus.ABORTED),
         (EpochStatus.ABORTED, EpochStatus.COMMITTED),
+        (None, EpochStatus.MERGED),
+        (EpochStatus.ABORTED, EpochStatus.MERGED),
+        (EpochStatus.COMMITTED, EpochStatus.MERGED),
+        (EpochStatus.MERGED, EpochStatus.COMMITTED),
+        (EpochStatus.MERGED, EpochStatus.PREPARED),
+        (EpochStatus.MERGED, EpochStatus.MERGED),
+        (EpochStatus.EXPIRED, EpochStatus.MERGED),
     ],
 )
 def test_forbidden_transitions(current: EpochStatus | None, new: EpochStatus) -> None:
@@ -117,3 +136,161 @@ def test_entry_round_trips_through_arrow() -> None:
     )
     table = entries_to_table([original])
     assert ManifestEntry.from_row(table.to_pylist()[0]) == original
+
+
+def file(table: str, epoch: int) -> FileEntry:
+    return FileEntry(table, f"abs-e{epoch}-{table.replace('/', '-')}.parquet", 10, 1, 0)
+
+
+TABLES = {"state/wc": "/r/state/wc", "sink/out": "/s"}
+
+
+def prepared(epoch: int, interval: int = 3, tables: dict[str, str] = TABLES) -> ManifestEntry:
+    files = tuple(file(t, epoch) for t in tables)
+    return entry(
+        epoch, EpochStatus.PREPARED, tables=tables, files=files, snapshot_interval=interval
+    )
+
+
+def merged(epoch: int, snapshot: int) -> ManifestEntry:
+    return prepared(epoch).transition(EpochStatus.MERGED, files=(), snapshot_epoch=snapshot)
+
+
+def committed(epoch: int) -> ManifestEntry:
+    return prepared(epoch).transition(EpochStatus.COMMITTED, files=(), snapshot_epoch=epoch)
+
+
+def interval_log() -> EpochLog:
+    """Interval 3: epochs 0..2 committed as snapshot 2, 3 and 4 PREPARED (an open group)."""
+    return EpochLog(
+        [
+            *(prepared(e) for e in range(5)),
+            merged(0, 2),
+            merged(1, 2),
+            committed(2),
+        ]
+    )
+
+
+def test_merged_epochs_are_neither_snapshots_nor_pending_and_their_replays_are_skipped() -> None:
+    log = interval_log()
+    assert [e.epoch for e in log.snapshots()] == [2]
+    assert [e.epoch for e in log.pending()] == [3, 4]
+    assert log.decide(0) is EpochDecision.SKIP_REPLAY
+    assert log.decide(1) is EpochDecision.SKIP_REPLAY
+    assert log.decide(3) is EpochDecision.FINISH_REPLAY
+    assert log.merged_into(2) == [0, 1]
+    assert [e.epoch for e in log.group(2)] == [0, 1, 2]
+    assert all(e.status is EpochStatus.PREPARED and e.files for e in log.group(2))
+    expired = log.latest(0)
+    assert expired is not None
+    log.record(expired.transition(EpochStatus.EXPIRED))
+    assert log.merged_into(2) == [0, 1]
+    assert log.decide(0) is EpochDecision.SKIP_REPLAY
+
+
+def test_an_epoch_is_merged_only_into_a_later_snapshot() -> None:
+    log = EpochLog([prepared(0), prepared(1)])
+    with pytest.raises(ManifestError, match="epoch 1 cannot be MERGED into snapshot 0"):
+        log.record(merged(1, 0))
+    with pytest.raises(ManifestError, match="epoch 0 cannot be MERGED into snapshot None"):
+        log.record(prepared(0).transition(EpochStatus.MERGED, files=()))
+
+
+def test_reading_a_merged_epoch_names_its_snapshot_and_the_readable_epochs() -> None:
+    log = interval_log()
+    assert log.require_snapshot(2, "/root").epoch == 2
+    with pytest.raises(
+        SnapshotNotFoundError,
+        match=r"epoch 1 of snapshot root /root is not a snapshot: it was MERGED into snapshot 2 "
+        r"\(snapshot_interval 3\).* Use epoch 2 or another readable epoch: 2$",
+    ):
+        log.require_snapshot(1, "/root")
+    with pytest.raises(
+        SnapshotNotFoundError, match=r"epoch 3 .* is PREPARED; readable epochs are 2"
+    ):
+        log.require_snapshot(3, "/root")
+    with pytest.raises(SnapshotNotFoundError, match=r"epoch 9 .* is not in the manifest"):
+        log.require_snapshot(9, "/root")
+
+
+@pytest.mark.parametrize(
+    ("epoch", "last", "interval", "closes"),
+    [
+        (0, None, 1, True),
+        (0, None, 3, False),
+        (1, None, 3, False),
+        (2, None, 3, True),
+        (3, 2, 3, False),
+        (5, 2, 3, True),
+        (7, 2, 3, True),
+        (8, 7, 1, True),
+        (11, 10, 2, False),
+    ],
+)
+def test_an_epoch_closes_a_group_interval_epochs_after_the_last_snapshot(
+    epoch: int, last: int | None, interval: int, closes: bool
+) -> None:
+    assert closes_group(epoch, last, interval) is closes
+
+
+def epochs_of(groups: list[tuple[ManifestEntry, ...]]) -> list[list[int]]:
+    return [[e.epoch for e in g] for g in groups]
+
+
+def test_recovery_closes_the_groups_the_run_would_have_then_the_rest() -> None:
+    pending = [prepared(e) for e in range(3, 9)]
+    assert epochs_of(recovery_groups(pending, 2)) == [[3, 4, 5], [6, 7, 8]]
+    assert epochs_of(recovery_groups(pending[:2], 2)) == [[3, 4]]
+    assert epochs_of(recovery_groups(pending[:4], 2)) == [[3, 4, 5], [6]]
+    assert epochs_of(recovery_groups([prepared(e) for e in range(3)], None)) == [[0, 1, 2]]
+    every_epoch = [prepared(e, interval=1) for e in range(3, 6)]
+    assert epochs_of(recovery_groups(every_epoch, 2)) == [[3], [4], [5]]
+    unrecorded = [entry(e, EpochStatus.PREPARED) for e in (3, 4)]
+    assert epochs_of(recovery_groups(unrecorded, 2)) == [[3], [4]]
+
+
+def test_recovery_commits_a_restore_epoch_alone() -> None:
+    restore = entry(6, EpochStatus.PREPARED, origin="rollback to epoch 2", tables=TABLES)
+    pending = [prepared(3), prepared(4), restore, prepared(7)]
+    assert epochs_of(recovery_groups(pending, 2)) == [[3, 4], [6], [7]]
+
+
+def test_a_group_is_ordered_prepared_and_writes_the_same_tables() -> None:
+    check_group([prepared(3), prepared(4), prepared(5)])
+    restore = entry(6, EpochStatus.PREPARED, origin="rollback to epoch 2", tables=TABLES)
+    check_group([restore])
+    bad: list[tuple[list[ManifestEntry], str]] = [
+        ([prepared(4), prepared(3)], "not in increasing order"),
+        ([prepared(3), prepared(3)], "not in increasing order"),
+        ([prepared(3), committed(4)], "not every entry is PREPARED"),
+        ([prepared(5), restore], "a restore epoch is committed alone"),
+        ([prepared(3), prepared(4, tables={"state/wc": "/r/state/wc"})], "different tables"),
+    ]
+    for group, problem in bad:
+        with pytest.raises(
+            ManifestError, match=f"cannot be committed as one snapshot: .*{problem}"
+        ):
+            check_group(group)
+    with pytest.raises(ManifestError, match="at least one PREPARED epoch"):
+        check_group([])
+
+
+def test_epoch_ranges() -> None:
+    assert epoch_ranges([9, 0, 1, 2, 4, 10, 11]) == "0..2, 4, 9..11"
+    assert epoch_ranges([]) == "none"
+
+
+def test_a_manifest_without_the_interval_columns_gets_them_on_open(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    spec = manifest_spec(root, "p")
+    old = pa.schema([f for f in MANIFEST_SCHEMA if not f.name.startswith("snapshot_")])
+    DeltaTable.create(spec.uri, old, description=spec.description)
+    store = DeltaStore()
+    rows = entries_to_table([prepared(0), committed(0)]).select(old.names)
+    store.append(spec.uri, rows)
+    log = open_manifest(store, root, "p")
+    assert set(MANIFEST_SCHEMA.names) <= set(DeltaTable(spec.uri).schema().to_arrow().names)
+    assert [e.epoch for e in log.snapshots()] == [0]
+    store.append(spec.uri, entries_to_table([prepared(1)]))
+    assert [e.epoch for e in open_manifest(store, root, "p").pending()] == [1]

@@ -13,9 +13,10 @@ pipelines, two streaming queries running at the same time, connected through a D
    received and the largest count (shuffle 2: updates to the key groups of ``bucket``).
 
 Stage 1 processes the input while stage 2 polls its table every second; then stage 2
-finishes what stage 1 committed. End-to-end records/s is input records over that wall time. Each stage's
-snapshot records the offsets it consumed, so stage 2's snapshot at epoch n together with
-stage 1's at the table version stage 2 read is a consistent cut of the whole topology.
+finishes what stage 1 committed. End-to-end records/s is input records over that wall
+time. Each stage's snapshot records the offsets it consumed, so stage 2's snapshot at
+epoch n together with stage 1's at the table version stage 2 read is a consistent cut of
+the whole topology.
 Variants: ``baseline`` (both stages with ``snapshots=False``) and ``abs_async`` (both
 snapshotted, asynchronous commit), interleaved. The last line printed is one JSON object.
 

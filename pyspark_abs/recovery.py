@@ -2,9 +2,8 @@
 
 After these checks every epoch left PREPARED by an earlier run is committed, in the groups
 of its snapshot interval (:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's
-micro-batches are mapped
-onto epochs (:func:`resolve_lineage`), and Spark replays the micro-batches it had not
-committed; the coordinator discards replays of decided epochs.
+micro-batches are mapped onto epochs (:func:`resolve_lineage`), and Spark replays the
+micro-batches it had not committed; the coordinator discards replays of decided epochs.
 """
 
 from __future__ import annotations

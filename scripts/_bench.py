@@ -269,11 +269,6 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def paired_ratio(reference: Sequence[float], other: Sequence[float]) -> float:
-    """Median over rounds of reference time / other time (throughput of other vs reference)."""
-    return round(statistics.median(r / o for r, o in zip(reference, other, strict=True)), 3)
-
-
 def print_rates(
     records: int,
     seconds: Mapping[str, Sequence[float]],
@@ -302,6 +297,9 @@ def cost_figures(costs: Mapping[str, RunCosts], repeats: int) -> dict[str, Any]:
         "memory_peaks": {v: c.memory() for v, c in costs.items()},
         "cpu_seconds": {v: c.measured_cpu(repeats) for v, c in costs.items()},
         "cpu_median_s": {v: round(median(c.measured_cpu(repeats)), 2) for v, c in costs.items()},
+        "cpu_median_s_by_process": {
+            v: c.measured_cpu_by_process(repeats) for v, c in costs.items()
+        },
     }
 
 
@@ -317,15 +315,24 @@ def plot(
     ylabel: str,
     series: Mapping[str, Sequence[tuple[float, float]]],
     *,
+    spreads: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     xticks: Sequence[float] | None = None,
-    note: str | None = None,
 ) -> Path:
-    """Write a line plot (one line per series of (x, y) points) as a PNG."""
+    """Write a line plot (one line per series of (x, y) points) as a PNG.
+
+    ``spreads`` gives, for a series, the (low, high) range at each of its points (say, the
+    fastest and slowest run), drawn as a band around the line.
+    """
 
     figure, axes = _axes()
     for label, points in series.items():
         xs, ys = zip(*points, strict=True) if points else ((), ())
-        axes.plot(xs, ys, marker="o", label=label)
+        line = axes.plot(xs, ys, marker="o", label=label)[0]
+        band = (spreads or {}).get(label)
+        if band:
+            lows, highs = zip(*band, strict=True)
+            axes.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15)
+    axes.axhline(0, color="grey", linewidth=0.8)
     axes.set_title(title)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
@@ -333,8 +340,6 @@ def plot(
         axes.set_xticks(list(xticks))
     axes.grid(alpha=0.3)
     axes.legend()
-    if note:
-        figure.text(0.01, 0.01, note, fontsize=7, alpha=0.7)
     return _save(figure, path)
 
 
@@ -389,6 +394,8 @@ class RunCosts:
         python_workers_total: Largest sum of the Python workers' RSS at one sample.
         cpu_seconds: CPU time (user + system) of every process of the application, one
             entry per run, warm-up included.
+        cpu_by_process: The same per kind of process (``jvm``, ``python_workers``,
+            ``driver``), one entry per run.
     """
 
     driver_python: float = 0.0
@@ -396,6 +403,7 @@ class RunCosts:
     python_worker: float = 0.0
     python_workers_total: float = 0.0
     cpu_seconds: list[float] = field(default_factory=list)
+    cpu_by_process: list[dict[str, float]] = field(default_factory=list)
 
     def merge(self, other: RunCosts) -> None:
         """Keep the larger of each peak and add the other's CPU times."""
@@ -404,6 +412,7 @@ class RunCosts:
         self.python_worker = max(self.python_worker, other.python_worker)
         self.python_workers_total = max(self.python_workers_total, other.python_workers_total)
         self.cpu_seconds.extend(other.cpu_seconds)
+        self.cpu_by_process.extend(other.cpu_by_process)
 
     def memory(self) -> dict[str, float]:
         """The memory peaks, rounded."""
@@ -417,6 +426,11 @@ class RunCosts:
     def measured_cpu(self, repeats: int) -> list[float]:
         """CPU seconds of the measured runs (the last ``repeats``), rounded."""
         return [round(c, 2) for c in self.cpu_seconds[-repeats:]]
+
+    def measured_cpu_by_process(self, repeats: int) -> dict[str, float]:
+        """Median CPU seconds per kind of process over the measured runs, rounded."""
+        runs = self.cpu_by_process[-repeats:]
+        return {kind: round(median([r[kind] for r in runs]), 2) for kind in runs[0]} if runs else {}
 
 
 class CostSampler:
@@ -436,7 +450,7 @@ class CostSampler:
         self.roots = [os.getpid(), *roots]
         self.interval_s = interval_s
         self.costs = RunCosts()
-        self._cpu_at_start = 0.0
+        self._cpu_at_start: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-costs", daemon=True)
 
@@ -452,7 +466,10 @@ class CostSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
-        self.costs.cpu_seconds.append(_cpu_seconds(_descendants(self.roots)) - self._cpu_at_start)
+        spent = _cpu_seconds(_descendants(self.roots))
+        by_kind = {k: spent[k] - self._cpu_at_start.get(k, 0.0) for k in spent}
+        self.costs.cpu_by_process.append(by_kind)
+        self.costs.cpu_seconds.append(sum(by_kind.values()))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -529,17 +546,23 @@ def _reset_peak(pid: int) -> None:
         pass
 
 
-def _cpu_seconds(pids: set[int]) -> float:
-    """User plus system CPU time of processes, with their reaped children's."""
-    ticks = 0
+def _cpu_seconds(pids: set[int]) -> dict[str, float]:
+    """User plus system CPU time of processes, with their reaped children's, by kind.
+
+    The kinds are ``jvm`` (Java processes), ``driver`` (this process) and ``python_workers``
+    (every other process, pyspark's daemon and its workers).
+    """
+    ticks = {"jvm": 0, "python_workers": 0, "driver": 0}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+                head, fields = stat.read().rsplit(")", 1)
         except OSError:
             continue
-        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
+        name = head.split("(", 1)[-1]
+        kind = "driver" if pid == os.getpid() else "jvm" if name == "java" else "python_workers"
+        ticks[kind] += sum(int(f) for f in fields.split()[11:15])  # utime, stime, cutime, cstime
+    return {kind: n / os.sysconf("SC_CLK_TCK") for kind, n in ticks.items()}
 
 
 def _status(pid: int) -> tuple[str, float, float] | None:

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _bench
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
@@ -26,26 +26,13 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
-    KeyGroupContext,
-    KeyGroupResult,
     Pipeline,
     Snapshots,
     local_session,
     restore,
     rollback,
-    vectorized_operator,
 )
 from pyspark_abs.maintenance import compact, vacuum, validate
-
-
-@vectorized_operator(key="key", state_schema="count long", output_schema="key long, count long")
-def keyed_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
-    """Count records per key and emit the new counts."""
-    seen = rows.groupby("key", sort=False).size().rename("seen").reset_index()
-    merged = seen.merge(state, on="key", how="left")
-    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["seen"]
-    updated = merged[["key", "count"]]
-    return KeyGroupResult(state=updated, output=updated)
 
 
 def table_size(uri: str) -> dict[str, int]:
@@ -95,7 +82,7 @@ def main() -> int:
         return Pipeline(
             "bench",
             DeltaSource(source, max_files_per_trigger=1),
-            keyed_count,
+            _bench.keyed_count,
             root=str(root),
             sinks={"output": str(root / "sink")},
             config=AbsConfig(key_groups=key_groups, compaction_ratio=0),

@@ -2,8 +2,7 @@
 
 The scripts run in this process (``main(argv)``), on the session-scoped SparkSession, with
 one repeat, no warm-up, few keys and few key groups; the scaling script runs on this
-session's master only (its standalone cluster is not started here). ``bench_overhead``'s
-variants are a subset of ``bench_intervals``' and share its code, so it is not run again.
+session's master only (its standalone cluster is not started here).
 """
 
 from __future__ import annotations
@@ -47,18 +46,25 @@ def test_intervals(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFi
     plot = tmp_path / "intervals.png"
     argv = [*TINY, "--intervals", "1,2", "--plot", str(plot), "--workdir", str(tmp_path / "w")]
     figures = bench_intervals.main(argv)
+    kinds = ("abs_async", "abs_sync", "naiad")
     assert set(figures["records_per_s"]) == {
         "baseline",
-        "abs_async",
-        "abs_sync",
-        "naiad_every_1",
-        "naiad_every_2",
+        *(f"{kind}_every_{n}" for kind in kinds for n in (1, 2)),
     }
     assert positive(figures["records_per_s"])
-    assert set(figures["naiad_overhead_by_interval"]) == {"1", "2"}
+    assert {k: set(v) for k, v in figures["overhead_by_interval"].items()} == {
+        "abs_async": {"1", "2"},
+        "abs_sync": {"1", "2"},
+        "naiad": {"1", "2"},
+    }
     assert figures["largest_key_group_state"]["bytes"] > 0
+    assert (
+        figures["largest_key_group_state"]["arrow_bytes"]
+        >= figures["largest_key_group_state"]["bytes"]
+    )
     assert figures["largest_key_group_state"]["keys"] > 0
-    assert figures["memory_peaks"]["abs_async"]["driver_python_mib"] > 0
+    assert figures["memory_peaks"]["abs_async_every_1"]["driver_python_mib"] > 0
+    assert set(figures["cpu_overhead"]) == set(figures["records_per_s"])
     assert plot.stat().st_size > 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"records": 2000')
 
@@ -80,6 +86,8 @@ def test_builtin(spark: SparkSession, tmp_path: Path) -> None:
     assert all(len(runs) == 1 and runs[0] > 0 for runs in figures["cpu_seconds"].values())
     assert positive(figures["cpu_ratios"])
     assert figures["memory_peaks"]["abs_async"]["jvm_mib"] > 0
+    assert figures["cpu_median_s_by_process"]["builtin_default"]["jvm"] > 0
+    assert figures["cpu_median_s_by_process"]["abs_async"]["python_workers"] > 0
     # The per-query RocksDB settings do not leak into the session.
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass", None) in (None, "")
 

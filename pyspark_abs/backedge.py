@@ -203,6 +203,23 @@ def split_offsets(source_offsets: str | None) -> tuple[list[str], dict[str, Offs
     return others, loops
 
 
+def consumed_before(snapshot: ManifestEntry, edge_id: str) -> int:
+    """The log version before which a snapshot had consumed all of an edge's records.
+
+    The loop head of a run continuing from the snapshot, or from a later one, reads the
+    log from this version on (its offsets only advance, and a restore epoch, which rewrites
+    the log, is itself a later snapshot). A restore epoch rewrote the log at its own version
+    and consumed everything before it; a snapshot without the edge, or whose source offsets
+    lack the edge's loop head, consumed nothing (0).
+    """
+    table = f"{BACKEDGE_PREFIX}{edge_id}"
+    if table not in snapshot.table_versions:
+        return 0
+    if snapshot.is_restore:
+        return snapshot.table_versions[table]
+    return split_offsets(snapshot.source_offsets)[1].get(edge_id, Offset(0, 0)).version
+
+
 def in_flight(store: DeltaStore, entry: ManifestEntry, edge_id: str) -> pa.Table:
     """The back-edge records in flight in a snapshot: produced, not yet consumed (L*).
 

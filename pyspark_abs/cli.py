@@ -214,7 +214,13 @@ def _compact(args: argparse.Namespace) -> int:
         _print_json([asdict(r) for r in results])
         return 0
     for r in results:
-        if r.version is None:
+        if r.table.startswith(BACKEDGE_PREFIX):
+            print(
+                f"{r.table}: removed {r.rows_before} consumed records in {r.files_before} files "
+                f"as of epoch {r.as_of_epoch}"
+                + (f" (version {r.version})" if r.version is not None else "")
+            )
+        elif r.version is None:
             print(f"{r.table}: already compact ({r.rows_after} keys)")
         else:
             print(
@@ -235,11 +241,11 @@ def _vacuum(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(asdict(report))
         return 0
-    verb = "would delete" if report.dry_run else "deleted"
+    expire, delete = ("would expire", "would delete") if report.dry_run else ("expired", "deleted")
     if report.expired:
-        print(f"expired epochs {report.expired[0]}..{report.expired[-1]}")
+        print(f"{expire} epochs {report.expired[0]}..{report.expired[-1]}")
     for table, files in report.deleted.items():
-        print(f"{table}: {verb} {len(files)} file(s)")
+        print(f"{table}: {delete} {len(files)} file(s)")
     if not report.deleted:
         print("nothing to delete")
     if report.kept_in_flight:

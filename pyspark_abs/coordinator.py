@@ -45,7 +45,7 @@ from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import AbsError, QuiescenceError, rebuild_from_text
 from pyspark_abs.faults import FaultStep
-from pyspark_abs.maintenance import CompactionPolicy, compact_table
+from pyspark_abs.maintenance import CompactionPolicy, compact_snapshot
 from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry, closes_group
 from pyspark_abs.metrics import SnapshotListener, notify
 from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
@@ -303,8 +303,8 @@ class EpochCoordinator:
         """Phase 2 for a group of PREPARED epochs (see :meth:`EpochWriter.commit`).
 
         Listeners hear of the snapshot once, with the group's last epoch. Then, when the
-        compaction policy says so, compacts the state table in a background thread (one at
-        a time); the pipeline does not wait for it.
+        compaction policy says so, compacts the state table and truncates the back-edge
+        logs in a background thread (one at a time); the pipeline does not wait for it.
         """
         outcome = self.writer.commit(group)
         notify(self.listeners, SnapshotInfo.from_entry(outcome), committed=True)
@@ -317,28 +317,26 @@ class EpochCoordinator:
         if due and (self._compactor is None or not self._compactor.is_alive()):
             self._compactor = threading.Thread(
                 target=self._compact,
-                args=(state, outcome),
+                args=(outcome,),
                 name=f"pyspark-abs-compaction-{self.layout.pipeline}",
                 daemon=True,
             )
             self._compactor.start()
 
-    def _compact(self, table: str, snapshot: ManifestEntry) -> None:
+    def _compact(self, snapshot: ManifestEntry) -> None:
         try:
-            result = compact_table(
-                DeltaStore(), table, snapshot.tables[table], snapshot, self.faults
-            )
-            log.info(
-                "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
-                table,
-                result.as_of_epoch,
-                result.rows_before,
-                result.files_before,
-                result.rows_after,
-                result.version,
-            )
+            for result in compact_snapshot(DeltaStore(), snapshot, self.faults):
+                log.info(
+                    "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
+                    result.table,
+                    result.as_of_epoch,
+                    result.rows_before,
+                    result.files_before,
+                    result.rows_after,
+                    result.version,
+                )
         except Exception as err:  # compaction is an optimisation: the next one retries
-            log.warning("background compaction of %s failed: %s", table, err)
+            log.warning("background compaction as of epoch %d failed: %s", snapshot.epoch, err)
 
     def _process_sinks_only(self, batch: DataFrame, batch_id: int) -> None:
         """Snapshots off: pre-commit and commit sink outputs, one transaction per sink."""

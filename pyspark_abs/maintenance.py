@@ -5,6 +5,8 @@ checkpoints). **Compaction** rewrites the latest row per key as of a snapshot in
 commit that removes the files it replaces (``dataChange=false``); epochs committed
 meanwhile append other files, so it runs beside a running pipeline and retries when Delta
 reports a conflict. Older epochs stay readable: they are read at their own table version.
+A back-edge log grows by every record sent around the loop; compaction removes the files
+whose records the snapshot had consumed, the same way.
 
 **Retention** keeps the last N snapshots: older ones, with the epochs MERGED into them, are
 marked EXPIRED in the manifest first, so nobody reads or restores them while **vacuum**
@@ -36,6 +38,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
+from pyspark_abs.backedge import BACKEDGE_PREFIX, consumed_before
 from pyspark_abs.changelog import duplicate_changes, latest_per_key
 from pyspark_abs.commit import EpochWriter, app_id
 from pyspark_abs.config import AbsConfig
@@ -63,6 +66,9 @@ from pyspark_abs.store import (
 
 log = logging.getLogger("pyspark_abs")
 
+Actions = list[AddAction | RemoveAction]
+"""The actions of one Delta commit."""
+
 Progress = Callable[[str], None]
 """Receives one line per step of a long operation."""
 
@@ -75,15 +81,16 @@ def _quiet(_: str) -> None:
 
 @dataclass(frozen=True)
 class Compaction:
-    """The outcome of compacting one state table.
+    """The outcome of compacting one state table or truncating one back-edge log.
 
     Attributes:
         table: The table id.
-        as_of_epoch: The snapshot whose latest row per key was written.
+        as_of_epoch: The snapshot whose latest row per key was written, or whose consumed
+            records were removed from the log.
         version: The table version of the compaction commit (None if nothing was done).
-        files_before: Files the compaction replaced.
+        files_before: Files the compaction replaced or removed.
         rows_before: Rows in those files.
-        rows_after: Live keys written.
+        rows_after: Live keys written (0 for a back-edge log).
     """
 
     table: str
@@ -99,7 +106,7 @@ class VacuumReport:
     """What :func:`vacuum` did.
 
     Attributes:
-        expired: Epochs marked EXPIRED by this call.
+        expired: Epochs marked EXPIRED by this call (with ``dry_run``: that would be).
         deleted: Deleted files, by table id.
         kept_in_flight: Unreferenced files kept because an epoch may still commit them.
         dry_run: Whether files were only listed.
@@ -172,7 +179,7 @@ class CompactionPolicy:
 def compact(
     root: str, *, progress: Progress = _quiet, config: AbsConfig | None = None
 ) -> list[Compaction]:
-    """Compact every state table of a snapshot root as of its newest snapshot.
+    """Compact a snapshot root as of its newest snapshot (see :func:`compact_snapshot`).
 
     Safe while the pipeline runs. The manifest is compacted too (small-file bin packing).
     ``config`` only matters for its injected faults.
@@ -188,14 +195,30 @@ def compact(
     if not snapshots:
         return []
     latest = snapshots[-1]
-    faults = FaultInjector((config or AbsConfig()).faults)
-    results = []
-    for table, uri in latest.tables.items():
-        if table.startswith("state/"):
-            progress(f"compacting {table} as of epoch {latest.epoch}")
-            results.append(compact_table(store, table, uri, latest, faults))
+    results = compact_snapshot(
+        store, latest, FaultInjector((config or AbsConfig()).faults), progress
+    )
     progress("compacting _manifest")
     DeltaTable(f"{root}/_manifest").optimize.compact()
+    return results
+
+
+def compact_snapshot(
+    store: DeltaStore, snapshot: ManifestEntry, faults: FaultInjector, progress: Progress = _quiet
+) -> list[Compaction]:
+    """Compact the state tables and truncate the back-edge logs of a snapshot's root.
+
+    Raises:
+        CommitError: Delta kept reporting conflicts.
+    """
+    results = []
+    for table, uri in snapshot.tables.items():
+        if table.startswith("state/"):
+            progress(f"compacting {table} as of epoch {snapshot.epoch}")
+            results.append(compact_table(store, table, uri, snapshot, faults))
+        elif table.startswith(BACKEDGE_PREFIX):
+            progress(f"truncating {table} as of epoch {snapshot.epoch}")
+            results.append(truncate_log(store, table, uri, snapshot))
     return results
 
 
@@ -221,39 +244,61 @@ def compact_table(
     written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
     faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
     now_ms = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = [
+    actions: Actions = [
         RemoveAction(f["path"], False, now_ms, int(f["size_bytes"]), {}) for f in files
     ]
     actions += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
-    for attempt in range(_CONFLICT_RETRIES):
-        current = store.open(uri)
-        try:
-            current.create_write_transaction(actions, mode="append", schema=current.schema())
-            current.update_incremental()
-            return Compaction(
-                table,
-                snapshot.epoch,
-                int(current.version()),
-                len(files),
-                changes.num_rows,
-                live.num_rows,
-            )
-        except CommitFailedError as err:
-            log.info("compaction of %s conflicted (attempt %d): %s", table, attempt + 1, err)
-        except DeltaError as err:
-            store.delete_files(uri, [w.path for w in written])
-            raise CommitError(f"compacting {table} at {uri} failed: {err}") from err
-    store.delete_files(uri, [w.path for w in written])
-    raise CommitError(
-        f"compacting {table} at {uri} as of epoch {snapshot.epoch} conflicted "
-        f"{_CONFLICT_RETRIES} times with other writers; run compact again later"
+    try:
+        committed, _ = _commit_retrying(
+            store,
+            uri,
+            lambda _: actions,
+            f"compacting {table} at {uri} as of epoch {snapshot.epoch}",
+            "run compact again later",
+        )
+    except CommitError:
+        store.delete_files(uri, [w.path for w in written])
+        raise
+    return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
+
+
+def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry) -> Compaction:
+    """Remove from a back-edge log the records a snapshot has consumed, in one commit.
+
+    A run continuing from the snapshot, or from a later one, reads the log only from where
+    the snapshot's loop head stopped (see :func:`~pyspark_abs.backedge.consumed_before`).
+    Older snapshots' records in flight stay readable, and restorable: their table versions
+    still reference the removed files, so vacuum keeps the files until they expire. The
+    removes carry ``dataChange=false``, as compaction's do, so the pipeline's commits to the
+    log never conflict with this one and the loop head skips it.
+
+    Raises:
+        CommitError: Delta kept reporting conflicts.
+    """
+    before = consumed_before(snapshot, table.removeprefix(BACKEDGE_PREFIX))
+    at_before = _add_actions(DeltaTable(uri, version=before - 1)) if before else []
+    consumed = {a["path"]: int(a.get("num_records") or 0) for a in at_before}
+
+    def removals(current: DeltaTable) -> Actions:
+        now_ms = int(time.time() * 1000)
+        return [
+            RemoveAction(a["path"], False, now_ms, int(a["size_bytes"]), {})
+            for a in _add_actions(current)
+            if a["path"] in consumed
+        ]
+
+    version, removed = _commit_retrying(
+        store, uri, removals, f"truncating {table} at {uri}", "run compact again later"
     )
+    rows = sum(consumed[action.path] for action in removed)
+    return Compaction(table, snapshot.epoch, version, len(removed), rows, 0)
 
 
-def expire(root: str, keep_last: int) -> list[int]:
+def expire(root: str, keep_last: int, *, dry_run: bool = False) -> list[int]:
     """Mark all but the newest ``keep_last`` snapshots EXPIRED; return the epochs marked.
 
     The epochs MERGED into an expired snapshot expire with it, in the same manifest commit.
+    With ``dry_run``, return the epochs that would be marked and change nothing.
 
     Raises:
         ConfigError: ``keep_last`` is below 1.
@@ -264,7 +309,6 @@ def expire(root: str, keep_last: int) -> list[int]:
     root = normalize_uri(root)
     store = DeltaStore()
     epochs = _load(store, root)
-    writer = EpochWriter(_owner(store, root), root, store, epochs, f"vacuum-{uuid.uuid4().hex}")
     snapshots = epochs.snapshots()
     doomed = [
         epoch
@@ -272,6 +316,9 @@ def expire(root: str, keep_last: int) -> list[int]:
         for epoch in [*epochs.merged_into(snapshot.epoch), snapshot.epoch]
         if epochs.status(epoch) is not EpochStatus.EXPIRED
     ]
+    if dry_run:
+        return doomed
+    writer = EpochWriter(_owner(store, root), root, store, epochs, f"vacuum-{uuid.uuid4().hex}")
     writer.record_all(
         [
             entry.transition(EpochStatus.EXPIRED, run_id=writer.run_id, files=())
@@ -298,7 +345,7 @@ def vacuum(
         keep_last: First expire all but the newest ``keep_last`` snapshots.
         min_age_seconds: Keep unreferenced files younger than this unless their name shows
             they belong to an epoch that can no longer commit them.
-        dry_run: List what would be deleted without deleting.
+        dry_run: List what would expire and be deleted, and change nothing.
         progress: Receives a line per table.
         config: Only its injected faults matter.
 
@@ -306,19 +353,18 @@ def vacuum(
         SnapshotNotFoundError: The root does not exist.
     """
     faults = FaultInjector((config or AbsConfig()).faults)
-    expired = expire(root, keep_last) if keep_last is not None and not dry_run else []
+    expired = expire(root, keep_last, dry_run=dry_run) if keep_last is not None else []
     root = normalize_uri(root)
     store = DeltaStore()
     epochs = _load(store, root)
-    retained = epochs.snapshots()
+    retained = [s for s in epochs.snapshots() if s.epoch not in expired]
     decided = epochs.latest_decided()
     newest_decided = decided.epoch if decided is not None else -1
     in_flight = {(f.table, f.path) for e in epochs.pending() for f in e.files}
+    tables = {t: uri for t, uri in _tables(epochs.entries).items() if store.exists(uri)}
     deleted: dict[str, list[str]] = {}
     kept = 0
-    for table, uri in _tables(epochs.entries).items():
-        if not store.exists(uri):
-            continue
+    for table, uri in tables.items():
         progress(f"vacuuming {table}")
         versions = {e.table_versions[table] for e in retained if table in e.table_versions}
         versions.add(int(store.open(uri).version()))
@@ -578,6 +624,36 @@ def _check_duplicates(
             f"twice), e.g. {sample}",
         )
     ]
+
+
+def _commit_retrying(
+    store: DeltaStore,
+    uri: str,
+    actions: Callable[[DeltaTable], Actions],
+    what: str,
+    again: str,
+) -> tuple[int | None, Actions]:
+    """Commit actions computed against the table's current version, again on a conflict.
+
+    Returns the committed version and actions (None and [] if there was nothing to do).
+
+    Raises:
+        CommitError: The commit failed, or conflicted with other writers every time.
+    """
+    for attempt in range(_CONFLICT_RETRIES):
+        current = store.open(uri)
+        todo = actions(current)
+        if not todo:
+            return None, []
+        try:
+            current.create_write_transaction(todo, mode="append", schema=current.schema())
+            current.update_incremental()
+            return int(current.version()), todo
+        except CommitFailedError as err:
+            log.info("%s conflicted (attempt %d): %s", what, attempt + 1, err)
+        except DeltaError as err:
+            raise CommitError(f"{what} failed: {err}") from err
+    raise CommitError(f"{what} conflicted {_CONFLICT_RETRIES} times with other writers; {again}")
 
 
 def _add_actions(table: DeltaTable) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from chispa import DataFramesNotEqualError
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -30,7 +32,7 @@ from pyspark_abs import (
     testing,
 )
 from pyspark_abs.examples import components, retry
-from pyspark_abs.maintenance import validate
+from pyspark_abs.maintenance import vacuum, validate
 from pyspark_abs.sources import DeltaSource
 from tests.integration.conftest import assert_same
 
@@ -118,6 +120,54 @@ def test_quiescence_bound_then_restore_elsewhere_and_rollback(
     )
     components_pipeline(spark, tmp_path, edges, root, edges_per_epoch=20).run_until_quiescent()
     assert_same(found_components(spark, root), expected)
+    assert validate(str(root)) == []
+
+
+def log_files(uri: str) -> set[str]:
+    return {str(p) for p in pa.table(DeltaTable(uri).get_add_actions(flatten=True))["path"]}
+
+
+def test_compaction_truncates_the_consumed_log_and_vacuum_deletes_it(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edges = components.generate("random", 40, seed=5)
+    root = tmp_path / "root"
+    log = str(root / "backedge" / "offers")
+    sync = {"commit_mode": "sync"}  # each epoch reads the offers of the one before
+
+    def pipeline() -> Pipeline:
+        return components_pipeline(spark, tmp_path, edges, root, edges_per_epoch=12, config=sync)
+
+    with pytest.raises(QuiescenceError):
+        pipeline().run_until_quiescent(max_epochs=4)
+    in_flight = Snapshots(str(root), spark).in_flight("offers", 2)
+    produced, files = DeltaTable(log).to_pyarrow_table().num_rows, log_files(log)
+
+    capsys.readouterr()
+    assert cli.main(["compact", str(root)]) == 0
+    found = re.search(
+        r"backedge/offers: removed (\d+) consumed records in \d+ files as of epoch 3",
+        capsys.readouterr().out,
+    )
+    assert found, "the log should have records epoch 3 had consumed"
+    removed = files - log_files(log)
+    assert removed
+    assert DeltaTable(log).to_pyarrow_table().num_rows == produced - int(found.group(1))
+    # Epoch 2's records in flight stay readable: its table version references the files.
+    assert not set(vacuum(str(root), min_age_seconds=0).deleted.get("backedge/offers", []))
+    testing.assert_in_flight_equal(root, "offers", in_flight, epoch=2)
+    assert validate(str(root)) == []
+
+    # The loop head skips the truncation; rolled back to epoch 2, its records replay once.
+    expected = expected_components(spark, edges)
+    pipeline().run_until_quiescent(max_epochs=50)
+    assert_same(found_components(spark, root), expected)
+    rollback(str(root), 2)
+    pipeline().run_until_quiescent(max_epochs=50)
+    assert_same(found_components(spark, root), expected)
+    report = vacuum(str(root), keep_last=1, min_age_seconds=0)
+    assert removed <= set(report.deleted["backedge/offers"])
+    assert not any((root / "backedge" / "offers" / path).exists() for path in removed)
     assert validate(str(root)) == []
 
 

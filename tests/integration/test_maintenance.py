@@ -65,13 +65,15 @@ def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
     in_flight.write_bytes(b"written by an epoch not decided yet")
     before = set(p.name for p in state_dir.glob("*.parquet"))
 
-    dry = vacuum(str(root), dry_run=True)
+    dry = vacuum(str(root), keep_last=2, dry_run=True)
     assert dry.dry_run
     assert orphan.name in dry.deleted[STATE]
     assert set(p.name for p in state_dir.glob("*.parquet")) == before
+    assert "EXPIRED" not in {s.status.value for s in Snapshots(str(root), spark).list()}
 
     report = vacuum(str(root), keep_last=2)
-    assert report.expired == [0, 1, 2, 3]
+    assert report.expired == dry.expired == [0, 1, 2, 3]
+    assert report.deleted == dry.deleted
     assert orphan.name in report.deleted[STATE]
     assert not orphan.exists()
     assert in_flight.exists()

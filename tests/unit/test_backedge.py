@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import numpy as np
@@ -9,9 +10,16 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pyspark_abs.backedge import BackEdge, check_back_edges, check_loop_schema, split_offsets
+from pyspark_abs.backedge import (
+    BackEdge,
+    check_back_edges,
+    check_loop_schema,
+    consumed_before,
+    split_offsets,
+)
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.examples import components
+from pyspark_abs.manifest import EpochStatus, ManifestEntry
 from pyspark_abs.operators import Clock, KeyGroupContext
 from pyspark_abs.sources.delta import Offset
 from tests.conftest import arrow_schema
@@ -46,6 +54,34 @@ def test_split_offsets_separates_loop_heads_from_other_sources() -> None:
     assert others == [lines[0], lines[2], lines[4]]
     assert loops == {"offers": Offset(4, 0), "retry": Offset(9, 2)}
     assert split_offsets(None) == ([], {})
+
+
+def snapshot(
+    epoch: int, log_version: int | None, *offsets: Offset, origin: str | None = None
+) -> ManifestEntry:
+    """A COMMITTED (or, with an origin, RESTORED) epoch whose loop heads read ``offsets``."""
+    return ManifestEntry(
+        pipeline="p",
+        epoch=epoch,
+        status=EpochStatus.RESTORED if origin else EpochStatus.COMMITTED,
+        recorded_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        run_id="r",
+        table_versions={} if log_version is None else {"backedge/offers": log_version},
+        source_offsets="\n".join(json.dumps(o.to_dict()) for o in offsets),
+        origin=origin,
+    )
+
+
+def test_a_snapshot_consumed_its_log_up_to_its_loop_head() -> None:
+    source = Offset(0, 100)
+    assert consumed_before(snapshot(4, 6, source, Offset(3, 2, tag="offers")), "offers") == 3
+    assert consumed_before(snapshot(5, 8, Offset(7, 0, tag="offers"), source), "offers") == 7
+    # A restore epoch rewrote the log at its own version; its loop head starts there.
+    assert consumed_before(snapshot(6, 9, source, origin="rollback to 4"), "offers") == 9
+    # A snapshot whose loop head has read nothing yet, or that has no such edge.
+    assert consumed_before(snapshot(0, 1, source), "offers") == 0
+    assert consumed_before(snapshot(1, None, source), "offers") == 0
+    assert consumed_before(snapshot(5, 8, Offset(7, 0, tag="offers")), "retry") == 0
 
 
 OUTPUTS = ["labels", "offers"]

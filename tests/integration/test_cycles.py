@@ -58,16 +58,32 @@ def components_pipeline(
 
 
 @pytest.mark.parametrize(
-    ("shape", "size", "per_epoch"),
-    [("mixed", 18, None), ("random", 40, 12)],
+    ("shape", "size", "per_epoch", "compact_every"),
+    [("mixed", 18, None, 0), ("random", 40, 12, 1)],
 )
 def test_components_equal_union_find(
-    spark: SparkSession, tmp_path: Path, shape: str, size: int, per_epoch: int | None
+    spark: SparkSession,
+    tmp_path: Path,
+    shape: str,
+    size: int,
+    per_epoch: int | None,
+    compact_every: int,
 ) -> None:
     edges = components.generate(shape, size, seed=size)
     root = tmp_path / "root"
-    pipeline = components_pipeline(spark, tmp_path, edges, root, edges_per_epoch=per_epoch)
+    pipeline = components_pipeline(
+        spark,
+        tmp_path,
+        edges,
+        root,
+        edges_per_epoch=per_epoch,
+        config={"compaction_every_epochs": compact_every},
+    )
     outcome = pipeline.run_until_quiescent(max_epochs=50)
+    if compact_every:  # the log was truncated in the background while the loop ran
+        produced = sum(s.rows.get("backedge/offers", 0) for s in Snapshots(str(root)).list())
+        live = DeltaTable(str(root / "backedge" / "offers")).to_pyarrow_table().num_rows
+        assert live < produced
 
     expected = expected_components(spark, edges)
     assert_same(found_components(spark, root), expected)

@@ -491,14 +491,14 @@ def _apply_state(
     _check_timeouts(plan, upserts, clock, where)
 
     # Keys the function was called for keep no timeout unless it set one again.
-    reset = _no_keys(state)
-    if has_timeouts(state):
-        reset = (
-            called
-            & ~contains(state_keys, up_keys)
-            & ~contains(state_keys, rm_keys)
-            & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
-        )
+    reset = (
+        called
+        & ~contains(state_keys, up_keys)
+        & ~contains(state_keys, rm_keys)
+        & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
+        if has_timeouts(state)
+        else _no_keys(state)
+    )
     if reset.any():
         carried = state.filter(reset)
         carried = carried.set_column(

@@ -357,14 +357,16 @@ def vacuum(
     root = normalize_uri(root)
     store = DeltaStore()
     epochs = _load(store, root)
-    retained = [s for s in epochs.snapshots() if s.epoch not in expired]
+    expiring = set(expired)
+    retained = [s for s in epochs.snapshots() if s.epoch not in expiring]
     decided = epochs.latest_decided()
     newest_decided = decided.epoch if decided is not None else -1
     in_flight = {(f.table, f.path) for e in epochs.pending() for f in e.files}
-    tables = {t: uri for t, uri in _tables(epochs.entries).items() if store.exists(uri)}
     deleted: dict[str, list[str]] = {}
     kept = 0
-    for table, uri in tables.items():
+    for table, uri in _tables(epochs.entries).items():
+        if not store.exists(uri):
+            continue
         progress(f"vacuuming {table}")
         versions = {e.table_versions[table] for e in retained if table in e.table_versions}
         versions.add(int(store.open(uri).version()))

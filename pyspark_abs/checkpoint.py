@@ -86,6 +86,10 @@ class CheckpointReader:
         """Micro-batch ids Spark has marked as committed."""
         return sorted(int(n) for n in self._files.list(f"{self.location}/commits") if n.isdigit())
 
+    def planned_batches(self) -> list[int]:
+        """Micro-batch ids Spark has recorded offsets for (planned, maybe not committed)."""
+        return sorted(int(n) for n in self._files.list(f"{self.location}/offsets") if n.isdigit())
+
     def offsets(self, batch_id: int) -> BatchOffsets:
         """The offsets Spark recorded for ``batch_id``.
 

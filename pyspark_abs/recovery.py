@@ -115,9 +115,16 @@ def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -
         and e.batch_id is not None
         and e.status is not EpochStatus.ABORTED
     ]
-    if mine and decided is not None:
-        last = mine[-1]
-        if decided.is_restore and decided.epoch > last.epoch:
+    if decided is not None and decided.is_restore:
+        began = mine[-1].epoch if mine else None
+        superseded = (
+            decided.epoch > began
+            if began is not None
+            else bool(checkpoint.planned_batches()) and not checkpoint.committed_batches()
+        )
+        if superseded:
+            # Its planned micro-batches would replay the source offsets and restore rows
+            # it began with, not the newer restore epoch's.
             moved = checkpoint.move_aside(f"superseded-by-epoch-{decided.epoch}")
             log.warning(
                 "checkpoint %s was superseded by restore epoch %d (%s); moved it to %s",
@@ -127,6 +134,8 @@ def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -
                 moved,
             )
             return _start_from(decided)
+    if mine and decided is not None:
+        last = mine[-1]
         assert last.batch_id is not None
         base = last.epoch - last.batch_id
         start = epochs.latest(base - 1)

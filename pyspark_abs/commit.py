@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from functools import cached_property
 
 from pyspark_abs.errors import ManifestError, SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
@@ -27,14 +28,10 @@ from pyspark_abs.manifest import (
     epoch_ranges,
     recovery_groups,
 )
-from pyspark_abs.store import DeltaStore, brief_error
+from pyspark_abs.recovery import manifest_root_id
+from pyspark_abs.store import DeltaStore, app_id, brief_error
 
 log = logging.getLogger("pyspark_abs")
-
-
-def app_id(pipeline: str, table: str) -> str:
-    """The Delta application transaction id of a pipeline's table."""
-    return f"pyspark-abs/{pipeline}/{table}"
 
 
 class EpochWriter:
@@ -70,6 +67,15 @@ class EpochWriter:
         self.faults = faults if faults is not None else FaultInjector(())
         self.lease = lease
         self._lock = threading.Lock()
+
+    @cached_property
+    def root_id(self) -> str | None:
+        """The root's id, which its Delta transactions carry (None: an older root)."""
+        return manifest_root_id(self.store, self.root)
+
+    def app_id(self, table: str, query_id: str | None = None) -> str:
+        """The application transaction id under which this root commits ``table``."""
+        return app_id(self.pipeline, table, self.root_id, query_id)
 
     @property
     def manifest_uri(self) -> str:
@@ -189,13 +195,15 @@ class EpochWriter:
         started = time.perf_counter()
         versions = {}
         for position, (table, uri) in enumerate(end.tables.items()):
-            txn = app_id(self.pipeline, table)
+            txn = self.app_id(table)
             if table in end.restore_versions:
-                version = self.store.restore_version(uri, end.restore_versions[table], txn, epoch)
+                version = self.store.restore_version(
+                    uri, end.restore_versions[table], txn, epoch, self.root
+                )
             else:
                 files = {e.epoch: [f for f in e.files if f.table == table] for e in group}
                 version = self.store.commit_files(
-                    uri, files, txn, epoch, overwrite=end.is_restore
+                    uri, files, txn, epoch, overwrite=end.is_restore, root=self.root
                 ).version
             versions[table] = version
             if position == 0:

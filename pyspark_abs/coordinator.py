@@ -40,7 +40,7 @@ from pyspark_abs.alignment import align, check_files
 from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
 from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
-from pyspark_abs.commit import EpochWriter, app_id, now
+from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import AbsError, QuiescenceError, rebuild_from_text
@@ -355,8 +355,10 @@ class EpochCoordinator:
             raise
         for table, uri in self.layout.tables.items():
             mine = [f for f in aligned.files if f.table == table]
-            txn = app_id(self.layout.pipeline, table)
-            if not self.store.commit_files(uri, {epoch: mine}, txn, epoch).committed:
+            txn = self.writer.app_id(table, self._current_query_id())
+            if not self.store.commit_files(
+                uri, {epoch: mine}, txn, epoch, root=self.layout.root
+            ).committed:
                 self.store.delete_files(uri, [f.path for f in mine])
 
     def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:

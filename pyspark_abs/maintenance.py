@@ -40,7 +40,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from pyspark_abs.backedge import BACKEDGE_PREFIX, consumed_before
 from pyspark_abs.changelog import duplicate_changes, latest_per_key
-from pyspark_abs.commit import EpochWriter, app_id
+from pyspark_abs.commit import EpochWriter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.envelope import Kind
 from pyspark_abs.errors import (
@@ -53,12 +53,13 @@ from pyspark_abs.errors import (
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import TableTarget, file_epoch, write_files
-from pyspark_abs.recovery import manifest_owner, open_manifest
+from pyspark_abs.recovery import manifest_owner, manifest_root_id, open_manifest
 from pyspark_abs.schema import EPOCH
 from pyspark_abs.store import (
     APP_ID_KEY,
     EPOCH_KEY,
     DeltaStore,
+    app_id,
     arrow_schema,
     brief_error,
     normalize_uri,
@@ -402,6 +403,7 @@ def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
     root = normalize_uri(root)
     store = DeltaStore()
     pipeline = _owner(store, root)
+    root_id = manifest_root_id(store, root)
     try:
         epochs = open_manifest(store, root, pipeline)
     except AbsError as err:
@@ -421,7 +423,8 @@ def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
             if entry.rows.get(table) and not entry.is_restore:
                 if table not in histories:
                     histories[table] = _history(uri)
-                problems += _check_txn(entry, table, version, histories[table], pipeline)
+                expected = app_id(pipeline, table, root_id)
+                problems += _check_txn(entry, table, version, histories[table], expected)
             if table.startswith("state/"):
                 problems += _check_duplicates(store, entry, table, uri, version)
     return problems
@@ -591,10 +594,9 @@ def _check_txn(
     table: str,
     version: int,
     history: dict[int, dict[str, Any]],
-    pipeline: str,
+    expected: str,
 ) -> list[Problem]:
     commit = history.get(version, {})
-    expected = app_id(pipeline, table)
     if commit.get(EPOCH_KEY) != str(entry.epoch) or commit.get(APP_ID_KEY) != expected:
         return [
             Problem(

@@ -54,7 +54,7 @@ from pyspark_abs.manifest import EpochLog, ManifestEntry
 from pyspark_abs.metrics import SnapshotListener
 from pyspark_abs.operators import Operator, TimeoutMode
 from pyspark_abs.precommit import TableTarget
-from pyspark_abs.recovery import Lineage, open_manifest, resolve_lineage
+from pyspark_abs.recovery import Lineage, open_manifest, require_own_sinks, resolve_lineage
 from pyspark_abs.schema import (
     KEY_GROUP,
     RESERVED_COLUMNS,
@@ -280,8 +280,17 @@ class Pipeline:
         lineage = Lineage()
         recovered: list[int] = []
         try:
+            writer.epochs = open_manifest(store, self.root, self.name)
+            decided = writer.epochs.latest_decided()
+            require_own_sinks(
+                store,
+                self.name,
+                self.root,
+                writer.root_id,
+                {t.table: t.uri for t in layout.targets if t.table.startswith("sink/")},
+                None if decided is None else decided.epoch,
+            )
             if self.config.snapshots:
-                writer.epochs = open_manifest(store, self.root, self.name)
                 require_sound_start(self.root, writer.epochs)
                 recovered = writer.recover()
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)

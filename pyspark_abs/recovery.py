@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark_abs.checkpoint import CheckpointReader
@@ -21,18 +23,20 @@ from pyspark_abs.manifest import (
     EpochStatus,
     ManifestEntry,
 )
-from pyspark_abs.store import DeltaStore, TableSpec
+from pyspark_abs.store import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, DeltaStore, TableSpec, app_id
 
 log = logging.getLogger("pyspark_abs")
 
 
 def manifest_spec(root: str, pipeline: str) -> TableSpec:
-    """The ``_manifest`` table of a snapshot root."""
+    """The ``_manifest`` table of a snapshot root, with a new root id if it is created."""
     return TableSpec(
         table="_manifest",
         uri=f"{root}/_manifest",
         schema=MANIFEST_SCHEMA,
-        description=json.dumps({"pipeline": pipeline, "format_version": FORMAT_VERSION}),
+        description=json.dumps(
+            {"pipeline": pipeline, "format_version": FORMAT_VERSION, "root_id": uuid.uuid4().hex}
+        ),
     )
 
 
@@ -69,12 +73,80 @@ def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
 
 def manifest_owner(store: DeltaStore, root: str) -> str | None:
     """The pipeline a snapshot root belongs to, from its manifest's description."""
-    description = store.description(f"{root}/_manifest")
+    return _described(store, root, "pipeline")
+
+
+def manifest_root_id(store: DeltaStore, root: str) -> str | None:
+    """The id a snapshot root was created with (None: created before root ids existed).
+
+    Every Delta transaction the root commits to a table carries it (see
+    :func:`~pyspark_abs.commit.app_id`), so two roots never take each other's epochs for
+    their own.
+    """
+    return _described(store, root, "root_id")
+
+
+def _described(store: DeltaStore, root: str, key: str) -> str | None:
     try:
-        owner = json.loads(description or "{}").get("pipeline")
+        value = json.loads(store.description(f"{root}/_manifest") or "{}").get(key)
     except json.JSONDecodeError:
-        owner = None
-    return owner if isinstance(owner, str) else None
+        value = None
+    return value if isinstance(value, str) else None
+
+
+def require_own_sinks(
+    store: DeltaStore,
+    pipeline: str,
+    root: str,
+    root_id: str | None,
+    sinks: Mapping[str, str],
+    newest_decided: int | None,
+) -> None:
+    """Refuse to write sinks that another snapshot root of the pipeline has written to.
+
+    A sink that holds epochs of this pipeline committed under another root's transactions
+    would get the two roots' outputs mixed, and one whose transaction for this root is
+    ahead of every epoch the root has decided would have the root's next epochs skipped as
+    already committed. Sinks written by other pipelines are shared tables and are left alone.
+
+    Args:
+        store: Delta access.
+        pipeline: The root's pipeline.
+        root: The snapshot root.
+        root_id: The root's id (see :func:`manifest_root_id`).
+        sinks: Sink table id to location.
+        newest_decided: The newest epoch the root has decided (None: none).
+
+    Raises:
+        PipelineMismatchError: A sink belongs to another root or is ahead of this one.
+    """
+    ours = app_id(pipeline, "", root_id)
+    for table, uri in sinks.items():
+        if not store.exists(uri):
+            continue
+        own = app_id(pipeline, table, root_id)
+        sink = store.open(uri)
+        for commit in sink.history():
+            other = commit.get(APP_ID_KEY)
+            if not isinstance(other, str) or not other.startswith(app_id(pipeline, "", None)):
+                continue
+            if other == own or (root_id is not None and other.startswith(ours)):
+                continue
+            owner = commit.get(ROOT_KEY) or "a snapshot root created before root ids"
+            raise PipelineMismatchError(
+                f"sink {table} at {uri} holds epochs of pipeline {pipeline!r} written by "
+                f"snapshot root {owner} (transaction {other!r}, epoch {commit.get(EPOCH_KEY)}), "
+                f"not by {root}. Writing to it would mix the two roots' outputs. Give this "
+                f"root its own sink table (a restored copy needs new sinks), or roll the "
+                f"original root back instead"
+            )
+        done = sink.transaction_version(own)
+        if done is not None and (newest_decided is None or done > newest_decided):
+            raise PipelineMismatchError(
+                f"sink {table} at {uri} holds epoch {done} of snapshot root {root}, but the "
+                f"root has decided epochs only up to {newest_decided}: its manifest was "
+                f"replaced or lost. Restore the root's _manifest, or give the root a new sink"
+            )
 
 
 @dataclass(frozen=True)

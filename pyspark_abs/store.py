@@ -39,6 +39,19 @@ if TYPE_CHECKING:
 
 EPOCH_KEY = "pyspark_abs.epoch"
 APP_ID_KEY = "pyspark_abs.app_id"
+ROOT_KEY = "pyspark_abs.root"
+
+
+def app_id(pipeline: str, table: str, root_id: str | None, query_id: str | None = None) -> str:
+    """The Delta application transaction id under which a snapshot root commits a table.
+
+    It names the root by its id, so that a new root (a restored copy, a recreated root)
+    never finds its epochs "already committed" by another root's transactions, and with
+    snapshots off also the checkpoint's query, whose micro-batch ids restart at 0. Roots
+    created before root ids (``root_id`` None) keep the ids they committed with.
+    """
+    scope = [part for part in (root_id, query_id) if part is not None]
+    return "/".join(["pyspark-abs", pipeline, *scope, table])
 
 
 def normalize_uri(location: str) -> str:
@@ -239,6 +252,7 @@ class DeltaStore:
         epoch: int,
         *,
         overwrite: bool = False,
+        root: str | None = None,
     ) -> CommitResult:
         """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
 
@@ -250,7 +264,8 @@ class DeltaStore:
         commit sequence short), only the later epochs' files are added (see
         :func:`files_after`). With no files left and no overwrite, nothing is committed and
         the current version is returned. With ``overwrite``, the files replace the table's
-        current files.
+        current files. ``root``, the committing snapshot root, is recorded in the commit's
+        metadata so that errors can name a sink's owner.
 
         Raises:
             CommitError: The Delta commit failed, or the table's transactions say the epoch
@@ -281,7 +296,7 @@ class DeltaStore:
                 mode="overwrite" if overwrite else "append",
                 schema=table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
-                commit_properties=_epoch_commit(app_id, epoch),
+                commit_properties=_epoch_commit(app_id, epoch, root),
             )
             table.update_incremental()
         except (DeltaError, OSError) as err:
@@ -291,7 +306,9 @@ class DeltaStore:
             ) from err
         return CommitResult(int(table.version()), committed=True)
 
-    def restore_version(self, uri: str, version: int, app_id: str, epoch: int) -> int:
+    def restore_version(
+        self, uri: str, version: int, app_id: str, epoch: int, root: str | None = None
+    ) -> int:
         """Restore the table at ``uri`` to ``version`` as epoch ``epoch``, exactly once.
 
         Returns the table's version after the restore (the current version when the table
@@ -307,7 +324,7 @@ class DeltaStore:
         if int(table.version()) == version:
             return version
         try:
-            table.restore(version, commit_properties=_epoch_commit(app_id, epoch))
+            table.restore(version, commit_properties=_epoch_commit(app_id, epoch, root))
             table.update_incremental()
         except (DeltaError, OSError) as err:
             raise CommitError(
@@ -372,10 +389,13 @@ def brief_error(err: BaseException) -> str:
     return ": ".join(parts) or type(err).__name__
 
 
-def _epoch_commit(app_id: str, epoch: int) -> CommitProperties:
+def _epoch_commit(app_id: str, epoch: int, root: str | None) -> CommitProperties:
     """Commit properties that make a commit epoch ``epoch`` of ``app_id``, exactly once."""
+    metadata = {EPOCH_KEY: str(epoch), APP_ID_KEY: app_id}
+    if root is not None:
+        metadata[ROOT_KEY] = root
     return CommitProperties(
-        custom_metadata={EPOCH_KEY: str(epoch), APP_ID_KEY: app_id},
+        custom_metadata=metadata,
         app_transactions=[Transaction(app_id, epoch)],
     )
 

@@ -7,9 +7,11 @@ compares the outcome with what an uninterrupted run gives.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pyspark_abs import (
@@ -19,16 +21,18 @@ from pyspark_abs import (
     FaultStep,
     InjectedFault,
     Pipeline,
+    PipelineMismatchError,
     Snapshots,
+    restore,
     rollback,
 )
 from pyspark_abs.examples.wordcount import word_count
-from tests.conftest import EPOCHS
+from tests.conftest import EPOCHS, write_epochs
+from tests.integration.conftest import assert_same, expected_sink, word_pipeline
 from tests.integration.test_savepoints import OP, counts_df, word_table
-from tests.integration.conftest import assert_same
 
 
-def words_pipeline(root: Path, words: str, **config: object) -> Pipeline:
+def words_pipeline(root: Path, words: str, sink: Path | None = None, **config: object) -> Pipeline:
     settings: dict[str, object] = {"key_groups": 8, "commit_mode": "sync"}
     settings.update(config)
     return Pipeline(
@@ -36,9 +40,46 @@ def words_pipeline(root: Path, words: str, **config: object) -> Pipeline:
         DeltaSource(words, max_files_per_trigger=1),
         word_count,
         root=str(root),
-        sinks={"output": str(root / "sink")},
+        sinks={"output": str(sink or root / "sink")},
         config=AbsConfig(**settings),  # type: ignore[arg-type]
     )
+
+
+def test_a_restored_copy_cannot_write_into_the_original_sink(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    words = word_table(tmp_path / "words", EPOCHS)
+    root, copy = tmp_path / "root", tmp_path / "copy"
+    words_pipeline(root, words).run()
+    restore(str(root), 1, into=str(copy))
+    sink = root / "sink"
+    version = DeltaTable(str(sink)).version()
+
+    with pytest.raises(PipelineMismatchError) as refused:
+        words_pipeline(copy, words, sink=sink).run()
+    message = str(refused.value)
+    assert "sink sink/output" in message
+    assert str(root) in message
+    assert str(copy) in message
+    assert DeltaTable(str(sink)).version() == version
+
+    words_pipeline(copy, words, sink=tmp_path / "own-sink").run()  # its own sink works
+    assert_same(Snapshots(str(copy), spark).state(OP), counts_df(spark, EPOCHS))
+
+
+def test_a_fresh_checkpoint_with_snapshots_off_writes_every_epoch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    first = write_epochs(tmp_path / "in", EPOCHS[:2])
+    root = tmp_path / "root"
+    word_pipeline(spark, first, root, snapshots=False).run()
+    shutil.rmtree(root / "_checkpoint")
+    write_epochs(first, EPOCHS)
+    word_pipeline(spark, first, root, snapshots=False).run()  # reads all files again
+
+    sink = spark.read.parquet(*DeltaTable(str(root / "sinks" / "word_counts")).file_uris())
+    expected = expected_sink(spark, EPOCHS[:2]).unionByName(expected_sink(spark, EPOCHS))
+    assert_same(sink, expected)
 
 
 def test_second_rollback_after_a_failed_first_batch_sets_the_checkpoint_aside(

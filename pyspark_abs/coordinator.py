@@ -22,8 +22,10 @@ so a drain from another thread and a micro-batch never commit groups out of orde
 
 A micro-batch that Spark replays after a crash is not processed again once its epoch is
 decided: a PREPARED epoch joins the open group and is committed from its manifest entry
-(a MERGED or COMMITTED one is left alone), and the replay only advances
-Spark's own state store. An idle epoch, a no-data micro-batch that Spark runs for timeouts
+(a MERGED or COMMITTED one is left alone), and the replay installs the epoch's decided
+state changes in Spark's own state store instead of running the operator again, so the
+live state never drifts from the snapshot (an operator that depends on row order, or new
+code, would compute other state). An idle epoch, a no-data micro-batch that Spark runs for timeouts
 and that changes nothing, is not recorded: its snapshot would equal the previous one.
 """
 
@@ -43,12 +45,13 @@ from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import AbsError, QuiescenceError, rebuild_from_text
+from pyspark_abs.errors import AbsError, QuiescenceError, ReplayDivergedError, rebuild_from_text
 from pyspark_abs.faults import FaultStep
 from pyspark_abs.maintenance import CompactionPolicy, compact_snapshot
 from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry, closes_group
 from pyspark_abs.metrics import SnapshotListener, notify
 from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
+from pyspark_abs.schema import KEY_GROUP
 from pyspark_abs.snapshots import SnapshotInfo
 from pyspark_abs.store import DeltaStore
 
@@ -209,7 +212,7 @@ class EpochCoordinator:
             if decision is EpochDecision.FINISH_REPLAY and prepared is not None:
                 self._join_group(prepared)
             log.info("epoch %d is already decided; the replayed micro-batch is discarded", epoch)
-            _advance_spark_state(batch)
+            self._install_decided(batch, epoch, prepared)
             return
         if self.epoch_limit is not None and self.epochs_run >= self.epoch_limit:
             loops = [t for t in self.layout.tables if t.startswith(BACKEDGE_PREFIX)]
@@ -338,6 +341,44 @@ class EpochCoordinator:
         except Exception as err:  # compaction is an optimisation: the next one retries
             log.warning("background compaction as of epoch %d failed: %s", snapshot.epoch, err)
 
+    def _install_decided(
+        self, batch: DataFrame, epoch: int, prepared: ManifestEntry | None
+    ) -> None:
+        """Run a replay of a decided epoch, so Spark's state store takes the decided state.
+
+        The operator's tasks install the epoch's decided state changes instead of calling
+        the function (see :class:`~pyspark_abs.execution.DecidedReplay`) and name each key
+        group they installed changes for. A key group the replay does not reach (its input
+        changed since) would keep stale state, so the run stops instead.
+
+        Raises:
+            ReplayDivergedError: A key group the epoch changed was not reached.
+        """
+        reached = {int(r["key_group"]) for r in batch.select("key_group").distinct().collect()}
+        table = f"state/{self.layout.operator}"
+        if prepared is None or table not in prepared.tables:
+            return
+        uri = prepared.tables[table]
+        paths = [f.path for f in prepared.files if f.table == table]
+        changed: set[int] = (
+            {int(g) for g in self.store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP].to_pylist()}
+            if paths
+            else set()
+        )
+        missing = sorted(changed - reached)
+        if missing:
+            latest = self.epochs.latest(epoch)
+            snapshot = latest.snapshot_epoch if latest and latest.snapshot_epoch else epoch
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            raise ReplayDivergedError(
+                f"pipeline {self.layout.pipeline!r}: Spark replayed epoch {epoch} after a "
+                f"restart, but its input no longer reaches key group(s) {shown} whose state "
+                f"epoch {epoch} changed (the source, a joined table or the key-group count "
+                f"changed since); the live state would differ from snapshot {epoch}. Roll "
+                f"back to it with pyspark_abs.rollback({self.layout.root!r}, "
+                f"{snapshot}) and start again"
+            )
+
     def _process_sinks_only(self, batch: DataFrame, batch_id: int) -> None:
         """Snapshots off: pre-commit and commit sink outputs, one transaction per sink."""
         epoch = self.epoch_base + batch_id
@@ -420,11 +461,6 @@ class EpochCoordinator:
         if self._query_id is None:
             self._query_id = self.checkpoint.query_id()
         return self._query_id
-
-
-def _advance_spark_state(batch: DataFrame) -> None:
-    """Run a replayed micro-batch without writing anything, so Spark's state store advances."""
-    batch.write.format("noop").mode("overwrite").save()
 
 
 def _task_error(err: BaseException) -> BaseException:

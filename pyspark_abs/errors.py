@@ -99,6 +99,10 @@ class QuiescenceError(AbsError):
     """A pipeline did not reach quiescence within its bound on epochs."""
 
 
+class ReplayDivergedError(AbsError):
+    """Spark's replay of a decided epoch could not reach every key group the epoch changed."""
+
+
 class InjectedFault(AbsError):
     """A fault injected on purpose at a named protocol step (testing only)."""
 
@@ -128,6 +132,7 @@ _ALL: dict[str, type[AbsError]] = {
         SnapshotNotFoundError,
         SourceError,
         QuiescenceError,
+        ReplayDivergedError,
         InjectedFault,
     )
 }

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pyspark_abs.envelope import envelope_frame
 from pyspark_abs.errors import (
@@ -56,6 +57,21 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class DecidedReplay:
+    """A micro-batch that Spark will replay although its epoch is already decided.
+
+    Attributes:
+        batch_id: Spark's micro-batch id.
+        epoch: The decided epoch.
+        files: The epoch's pre-committed state-change files (absolute locations).
+    """
+
+    batch_id: int
+    epoch: int
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class OperatorPlan:
     """An operator resolved against its input: everything the tasks need, picklable.
 
@@ -70,6 +86,8 @@ class OperatorPlan:
         vectorized: The key-group function, or None.
         snapshots: Whether state changes are emitted for the snapshot.
         max_state_bytes: The largest encoded state of one key group (None: no bound).
+        replays: Micro-batches of decided epochs that this run's Spark will replay: their
+            key groups install the decided state changes instead of running the function.
     """
 
     name: str
@@ -82,6 +100,11 @@ class OperatorPlan:
     vectorized: KeyGroupFunction | None
     snapshots: bool = True
     max_state_bytes: int | None = None
+    replays: tuple[DecidedReplay, ...] = ()
+
+    def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
+        """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
+        return next((r for r in self.replays if r.batch_id == batch_id), None)
 
     @cached_property
     def key_schema(self) -> pa.Schema:
@@ -769,6 +792,10 @@ class KeyGroupTask:
             _set_timeout(plan, group_state, earliest_timeout(state), clock)
             return
         epoch = current_epoch()
+        replay = plan.replay_of(epoch)
+        if replay is not None:
+            yield from _install_decided(plan, replay, key_group, state, group_state, clock)
+            return
         outcome = run_key_group(plan, key_group, rows, state, clock, epoch)
 
         if not outcome.state.num_rows:
@@ -788,6 +815,72 @@ class KeyGroupTask:
         ]
         if changes is not None or outputs:
             yield envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+
+
+def _install_decided(
+    plan: OperatorPlan,
+    replay: DecidedReplay,
+    key_group: int,
+    state: pa.Table,
+    group_state: GroupState,
+    clock: Clock,
+) -> Iterator[pd.DataFrame]:
+    """Give the key group the state its decided epoch committed, not a recomputed one.
+
+    Yields one envelope row naming the key group when it had decided changes, so that the
+    coordinator can tell every changed key group was reached.
+    """
+    changes = decided_changes(plan, replay, key_group)
+    installed = apply_changes(plan, state, changes)
+    if installed.num_rows:
+        group_state.update((encode_state(plan, installed, key_group, replay.epoch),))
+    elif group_state.exists:
+        group_state.remove()
+    _set_timeout(plan, group_state, earliest_timeout(installed), clock)
+    if changes.num_rows:
+        yield envelope_frame(key_group, (changes, b""), 0, [])
+
+
+_DECIDED: dict[tuple[str, ...], pa.Table] = {}
+"""The state changes of the decided epoch being replayed, read once per Python worker."""
+
+
+def decided_changes(plan: OperatorPlan, replay: DecidedReplay, key_group: int) -> pa.Table:
+    """The state changes ``replay``'s epoch decided for ``key_group`` (change schema).
+
+    Raises:
+        OperatorError: The epoch's files cannot be read (e.g. vacuumed).
+    """
+    changes = _DECIDED.get(replay.files)
+    if changes is None:
+        columns = [*plan.change_schema.names, KEY_GROUP]
+        try:
+            changes = (
+                pq.read_table(list(replay.files), columns=columns)
+                if replay.files
+                else plan.change_schema.append(pa.field(KEY_GROUP, pa.int32())).empty_table()
+            )
+        except (OSError, pa.ArrowException) as err:
+            raise OperatorError(
+                f"operator {plan.name!r}: Spark replays epoch {replay.epoch}, which is already "
+                f"decided, but its state changes cannot be read ({err}). Roll back to the "
+                f"newest intact snapshot with pyspark_abs.rollback and start again"
+            ) from err
+        _DECIDED.clear()
+        _DECIDED[replay.files] = changes
+    mine = pc.equal(changes[KEY_GROUP], pa.scalar(key_group, pa.int32()))
+    return changes.filter(mine).select(plan.change_schema.names).cast(plan.change_schema)
+
+
+def apply_changes(plan: OperatorPlan, state: pa.Table, changes: pa.Table) -> pa.Table:
+    """A key group's state (blob schema) after one epoch's changes (change schema)."""
+    if not changes.num_rows:
+        return state
+    state_keys, changed_keys = key_arrays([state, changes], plan.key_columns)
+    kept = state.filter(~contains(state_keys, changed_keys))
+    deleted = np.asarray(changes[DELETED].to_numpy(zero_copy_only=False), dtype=object)
+    live = changes.filter(pa.array(deleted != True))  # noqa: E712 (null counts as live)
+    return pa.concat_tables([kept, live.select(plan.blob_schema.names).cast(plan.blob_schema)])
 
 
 def _without(frame: pd.DataFrame, column: str) -> pd.DataFrame:

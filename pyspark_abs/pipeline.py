@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -45,7 +45,7 @@ from pyspark_abs.errors import (
     SourceError,
     rebuild_from_text,
 )
-from pyspark_abs.execution import KeyGroupTask, OperatorPlan
+from pyspark_abs.execution import DecidedReplay, KeyGroupTask, OperatorPlan
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.keygroups import key_group_column
 from pyspark_abs.lease import Lease
@@ -324,7 +324,13 @@ class Pipeline:
             )
             batch_function = run.process_batch
         try:
-            query = self._start_query(batch_function, lineage, processing_time, available_now)
+            plan = replace(
+                self.plan,
+                replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
+                if self.config.snapshots
+                else (),
+            )
+            query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
         except BaseException:
             run.close()
             raise
@@ -394,6 +400,7 @@ class Pipeline:
 
     def _start_query(
         self,
+        plan: OperatorPlan,
         batch_function: Callable[[DataFrame, int], None],
         lineage: Lineage,
         processing_time: str | None,
@@ -409,7 +416,7 @@ class Pipeline:
         if lineage.restore is not None:
             keyed = self._with_restore_rows(keyed, lineage.restore)
         envelope = keyed.groupBy(KEY_GROUP).applyInPandasWithState(
-            KeyGroupTask(self.plan),
+            KeyGroupTask(plan),
             ENVELOPE_DDL,
             STATE_DDL,
             "update",
@@ -701,6 +708,28 @@ class PipelineQuery:
             return failure
         rebuilt = rebuild_from_text(str(err))
         return rebuilt if rebuilt is not None else err
+
+
+def decided_replays(
+    epochs: EpochLog, checkpoint: CheckpointReader, lineage: Lineage, table: str
+) -> tuple[DecidedReplay, ...]:
+    """The micro-batches Spark will replay whose epochs are already decided.
+
+    Those the checkpoint planned but did not commit, whose epoch has a PREPARED entry: each
+    comes with the state-change files of ``table`` that the epoch pre-committed.
+    """
+    if lineage.fresh:
+        return ()
+    committed = set(checkpoint.committed_batches())
+    replays = []
+    for batch in checkpoint.planned_batches():
+        entry = epochs.prepared(lineage.epoch_base + batch)
+        if batch in committed or entry is None or table not in entry.tables:
+            continue
+        uri = entry.tables[table]
+        files = tuple(f"{uri}/{f.path}" for f in entry.files if f.table == table)
+        replays.append(DecidedReplay(batch, entry.epoch, files))
+    return tuple(replays)
 
 
 def resolve_plan(

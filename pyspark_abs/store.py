@@ -344,6 +344,11 @@ class DeltaStore:
             f"was changed outside pyspark-abs. Run validate on the snapshot root"
         )
 
+    def read_files(self, uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        """Columns of Parquet files under a table root (pre-committed files, say)."""
+        fs, root = pafs.FileSystem.from_uri(uri)
+        return pq.read_table([f"{root}/{p}" for p in paths], columns=list(columns), filesystem=fs)
+
     def file_sizes(self, uri: str, paths: Sequence[str]) -> list[int | None]:
         """Sizes of files under a table root; None for a missing file."""
         fs, root = pafs.FileSystem.from_uri(uri)

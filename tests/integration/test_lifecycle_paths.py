@@ -8,8 +8,10 @@ compares the outcome with what an uninterrupted run gives.
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -20,25 +22,49 @@ from pyspark_abs import (
     Fault,
     FaultStep,
     InjectedFault,
+    KeyGroupContext,
+    KeyGroupResult,
+    Operator,
     Pipeline,
     PipelineMismatchError,
     Snapshots,
     restore,
     rollback,
+    vectorized_operator,
 )
 from pyspark_abs.examples.wordcount import word_count
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import assert_same, expected_sink, word_pipeline
+from tests.conftest import EPOCHS, running_counts, write_epochs
+from tests.integration.conftest import STATE_DDL, assert_same, expected_sink, word_pipeline
 from tests.integration.test_savepoints import OP, counts_df, word_table
 
 
-def words_pipeline(root: Path, words: str, sink: Path | None = None, **config: object) -> Pipeline:
+def weighted_count(weight: int) -> Operator:
+    """A word count adding ``weight`` per word: a new weight is a new version of the code."""
+
+    @vectorized_operator(key="word", state_schema="count long", output_schema=STATE_DDL, name=OP)
+    def count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        seen = rows.groupby("word", sort=False).size().rename("seen").reset_index()
+        merged = seen.merge(state, on="word", how="left")
+        merged["count"] = merged["count"].fillna(0).astype("int64") + weight * merged["seen"]
+        updated = merged[["word", "count"]]
+        return KeyGroupResult(state=updated, output=updated)
+
+    return count
+
+
+def words_pipeline(
+    root: Path,
+    words: str,
+    sink: Path | None = None,
+    op: Operator = word_count,
+    **config: object,
+) -> Pipeline:
     settings: dict[str, object] = {"key_groups": 8, "commit_mode": "sync"}
     settings.update(config)
     return Pipeline(
         "words",
         DeltaSource(words, max_files_per_trigger=1),
-        word_count,
+        op,
         root=str(root),
         sinks={"output": str(sink or root / "sink")},
         config=AbsConfig(**settings),  # type: ignore[arg-type]
@@ -101,3 +127,25 @@ def test_second_rollback_after_a_failed_first_batch_sets_the_checkpoint_aside(
     words_pipeline(clean, words).run()
     assert_same(snapshots.sink("output"), Snapshots(str(clean), spark).sink("output"))
     assert list(root.glob(f"_checkpoint-superseded-by-epoch-{second.epoch}*"))
+
+
+@pytest.mark.parametrize("commit_mode", ["sync", "async"])
+def test_a_replayed_decided_epoch_installs_the_decided_state(
+    spark: SparkSession, tmp_path: Path, commit_mode: str
+) -> None:
+    """Spark replays epoch 1 after a crash after PREPARED, under other code: its state stays."""
+    words = word_table(tmp_path / "words", EPOCHS)
+    root = tmp_path / "root"
+    crash = (Fault(FaultStep.AFTER_PREPARED, epoch=1),)
+    first = words_pipeline(root, words, op=weighted_count(1), commit_mode=commit_mode, faults=crash)
+    with pytest.raises(InjectedFault):
+        first.run()
+    query = words_pipeline(root, words, op=weighted_count(10), commit_mode=commit_mode).run()
+    assert query.recovered_epochs == [1]
+
+    expected = Counter(running_counts(EPOCHS[:2])[0])
+    for word, count in running_counts(EPOCHS[2:])[0].items():
+        expected[word] += 10 * count
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state(OP, 1), counts_df(spark, EPOCHS[:2]))
+    assert_same(snapshots.state(OP), spark.createDataFrame(sorted(expected.items()), STATE_DDL))

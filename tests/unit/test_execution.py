@@ -1,10 +1,12 @@
 """The per-key-group core: both operator forms, diffs, tombstones, timeouts, and errors."""
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pyspark_abs import (
@@ -18,7 +20,15 @@ from pyspark_abs import (
     StateTooLargeError,
     TimeoutMode,
 )
-from pyspark_abs.execution import KeyGroupOutcome, OperatorPlan, encode_state, run_key_group
+from pyspark_abs.execution import (
+    DecidedReplay,
+    KeyGroupOutcome,
+    OperatorPlan,
+    apply_changes,
+    decided_changes,
+    encode_state,
+    run_key_group,
+)
 from tests.conftest import arrow_schema
 
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
@@ -104,6 +114,32 @@ def test_changes_hold_only_changed_keys_and_tombstones(form: str) -> None:
         {"word": "b", "count": 2, "_timeout": None},
         {"word": "c", "count": 2, "_timeout": None},
     ]
+
+
+@pytest.mark.parametrize("form", ["per_key", "vectorized"])
+def test_applying_an_epochs_changes_gives_its_state(form: str) -> None:
+    """A replay installs the decided changes: the state equals the one the epoch computed."""
+    plan = plan_for(per_key, None) if form == "per_key" else plan_for(None, vectorized)
+    state = plan.blob_schema.empty_table()
+    for outcome in run_epochs(plan, EPOCHS):
+        state = apply_changes(plan, state, outcome.changes)
+        assert sort(state) == sort(outcome.state)
+
+
+def test_decided_changes_are_read_per_key_group(tmp_path: Path) -> None:
+    plan = plan_for(per_key, None)
+    changes = run_epochs(plan, EPOCHS[:1])[0].changes
+    files = []
+    for group in (3, 7):
+        path = tmp_path / f"part-{group}.parquet"
+        pq.write_table(changes.append_column("_key_group", pa.array([group] * 2, pa.int32())), path)
+        files.append(str(path))
+    replay = DecidedReplay(batch_id=0, epoch=0, files=tuple(files))
+    assert sort(decided_changes(plan, replay, 7)) == sort(changes)
+    assert decided_changes(plan, replay, 5).num_rows == 0
+    missing = DecidedReplay(batch_id=1, epoch=1, files=(str(tmp_path / "gone.parquet"),))
+    with pytest.raises(OperatorError, match="epoch 1, which is already decided"):
+        decided_changes(plan, missing, 7)
 
 
 def test_both_forms_snapshot_identically() -> None:

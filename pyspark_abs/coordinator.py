@@ -360,11 +360,8 @@ class EpochCoordinator:
             return
         uri = prepared.tables[table]
         paths = [f.path for f in prepared.files if f.table == table]
-        changed: set[int] = (
-            {int(g) for g in self.store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP].to_pylist()}
-            if paths
-            else set()
-        )
+        groups = self.store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP] if paths else []
+        changed = {int(g) for g in groups.to_pylist() if g is not None} if paths else set()
         missing = sorted(changed - reached)
         if missing:
             latest = self.epochs.latest(epoch)

@@ -360,8 +360,10 @@ class EpochCoordinator:
             return
         uri = prepared.tables[table]
         paths = [f.path for f in prepared.files if f.table == table]
-        groups = self.store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP] if paths else []
-        changed = {int(g) for g in groups.to_pylist() if g is not None} if paths else set()
+        changed: set[int] = set()
+        if paths:
+            groups = self.store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP].to_pylist()
+            changed = {int(g) for g in groups if g is not None}
         missing = sorted(changed - reached)
         if missing:
             latest = self.epochs.latest(epoch)

@@ -37,9 +37,9 @@ from pyspark_abs.barrier import FileEntry
 from pyspark_abs.examples import retry, wordcount
 from pyspark_abs.maintenance import require_intact, vacuum, validate
 from pyspark_abs.manifest import EpochLog
-from pyspark_abs.recovery import open_manifest
+from pyspark_abs.recovery import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.store import EPOCH_KEY, DeltaStore, load_dataframe
+from pyspark_abs.store import EPOCH_KEY, DeltaStore, app_id, load_dataframe
 from tests.conftest import write_epochs
 from tests.integration.conftest import assert_same, expected_sink, expected_state, state_history
 
@@ -222,8 +222,9 @@ def test_crash_between_the_table_commits_of_a_group_then_restart_and_roll_back(
         DeltaTable(str(root / "state" / "word_count")),
         DeltaTable(str(root / "sinks" / "word_counts")),
     )
-    assert state.transaction_version("pyspark-abs/wordcount/state/word_count") == 5
-    assert sink.transaction_version("pyspark-abs/wordcount/sink/output") == 2
+    root_id = manifest_root_id(DeltaStore(), str(root))
+    assert state.transaction_version(app_id("wordcount", "state/word_count", root_id)) == 5
+    assert sink.transaction_version(app_id("wordcount", "sink/output", root_id)) == 2
 
     restarted = interval_pipeline(spark, inputs, root).run()
     assert restarted.recovered_epochs == [3, 4, 5]

@@ -214,7 +214,9 @@ def _compact(args: argparse.Namespace) -> int:
         _print_json([asdict(r) for r in results])
         return 0
     for r in results:
-        if r.table.startswith(BACKEDGE_PREFIX):
+        if r.skipped is not None:
+            print(f"{r.table}: nothing committed as of epoch {r.as_of_epoch}: {r.skipped}")
+        elif r.table.startswith(BACKEDGE_PREFIX):
             print(
                 f"{r.table}: removed {r.rows_before} consumed records in {r.files_before} files "
                 f"as of epoch {r.as_of_epoch}"

@@ -34,7 +34,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -72,7 +72,7 @@ Actions = list[AddAction | RemoveAction]
 Progress = Callable[[str], None]
 """Receives one line per step of a long operation."""
 
-_CONFLICT_RETRIES = 5
+_CONFLICT_RETRIES = 10
 
 
 def _quiet(_: str) -> None:
@@ -91,6 +91,8 @@ class Compaction:
         files_before: Files the compaction replaced or removed.
         rows_before: Rows in those files.
         rows_after: Live keys written (0 for a back-edge log).
+        skipped: Why nothing was committed although there was work: another compaction or
+            a rollback changed the table since the snapshot (None otherwise).
     """
 
     table: str
@@ -99,6 +101,7 @@ class Compaction:
     files_before: int
     rows_before: int
     rows_after: int
+    skipped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,13 @@ def compact_table(
 ) -> Compaction:
     """Rewrite one state table's latest row per key as of ``snapshot`` in one commit.
 
+    The commit removes the files of the snapshot's table version. It is made only if every
+    one of them is still in the table and the table was not restored or overwritten since
+    that version (a rollback, restore or restore epoch); otherwise another compaction or a
+    rollback got there first, the written files are deleted and nothing is committed
+    (``skipped`` says why). The check and the commit are one: the commit is made exactly on
+    the version checked, and checked again on a conflict.
+
     Raises:
         CommitError: Delta kept reporting conflicts.
     """
@@ -243,23 +253,77 @@ def compact_table(
     prefix = f"abs-c{snapshot.epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
     written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
     faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
-    now_ms = int(time.time() * 1000)
-    actions: Actions = [
-        RemoveAction(f["path"], False, now_ms, int(f["size_bytes"]), {}) for f in files
-    ]
-    actions += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
+    replaced = [(str(f["path"]), int(f["size_bytes"])) for f in files]
+
+    def actions(current: DeltaTable) -> Actions:
+        reason = superseded(current, version, [path for path, _ in replaced])
+        if reason is not None:
+            raise _Superseded(reason)
+        now_ms = int(time.time() * 1000)
+        todo: Actions = [RemoveAction(path, False, now_ms, size, {}) for path, size in replaced]
+        todo += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
+        return todo
+
+    what = f"compacting {table} at {uri} as of epoch {snapshot.epoch}"
     try:
-        committed, _ = _commit_retrying(
-            store,
-            uri,
-            lambda _: actions,
-            f"compacting {table} at {uri} as of epoch {snapshot.epoch}",
-            "run compact again later",
+        committed, _ = _commit_retrying(store, uri, actions, what, "run compact again later")
+    except _Superseded as skip:
+        store.delete_files(uri, [w.path for w in written])
+        log.info("%s: nothing committed, %s", what, skip.reason)
+        return Compaction(
+            table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, skip.reason
         )
     except CommitError:
         store.delete_files(uri, [w.path for w in written])
         raise
     return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
+
+
+def superseded(current: DeltaTable, since: int, removing: Iterable[str]) -> str | None:
+    """Why removes planned at table version ``since`` must not be committed on ``current``.
+
+    They must not when a file to remove is no longer in the table (another compaction or a
+    rollback removed it: its rows may live on elsewhere, or be meant gone) or when the table
+    was restored or overwritten after ``since`` (a rollback, restore or restore epoch
+    replaced the state the plan was made from). None when they may be committed.
+    """
+    present = {str(a["path"]) for a in _add_actions(current)}
+    gone = [path for path in removing if path not in present]
+    if gone:
+        return (
+            f"file {unquote(gone[0])} of version {since} is no longer in the table "
+            f"(version {current.version()}; {len(gone)} such file(s)): another compaction or "
+            f"a rollback replaced it"
+        )
+    replaced = _replacing_commit(current, since)
+    if replaced is not None:
+        return f"the table was {replaced} after version {since}: a rollback or restore replaced it"
+    return None
+
+
+def _replacing_commit(current: DeltaTable, since: int) -> str | None:
+    """The first commit after version ``since`` that restored or overwrote the table."""
+    newer = int(current.version()) - since
+    if newer <= 0:
+        return None
+    for commit in sorted(current.history(limit=newer), key=lambda c: int(c["version"])):
+        if int(commit["version"]) <= since:
+            continue
+        operation = str(commit.get("operation", "")).upper()
+        mode = str((commit.get("operationParameters") or {}).get("mode", "")).lower()
+        if operation == "RESTORE" or mode == "overwrite":
+            return f"{'restored' if operation == 'RESTORE' else 'overwritten'} at version " + str(
+                commit["version"]
+            )
+    return None
+
+
+class _Superseded(Exception):
+    """A compaction's plan no longer fits the table: commit nothing."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry) -> Compaction:
@@ -280,6 +344,9 @@ def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntr
     consumed = {a["path"]: int(a.get("num_records") or 0) for a in at_before}
 
     def removals(current: DeltaTable) -> Actions:
+        reason = superseded(current, snapshot.table_versions[table], ())
+        if reason is not None:
+            raise _Superseded(reason)
         now_ms = int(time.time() * 1000)
         return [
             RemoveAction(a["path"], False, now_ms, int(a["size_bytes"]), {})
@@ -287,9 +354,12 @@ def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntr
             if a["path"] in consumed
         ]
 
-    version, removed = _commit_retrying(
-        store, uri, removals, f"truncating {table} at {uri}", "run compact again later"
-    )
+    what = f"truncating {table} at {uri} as of epoch {snapshot.epoch}"
+    try:
+        version, removed = _commit_retrying(store, uri, removals, what, "run compact again later")
+    except _Superseded as skip:
+        log.info("%s: nothing committed, %s", what, skip.reason)
+        return Compaction(table, snapshot.epoch, None, 0, 0, 0, skip.reason)
     rows = sum(consumed[action.path] for action in removed)
     return Compaction(table, snapshot.epoch, version, len(removed), rows, 0)
 
@@ -637,7 +707,10 @@ def _commit_retrying(
 ) -> tuple[int | None, Actions]:
     """Commit actions computed against the table's current version, again on a conflict.
 
-    Returns the committed version and actions (None and [] if there was nothing to do).
+    The commit is made exactly on the version the actions were computed against (Delta's
+    own retry would rebase it onto newer commits unchecked: delta-rs accepts removes of
+    files a concurrent commit already removed). Returns the committed version and actions
+    (None and [] if there was nothing to do).
 
     Raises:
         CommitError: The commit failed, or conflicted with other writers every time.
@@ -648,7 +721,12 @@ def _commit_retrying(
         if not todo:
             return None, []
         try:
-            current.create_write_transaction(todo, mode="append", schema=current.schema())
+            current.create_write_transaction(
+                todo,
+                mode="append",
+                schema=current.schema(),
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
             current.update_incremental()
             return int(current.version()), todo
         except CommitFailedError as err:

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pyspark_abs import SnapshotNotFoundError, Snapshots, rollback
-from pyspark_abs.maintenance import compact, vacuum, validate
+from pyspark_abs import KeyState, SnapshotNotFoundError, Snapshots, operator, rollback
+from pyspark_abs.changelog import latest_per_key
+from pyspark_abs.faults import Fault, FaultAction, FaultStep
+from pyspark_abs.maintenance import _load, compact, vacuum, validate
+from pyspark_abs.store import DeltaStore
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import (
+    STATE_DDL,
     assert_same,
     assert_word_counts,
     expected_history,
@@ -117,3 +127,83 @@ def test_validate_reports_damage(spark: SparkSession, tmp_path: Path) -> None:
         p.startswith("epoch 3, table sink/output: file") and "has 20 bytes" in p for p in problems
     )
     assert not any(p.startswith(("epoch 0", "epoch 1")) for p in problems)
+
+
+@operator(key="word", state_schema="count long", output_schema=STATE_DDL, name="word_count")
+def count_below_three(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    """Counts words and removes a word's state once it is seen three times."""
+    count = state.get({"count": 0})["count"] + len(rows)
+    if count >= 3:
+        state.remove()
+    else:
+        state.update({"count": count})
+    return {"word": key[0], "count": count}
+
+
+def live_state(root: Path, epoch: int | None = None) -> dict[str, int]:
+    """The state table's live keys as of a snapshot's version, or of its latest version."""
+    store = DeltaStore()
+    uri = str(root / STATE)
+    version = None
+    if epoch is not None:
+        entry = _load(store, str(root)).latest(epoch)
+        assert entry is not None
+        version = entry.table_versions[STATE]
+    live = latest_per_key(store.read(uri, version), ["word"], epoch)
+    return {row["word"]: row["count"] for row in live.select(["word", "count"]).to_pylist()}
+
+
+def paused_compaction(root: Path) -> subprocess.Popen[bytes]:
+    """``compact`` in another process, stopped after writing its files, before committing."""
+    fault = Fault(FaultStep.DURING_COMPACTION, action=FaultAction.PAUSE)
+    script = (
+        "import sys; from pyspark_abs import AbsConfig; "
+        "from pyspark_abs.faults import Fault, FaultAction, FaultStep; "
+        "from pyspark_abs.maintenance import compact; "
+        f"compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
+        f"action={fault.action.value!r}),)))"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script, str(root)], start_new_session=True)
+    _, status = os.waitpid(process.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"the compaction ended before its commit (status {status})"
+    return process
+
+
+def resume(process: subprocess.Popen[bytes]) -> None:
+    os.kill(process.pid, signal.SIGCONT)
+    assert process.wait(timeout=120) == 0
+
+
+def test_two_racing_compactions_resurrect_no_deleted_key(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root, inputs = tmp_path / "root", tmp_path / "in"
+    word_pipeline(spark, write_epochs(inputs, EPOCHS[:3]), root, op=count_below_three).run()
+    stale = paused_compaction(root)  # as of epoch 2, where "b" is live
+    try:
+        word_pipeline(spark, write_epochs(inputs, EPOCHS), root, op=count_below_three).run()
+        before = {epoch: live_state(root, epoch) for epoch in range(4)}
+        assert "b" in before[2]
+        assert "b" not in before[3]
+        compact(str(root))  # as of epoch 3, where "b" is removed
+    finally:
+        resume(stale)
+    assert live_state(root) == before[3]
+    assert {epoch: live_state(root, epoch) for epoch in range(4)} == before
+    assert validate(str(root)) == []
+
+
+def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, op=count_below_three).run()
+    as_of_1 = live_state(root, 1)
+    stale = paused_compaction(root)  # as of epoch 3
+    try:
+        restored = rollback(str(root), 1)
+    finally:
+        resume(stale)
+    assert live_state(root, restored.epoch) == as_of_1
+    assert live_state(root) == as_of_1
+    assert validate(str(root)) == []

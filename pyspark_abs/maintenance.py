@@ -52,7 +52,13 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
-from pyspark_abs.precommit import TableTarget, file_epoch, write_files
+from pyspark_abs.precommit import (
+    TableTarget,
+    compaction_prefix,
+    file_name,
+    root_tag,
+    write_files,
+)
 from pyspark_abs.recovery import manifest_owner, open_manifest
 from pyspark_abs.schema import EPOCH
 from pyspark_abs.store import (
@@ -250,7 +256,7 @@ def compact_table(
         return Compaction(table, snapshot.epoch, None, len(files), changes.num_rows, live.num_rows)
     schema = arrow_schema(at_version)
     target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
-    prefix = f"abs-c{snapshot.epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
+    prefix = compaction_prefix(snapshot.epoch)
     written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
     faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
     replaced = [(str(f["path"]), int(f["size_bytes"])) for f in files]
@@ -410,11 +416,22 @@ def vacuum(
 ) -> VacuumReport:
     """Delete files that no retained snapshot references, after applying retention.
 
+    Only files vacuum can prove dead are deleted (see :func:`_dead`): files pyspark-abs
+    wrote for this root, for an epoch already decided (so never again committed), that
+    neither a retained snapshot's table version nor the latest one references, and
+    compaction outputs that were committed and replaced since. Files of epochs newer than
+    every decided one, files PREPARED epochs list, files of compactions that have not
+    committed yet, files with names pyspark-abs does not write and, in sink tables, files
+    other pipelines wrote are kept. After listing, the manifest and the tables are read
+    again, and files referenced or listed meanwhile are kept too.
+
     Args:
         root: The snapshot root.
         keep_last: First expire all but the newest ``keep_last`` snapshots.
-        min_age_seconds: Keep unreferenced files younger than this unless their name shows
-            they belong to an epoch that can no longer commit them.
+        min_age_seconds: Keep a replaced compaction output younger than this, and one
+            that was never committed younger than this or a day, whichever is longer (a
+            compaction that has not committed within a day crashed). Files written for an
+            epoch are deleted by what the manifest says of the epoch, not by age.
         dry_run: List what would expire and be deleted, and change nothing.
         progress: Receives a line per table.
         config: Only its injected faults matter.
@@ -431,7 +448,7 @@ def vacuum(
     retained = [s for s in epochs.snapshots() if s.epoch not in expiring]
     decided = epochs.latest_decided()
     newest_decided = decided.epoch if decided is not None else -1
-    in_flight = {(f.table, f.path) for e in epochs.pending() for f in e.files}
+    tag = root_tag(root)
     deleted: dict[str, list[str]] = {}
     kept = 0
     for table, uri in _tables(epochs.entries).items():
@@ -439,28 +456,96 @@ def vacuum(
             continue
         progress(f"vacuuming {table}")
         versions = {e.table_versions[table] for e in retained if table in e.table_versions}
-        versions.add(int(store.open(uri).version()))
-        referenced = set()
-        for version in versions:
-            referenced |= {
-                unquote(a["path"]) for a in _add_actions(DeltaTable(uri, version=version))
-            }
+        referenced = _referenced(store, uri, versions)
+        in_flight = {f.path for e in epochs.pending() for f in e.files if f.table == table}
+        replaced = _removed_paths(uri)
         doomed = []
         for path, age in _data_files(uri):
-            if path in referenced:
+            if path in referenced or path in in_flight:
                 continue
-            epoch = file_epoch(path)
-            orphan = epoch is not None and epoch <= newest_decided
-            if (table, path) in in_flight or not (orphan or age >= min_age_seconds):
+            rule = _DeadFile(table, tag, newest_decided, min_age_seconds)
+            if rule.dead(path, age, path in replaced):
+                doomed.append(path)
+            else:
                 kept += 1
-                continue
-            doomed.append(path)
+        doomed, late = _still_dead(store, root, table, uri, versions, doomed, expiring)
+        kept += late
         if doomed and not dry_run:
             store.delete_files(uri, doomed)
             faults.at(FaultStep.DURING_VACUUM, newest_decided)
         if doomed:
             deleted[table] = sorted(doomed)
     return VacuumReport(expired, deleted, kept, dry_run)
+
+
+_ABANDONED_AFTER_SECONDS = 86_400.0
+"""A compaction output never committed this long after it was written was left by a crash."""
+
+
+@dataclass(frozen=True)
+class _DeadFile:
+    """Which unreferenced, unlisted files of one table vacuum may delete."""
+
+    table: str
+    tag: str
+    newest_decided: int
+    min_age_seconds: float
+
+    def dead(self, path: str, age: float, replaced: bool) -> bool:
+        """Whether a file no retained version references and no PREPARED epoch lists is dead.
+
+        Args:
+            path: The file's path under the table root.
+            age: Seconds since it was last modified.
+            replaced: Whether the table's log removes it (it was committed, then replaced).
+        """
+        name = file_name(path)
+        if name is None:
+            return False  # not written by pyspark-abs
+        if not self.table.startswith(("state/", BACKEDGE_PREFIX)) and name.tag != self.tag:
+            return False  # a sink another pipeline (or an older pyspark-abs) writes too
+        if name.compaction:
+            old_enough = age >= max(self.min_age_seconds, _ABANDONED_AFTER_SECONDS)
+            return (replaced and age >= self.min_age_seconds) or old_enough
+        return name.epoch <= self.newest_decided
+
+
+def _referenced(store: DeltaStore, uri: str, versions: Iterable[int]) -> set[str]:
+    """Files the given versions of a table and its latest version reference."""
+    current = store.open(uri)
+    paths = {unquote(a["path"]) for a in _add_actions(current)}
+    for version in set(versions) - {int(current.version())}:
+        paths |= {unquote(a["path"]) for a in _add_actions(DeltaTable(uri, version=version))}
+    return paths
+
+
+def _still_dead(
+    store: DeltaStore,
+    root: str,
+    table: str,
+    uri: str,
+    versions: set[int],
+    doomed: list[str],
+    expiring: set[int],
+) -> tuple[list[str], int]:
+    """The doomed files still dead after reading the manifest and the table again.
+
+    An epoch may have been prepared or committed, or a snapshot retained, while the table
+    was listed (a file of an epoch decided meanwhile is referenced or was dead before).
+    Returns the files still dead and how many are now kept.
+    """
+    if not doomed:
+        return doomed, 0
+    epochs = _load(store, root)
+    versions = versions | {
+        e.table_versions[table]
+        for e in epochs.snapshots()
+        if table in e.table_versions and e.epoch not in expiring
+    }
+    live = _referenced(store, uri, versions)
+    live |= {f.path for e in epochs.pending() for f in e.files if f.table == table}
+    still = [path for path in doomed if path not in live]
+    return still, len(doomed) - len(still)
 
 
 def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
@@ -740,6 +825,29 @@ def _add_actions(table: DeltaTable) -> list[dict[str, Any]]:
     """The add actions of a table version: path, size_bytes, ..."""
     actions: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     return actions
+
+
+def _removed_paths(uri: str) -> set[str]:
+    """Files the table's JSON log entries remove (committed once, replaced since)."""
+    fs, base = pafs.FileSystem.from_uri(uri)
+    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
+    removed: set[str] = set()
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                lines = stream.read().decode().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue  # a damaged or vanished entry: keep its files
+        for line in lines:
+            try:
+                action = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(action, dict) and isinstance(action.get("remove"), dict):
+                removed.add(unquote(str(action["remove"].get("path", ""))))
+    return removed
 
 
 def _data_files(uri: str) -> Iterable[tuple[str, float]]:

@@ -252,9 +252,13 @@ class DeltaStore:
         the current version is returned. With ``overwrite``, the files replace the table's
         current files.
 
+        Every file is checked to exist with its recorded size first: a commit never
+        references a file that is gone (deleted by hand or by a vacuum that misjudged it).
+
         Raises:
-            CommitError: The Delta commit failed, or the table's transactions say the epoch
-                was committed but its commit cannot be found.
+            CommitError: A file is missing or has another size, the Delta commit failed, or
+                the table's transactions say the epoch was committed but its commit cannot
+                be found.
         """
         table = self.open(uri)
         done = table.transaction_version(app_id)
@@ -263,6 +267,7 @@ class DeltaStore:
         adding = files_after(files, done)
         if not adding and not overwrite:
             return CommitResult(int(table.version()), committed=False)
+        self._require_files(uri, adding, epoch)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             AddAction(
@@ -290,6 +295,20 @@ class DeltaStore:
                 f"failed: {brief_error(err)}. The epoch stays PREPARED and is committed on restart"
             ) from err
         return CommitResult(int(table.version()), committed=True)
+
+    def _require_files(self, uri: str, files: Sequence[FileEntry], epoch: int) -> None:
+        """Refuse to commit files that are missing or not the size they were written with."""
+        sizes = self.file_sizes(uri, [f.path for f in files])
+        for entry, size in zip(files, sizes, strict=True):
+            if size == entry.size_bytes:
+                continue
+            found = "is missing" if size is None else f"has {size} bytes"
+            raise CommitError(
+                f"epoch {epoch}: file {entry.path} of the table at {uri} {found}, it was "
+                f"written with {entry.size_bytes} bytes; nothing was committed to the table. "
+                f"The epoch stays PREPARED: put the file back from a backup, or roll back to "
+                f"an earlier epoch (pyspark-abs validate lists the damage)"
+            )
 
     def restore_version(self, uri: str, version: int, app_id: str, epoch: int) -> int:
         """Restore the table at ``uri`` to ``version`` as epoch ``epoch``, exactly once.

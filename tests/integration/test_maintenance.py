@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pyspark_abs import KeyState, SnapshotNotFoundError, Snapshots, operator, ro
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.maintenance import _load, compact, vacuum, validate
+from pyspark_abs.precommit import root_tag
 from pyspark_abs.store import DeltaStore
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import (
@@ -206,4 +208,42 @@ def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
         resume(stale)
     assert live_state(root, restored.epoch) == as_of_1
     assert live_state(root) == as_of_1
+    assert validate(str(root)) == []
+
+
+def test_vacuum_deletes_only_files_it_can_prove_dead(spark: SparkSession, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    state, sink = root / STATE, root / "sinks" / "word_counts"
+    mine = root_tag(str(root))
+    assert all(f"-t{mine}-" in name for name in live_files(sink))
+    long_ago = time.time() - 86_400 * 2
+    kept = {
+        # an epoch newer than every decided one: a long micro-batch still writing
+        state / f"abs-e000000000004-t{mine}-p00000-a0-0123456789ab-000.parquet": long_ago,
+        # a compaction that has written its files and not committed yet
+        state / "abs-c000000000003-compact-0123456789ab-000.parquet": time.time(),
+        # names pyspark-abs does not write
+        state / "part-00000-written-by-someone-else.snappy.parquet": long_ago,
+        sink / "part-00000-written-by-someone-else.snappy.parquet": long_ago,
+        # another pipeline writing the same sink, its epoch 1 still in flight
+        sink / "abs-e000000000001-t0badbeef-p00000-a0-0123456789ab-000.parquet": long_ago,
+    }
+    orphans = [
+        state / f"abs-e000000000001-t{mine}-p00000-a7-0123456789ab-000.parquet",
+        sink / f"abs-e000000000002-t{mine}-p00001-a3-0123456789ab-000.parquet",
+        state / "abs-e000000000001-p00000-a7-0123456789ab-000.parquet",  # no tag: older names
+    ]
+    for path, modified in kept.items():
+        path.write_bytes(b"not committed")
+        os.utime(path, (modified, modified))
+    for path in orphans:
+        path.write_bytes(b"left by a failed task attempt")
+
+    report = vacuum(str(root), min_age_seconds=0)
+    assert [path for path in kept if not path.exists()] == []
+    assert [path for path in orphans if path.exists()] == []
+    assert report.kept_in_flight >= len(kept)
+    for path in kept:
+        path.unlink()
     assert validate(str(root)) == []

@@ -10,10 +10,11 @@ whose records the snapshot had consumed, the same way.
 
 **Retention** keeps the last N snapshots: older ones, with the epochs MERGED into them, are
 marked EXPIRED in the manifest first, so nobody reads or restores them while **vacuum**
-deletes the files that no retained snapshot's table version references. Vacuum never
-deletes a file of an in-flight epoch: it skips files listed by PREPARED epochs (including
-those of an open group waiting for its snapshot), files named for an epoch newer than every
-decided one, and any other unreferenced file younger than ``min_age_seconds``.
+deletes the files that no retained snapshot's table version references and it can prove
+dead (see :func:`vacuum`), and the Delta log of state tables and back-edge logs below the
+oldest retained snapshot (the tables keep their log until then: ``KEEP_LOG``). Compactions
+commit only on the table version they checked, so two compactions, or a compaction and a
+rollback, never change the state of an epoch.
 
 **Validation** checks every retained snapshot: table versions exist, their files exist with
 the recorded sizes, they hold the files of every epoch of the snapshot's group, commits
@@ -67,7 +68,9 @@ from pyspark_abs.store import (
     DeltaStore,
     arrow_schema,
     brief_error,
+    log_entries,
     normalize_uri,
+    remove_log_below,
 )
 
 log = logging.getLogger("pyspark_abs")
@@ -117,14 +120,17 @@ class VacuumReport:
     Attributes:
         expired: Epochs marked EXPIRED by this call (with ``dry_run``: that would be).
         deleted: Deleted files, by table id.
-        kept_in_flight: Unreferenced files kept because an epoch may still commit them.
+        kept_in_flight: Unreferenced files kept because vacuum cannot prove them dead.
         dry_run: Whether files were only listed.
+        log_removed: Delta log entries deleted below the oldest retained snapshot's
+            version, by table id (state tables and back-edge logs only).
     """
 
     expired: list[int] = field(default_factory=list)
     deleted: dict[str, list[str]] = field(default_factory=dict)
     kept_in_flight: int = 0
     dry_run: bool = False
+    log_removed: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -450,6 +456,7 @@ def vacuum(
     newest_decided = decided.epoch if decided is not None else -1
     tag = root_tag(root)
     deleted: dict[str, list[str]] = {}
+    log_removed: dict[str, list[str]] = {}
     kept = 0
     for table, uri in _tables(epochs.entries).items():
         if not store.exists(uri):
@@ -475,7 +482,13 @@ def vacuum(
             faults.at(FaultStep.DURING_VACUUM, newest_decided)
         if doomed:
             deleted[table] = sorted(doomed)
-    return VacuumReport(expired, deleted, kept, dry_run)
+        if versions and table.startswith(("state/", BACKEDGE_PREFIX)) and not dry_run:
+            # Only tables this root alone writes: a sink's other writers keep their own
+            # snapshots of it. The log below the oldest retained version is no snapshot's.
+            removed = remove_log_below(uri, min(versions))
+            if removed:
+                log_removed[table] = removed
+    return VacuumReport(expired, deleted, kept, dry_run, log_removed)
 
 
 _ABANDONED_AFTER_SECONDS = 86_400.0
@@ -716,6 +729,8 @@ def _check_version(
         at_version = DeltaTable(uri, version=version)
         actions = _add_actions(at_version)
     except Exception as err:
+        if log_entries(uri).expired(version):
+            return set(), [Problem(None, table, _expired(uri, version))]
         return set(), [
             Problem(None, table, f"version {version} cannot be loaded: {brief_error(err)}")
         ]
@@ -735,6 +750,18 @@ def _check_version(
                 )
             )
     return set(paths), problems
+
+
+def _expired(uri: str, version: int) -> str:
+    """Validate's message for a version whose log entries Delta's log retention deleted."""
+    return (
+        f"version {version} cannot be loaded: its Delta log entries expired and were deleted "
+        f"by Delta's log retention (delta.logRetentionDuration, 30 days by default, applied "
+        f"when a checkpoint is written); the data is not damaged but this snapshot cannot be "
+        f"read any more. Expire it (pyspark-abs vacuum --keep-last), and set "
+        f"delta.enableExpiredLogCleanup=false on the table at {uri} (pyspark-abs sets it on "
+        f"the tables it creates) so that only vacuum removes the log of expired snapshots"
+    )
 
 
 def _history(uri: str) -> dict[int, dict[str, Any]]:

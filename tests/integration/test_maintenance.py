@@ -68,6 +68,7 @@ def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     word_pipeline(spark, inputs, root).run()
     compact(str(root))
+    DeltaTable(str(root / STATE)).create_checkpoint()  # below the snapshots vacuum keeps
     write_epochs(inputs, (*EPOCHS, *MORE))
     word_pipeline(spark, inputs, root).run()
     state_dir = root / STATE
@@ -90,6 +91,9 @@ def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
     assert not orphan.exists()
     assert in_flight.exists()
     assert report.kept_in_flight >= 1
+    assert dry.log_removed == {}
+    assert report.log_removed[STATE][0] == f"{0:020d}.json"
+    assert not (state_dir / "_delta_log" / f"{0:020d}.json").exists()
     assert not any(p.name.startswith("abs-e000000000000") for p in state_dir.glob("*.parquet"))
 
     snapshots = Snapshots(str(root), spark)
@@ -247,3 +251,32 @@ def test_vacuum_deletes_only_files_it_can_prove_dead(spark: SparkSession, tmp_pa
     for path in kept:
         path.unlink()
     assert validate(str(root)) == []
+
+
+def test_validate_tells_a_log_expired_by_delta_from_damage(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    state = DeltaTable(str(root / STATE))
+    for table in (state, DeltaTable(str(root / "sinks" / "word_counts"))):
+        assert table.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
+
+    # A table with Delta's default log retention (as older pyspark-abs created them), its
+    # log older than the retention: writing a checkpoint cleans up the log before it.
+    state.alter.set_table_properties(
+        {"delta.enableExpiredLogCleanup": "true", "delta.logRetentionDuration": "interval 1 hour"}
+    )
+    long_ago = time.time() - 7200
+    for entry in (root / STATE / "_delta_log").iterdir():
+        os.utime(entry, (long_ago, long_ago))
+    state.create_checkpoint()
+    state.cleanup_metadata()
+    assert not (root / STATE / "_delta_log" / f"{1:020d}.json").exists()
+
+    problems = validate(str(root))
+    assert [p.epoch for p in problems] == [0, 1, 2, 3]
+    for problem in problems:
+        assert problem.table == STATE
+        assert "Delta log entries expired" in problem.message
+        assert "delta.enableExpiredLogCleanup=false" in problem.message

@@ -467,11 +467,11 @@ def vacuum(
         in_flight = {f.path for e in epochs.pending() for f in e.files if f.table == table}
         replaced = _removed_paths(uri)
         doomed = []
+        rule = _DeadFile(table, tag, newest_decided, min_age_seconds)
         for path, age in _data_files(uri):
-            if path in referenced or path in in_flight:
+            if path in referenced:
                 continue
-            rule = _DeadFile(table, tag, newest_decided, min_age_seconds)
-            if rule.dead(path, age, path in replaced):
+            if path not in in_flight and rule.dead(path, age, path in replaced):
                 doomed.append(path)
             else:
                 kept += 1

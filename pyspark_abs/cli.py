@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         "--min-age",
         type=float,
         default=3600.0,
-        help="seconds an unreferenced file of unknown epoch must be old to go (default 3600)",
+        help="seconds a replaced compaction output must be old to go (default 3600)",
     )
     clean.add_argument("--dry-run", action="store_true", help="list, do not delete")
     return parser
@@ -214,7 +214,9 @@ def _compact(args: argparse.Namespace) -> int:
         _print_json([asdict(r) for r in results])
         return 0
     for r in results:
-        if r.table.startswith(BACKEDGE_PREFIX):
+        if r.skipped is not None:
+            print(f"{r.table}: nothing committed as of epoch {r.as_of_epoch}: {r.skipped}")
+        elif r.table.startswith(BACKEDGE_PREFIX):
             print(
                 f"{r.table}: removed {r.rows_before} consumed records in {r.files_before} files "
                 f"as of epoch {r.as_of_epoch}"
@@ -248,6 +250,8 @@ def _vacuum(args: argparse.Namespace) -> int:
         print(f"{table}: {delete} {len(files)} file(s)")
     if not report.deleted:
         print("nothing to delete")
+    for table, entries in report.log_removed.items():
+        print(f"{table}: removed {len(entries)} Delta log entries before the oldest snapshot")
     if report.kept_in_flight:
         print(f"kept {report.kept_in_flight} unreferenced file(s) that may still be committed")
     return 0

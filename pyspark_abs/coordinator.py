@@ -50,7 +50,7 @@ from pyspark_abs.faults import FaultStep
 from pyspark_abs.maintenance import CompactionPolicy, compact_snapshot
 from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry, closes_group
 from pyspark_abs.metrics import SnapshotListener, notify
-from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget
+from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
 from pyspark_abs.schema import KEY_GROUP
 from pyspark_abs.snapshots import SnapshotInfo
 from pyspark_abs.store import DeltaStore
@@ -408,6 +408,7 @@ class EpochCoordinator:
             targets=self.layout.targets,
             target_file_bytes=self.config.target_file_bytes,
             faults=self.config.faults,
+            root_tag=root_tag(self.layout.root),
         )
         rows = batch.mapInArrow(PrecommitTask(plan), MARKER_DDL).collect()
         return [BarrierMarker.from_dict(r.asDict(recursive=True)) for r in rows]

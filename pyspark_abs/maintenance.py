@@ -10,10 +10,11 @@ whose records the snapshot had consumed, the same way.
 
 **Retention** keeps the last N snapshots: older ones, with the epochs MERGED into them, are
 marked EXPIRED in the manifest first, so nobody reads or restores them while **vacuum**
-deletes the files that no retained snapshot's table version references. Vacuum never
-deletes a file of an in-flight epoch: it skips files listed by PREPARED epochs (including
-those of an open group waiting for its snapshot), files named for an epoch newer than every
-decided one, and any other unreferenced file younger than ``min_age_seconds``.
+deletes the files that no retained snapshot's table version references and it can prove
+dead (see :func:`vacuum`), and the Delta log of state tables and back-edge logs below the
+oldest retained snapshot (the tables keep their log until then: ``KEEP_LOG``). Compactions
+commit only on the table version they checked, so two compactions, or a compaction and a
+rollback, never change the state of an epoch.
 
 **Validation** checks every retained snapshot: table versions exist, their files exist with
 the recorded sizes, they hold the files of every epoch of the snapshot's group, commits
@@ -34,7 +35,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -52,7 +53,13 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
-from pyspark_abs.precommit import TableTarget, file_epoch, write_files
+from pyspark_abs.precommit import (
+    TableTarget,
+    compaction_prefix,
+    file_name,
+    root_tag,
+    write_files,
+)
 from pyspark_abs.recovery import manifest_owner, manifest_root_id, open_manifest
 from pyspark_abs.schema import EPOCH
 from pyspark_abs.store import (
@@ -62,7 +69,9 @@ from pyspark_abs.store import (
     app_id,
     arrow_schema,
     brief_error,
+    log_entries,
     normalize_uri,
+    remove_log_below,
 )
 
 log = logging.getLogger("pyspark_abs")
@@ -73,7 +82,7 @@ Actions = list[AddAction | RemoveAction]
 Progress = Callable[[str], None]
 """Receives one line per step of a long operation."""
 
-_CONFLICT_RETRIES = 5
+_CONFLICT_RETRIES = 10
 
 
 def _quiet(_: str) -> None:
@@ -92,6 +101,8 @@ class Compaction:
         files_before: Files the compaction replaced or removed.
         rows_before: Rows in those files.
         rows_after: Live keys written (0 for a back-edge log).
+        skipped: Why nothing was committed although there was work: another compaction or
+            a rollback changed the table since the snapshot (None otherwise).
     """
 
     table: str
@@ -100,6 +111,7 @@ class Compaction:
     files_before: int
     rows_before: int
     rows_after: int
+    skipped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,14 +121,17 @@ class VacuumReport:
     Attributes:
         expired: Epochs marked EXPIRED by this call (with ``dry_run``: that would be).
         deleted: Deleted files, by table id.
-        kept_in_flight: Unreferenced files kept because an epoch may still commit them.
+        kept_in_flight: Unreferenced files kept because vacuum cannot prove them dead.
         dry_run: Whether files were only listed.
+        log_removed: Delta log entries deleted below the oldest retained snapshot's
+            version, by table id (state tables and back-edge logs only).
     """
 
     expired: list[int] = field(default_factory=list)
     deleted: dict[str, list[str]] = field(default_factory=dict)
     kept_in_flight: int = 0
     dry_run: bool = False
+    log_removed: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -228,6 +243,13 @@ def compact_table(
 ) -> Compaction:
     """Rewrite one state table's latest row per key as of ``snapshot`` in one commit.
 
+    The commit removes the files of the snapshot's table version. It is made only if every
+    one of them is still in the table and the table was not restored or overwritten since
+    that version (a rollback, restore or restore epoch); otherwise another compaction or a
+    rollback got there first, the written files are deleted and nothing is committed
+    (``skipped`` says why). The check and the commit are one: the commit is made exactly on
+    the version checked, and checked again on a conflict.
+
     Raises:
         CommitError: Delta kept reporting conflicts.
     """
@@ -241,26 +263,80 @@ def compact_table(
         return Compaction(table, snapshot.epoch, None, len(files), changes.num_rows, live.num_rows)
     schema = arrow_schema(at_version)
     target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
-    prefix = f"abs-c{snapshot.epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
+    prefix = compaction_prefix(snapshot.epoch)
     written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
     faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
-    now_ms = int(time.time() * 1000)
-    actions: Actions = [
-        RemoveAction(f["path"], False, now_ms, int(f["size_bytes"]), {}) for f in files
-    ]
-    actions += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
+    replaced = [(str(f["path"]), int(f["size_bytes"])) for f in files]
+
+    def actions(current: DeltaTable) -> Actions:
+        reason = superseded(current, version, [path for path, _ in replaced])
+        if reason is not None:
+            raise _Superseded(reason)
+        now_ms = int(time.time() * 1000)
+        todo: Actions = [RemoveAction(path, False, now_ms, size, {}) for path, size in replaced]
+        todo += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
+        return todo
+
+    what = f"compacting {table} at {uri} as of epoch {snapshot.epoch}"
     try:
-        committed, _ = _commit_retrying(
-            store,
-            uri,
-            lambda _: actions,
-            f"compacting {table} at {uri} as of epoch {snapshot.epoch}",
-            "run compact again later",
+        committed, _ = _commit_retrying(store, uri, actions, what, "run compact again later")
+    except _Superseded as skip:
+        store.delete_files(uri, [w.path for w in written])
+        log.info("%s: nothing committed, %s", what, skip.reason)
+        return Compaction(
+            table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, skip.reason
         )
     except CommitError:
         store.delete_files(uri, [w.path for w in written])
         raise
     return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
+
+
+def superseded(current: DeltaTable, since: int, removing: Iterable[str]) -> str | None:
+    """Why removes planned at table version ``since`` must not be committed on ``current``.
+
+    They must not when a file to remove is no longer in the table (another compaction or a
+    rollback removed it: its rows may live on elsewhere, or be meant gone) or when the table
+    was restored or overwritten after ``since`` (a rollback, restore or restore epoch
+    replaced the state the plan was made from). None when they may be committed.
+    """
+    present = {str(a["path"]) for a in _add_actions(current)}
+    gone = [path for path in removing if path not in present]
+    if gone:
+        return (
+            f"file {unquote(gone[0])} of version {since} is no longer in the table "
+            f"(version {current.version()}; {len(gone)} such file(s)): another compaction or "
+            f"a rollback replaced it"
+        )
+    replaced = _replacing_commit(current, since)
+    if replaced is not None:
+        return f"the table was {replaced} after version {since}: a rollback or restore replaced it"
+    return None
+
+
+def _replacing_commit(current: DeltaTable, since: int) -> str | None:
+    """The first commit after version ``since`` that restored or overwrote the table."""
+    newer = int(current.version()) - since
+    if newer <= 0:
+        return None
+    for commit in sorted(current.history(limit=newer), key=lambda c: int(c["version"])):
+        if int(commit["version"]) <= since:
+            continue
+        operation = str(commit.get("operation", "")).upper()
+        mode = str((commit.get("operationParameters") or {}).get("mode", "")).lower()
+        if operation == "RESTORE" or mode == "overwrite":
+            return f"{'restored' if operation == 'RESTORE' else 'overwritten'} at version " + str(
+                commit["version"]
+            )
+    return None
+
+
+class _Superseded(Exception):
+    """A compaction's plan no longer fits the table: commit nothing."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry) -> Compaction:
@@ -281,6 +357,9 @@ def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntr
     consumed = {a["path"]: int(a.get("num_records") or 0) for a in at_before}
 
     def removals(current: DeltaTable) -> Actions:
+        reason = superseded(current, snapshot.table_versions[table], ())
+        if reason is not None:
+            raise _Superseded(reason)
         now_ms = int(time.time() * 1000)
         return [
             RemoveAction(a["path"], False, now_ms, int(a["size_bytes"]), {})
@@ -288,9 +367,12 @@ def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntr
             if a["path"] in consumed
         ]
 
-    version, removed = _commit_retrying(
-        store, uri, removals, f"truncating {table} at {uri}", "run compact again later"
-    )
+    what = f"truncating {table} at {uri} as of epoch {snapshot.epoch}"
+    try:
+        version, removed = _commit_retrying(store, uri, removals, what, "run compact again later")
+    except _Superseded as skip:
+        log.info("%s: nothing committed, %s", what, skip.reason)
+        return Compaction(table, snapshot.epoch, None, 0, 0, 0, skip.reason)
     rows = sum(consumed[action.path] for action in removed)
     return Compaction(table, snapshot.epoch, version, len(removed), rows, 0)
 
@@ -341,11 +423,22 @@ def vacuum(
 ) -> VacuumReport:
     """Delete files that no retained snapshot references, after applying retention.
 
+    Only files vacuum can prove dead are deleted (see :func:`_dead`): files pyspark-abs
+    wrote for this root, for an epoch already decided (so never again committed), that
+    neither a retained snapshot's table version nor the latest one references, and
+    compaction outputs that were committed and replaced since. Files of epochs newer than
+    every decided one, files PREPARED epochs list, files of compactions that have not
+    committed yet, files with names pyspark-abs does not write and, in sink tables, files
+    other pipelines wrote are kept. After listing, the manifest and the tables are read
+    again, and files referenced or listed meanwhile are kept too.
+
     Args:
         root: The snapshot root.
         keep_last: First expire all but the newest ``keep_last`` snapshots.
-        min_age_seconds: Keep unreferenced files younger than this unless their name shows
-            they belong to an epoch that can no longer commit them.
+        min_age_seconds: Keep a replaced compaction output younger than this, and one
+            that was never committed younger than this or a day, whichever is longer (a
+            compaction that has not committed within a day crashed). Files written for an
+            epoch are deleted by what the manifest says of the epoch, not by age.
         dry_run: List what would expire and be deleted, and change nothing.
         progress: Receives a line per table.
         config: Only its injected faults matter.
@@ -362,36 +455,111 @@ def vacuum(
     retained = [s for s in epochs.snapshots() if s.epoch not in expiring]
     decided = epochs.latest_decided()
     newest_decided = decided.epoch if decided is not None else -1
-    in_flight = {(f.table, f.path) for e in epochs.pending() for f in e.files}
+    tag = root_tag(root)
     deleted: dict[str, list[str]] = {}
+    log_removed: dict[str, list[str]] = {}
     kept = 0
     for table, uri in _tables(epochs.entries).items():
         if not store.exists(uri):
             continue
         progress(f"vacuuming {table}")
         versions = {e.table_versions[table] for e in retained if table in e.table_versions}
-        versions.add(int(store.open(uri).version()))
-        referenced = set()
-        for version in versions:
-            referenced |= {
-                unquote(a["path"]) for a in _add_actions(DeltaTable(uri, version=version))
-            }
+        referenced = _referenced(store, uri, versions)
+        in_flight = {f.path for e in epochs.pending() for f in e.files if f.table == table}
+        replaced = _removed_paths(uri)
         doomed = []
+        rule = _DeadFile(table, tag, newest_decided, min_age_seconds)
         for path, age in _data_files(uri):
             if path in referenced:
                 continue
-            epoch = file_epoch(path)
-            orphan = epoch is not None and epoch <= newest_decided
-            if (table, path) in in_flight or not (orphan or age >= min_age_seconds):
+            if path not in in_flight and rule.dead(path, age, path in replaced):
+                doomed.append(path)
+            else:
                 kept += 1
-                continue
-            doomed.append(path)
+        doomed, late = _still_dead(store, root, table, uri, versions, doomed, expiring)
+        kept += late
         if doomed and not dry_run:
             store.delete_files(uri, doomed)
             faults.at(FaultStep.DURING_VACUUM, newest_decided)
         if doomed:
             deleted[table] = sorted(doomed)
-    return VacuumReport(expired, deleted, kept, dry_run)
+        if versions and table.startswith(("state/", BACKEDGE_PREFIX)) and not dry_run:
+            # Only tables this root alone writes: a sink's other writers keep their own
+            # snapshots of it. The log below the oldest retained version is no snapshot's.
+            removed = remove_log_below(uri, min(versions))
+            if removed:
+                log_removed[table] = removed
+    return VacuumReport(expired, deleted, kept, dry_run, log_removed)
+
+
+_ABANDONED_AFTER_SECONDS = 86_400.0
+"""A compaction output never committed this long after it was written was left by a crash."""
+
+
+@dataclass(frozen=True)
+class _DeadFile:
+    """Which unreferenced, unlisted files of one table vacuum may delete."""
+
+    table: str
+    tag: str
+    newest_decided: int
+    min_age_seconds: float
+
+    def dead(self, path: str, age: float, replaced: bool) -> bool:
+        """Whether a file no retained version references and no PREPARED epoch lists is dead.
+
+        Args:
+            path: The file's path under the table root.
+            age: Seconds since it was last modified.
+            replaced: Whether the table's log removes it (it was committed, then replaced).
+        """
+        name = file_name(path)
+        if name is None:
+            return False  # not written by pyspark-abs
+        if not self.table.startswith(("state/", BACKEDGE_PREFIX)) and name.tag != self.tag:
+            return False  # a sink another pipeline (or an older pyspark-abs) writes too
+        if name.compaction:
+            old_enough = age >= max(self.min_age_seconds, _ABANDONED_AFTER_SECONDS)
+            return (replaced and age >= self.min_age_seconds) or old_enough
+        return name.epoch <= self.newest_decided
+
+
+def _referenced(store: DeltaStore, uri: str, versions: Iterable[int]) -> set[str]:
+    """Files the given versions of a table and its latest version reference."""
+    current = store.open(uri)
+    paths = {unquote(a["path"]) for a in _add_actions(current)}
+    for version in set(versions) - {int(current.version())}:
+        paths |= {unquote(a["path"]) for a in _add_actions(DeltaTable(uri, version=version))}
+    return paths
+
+
+def _still_dead(
+    store: DeltaStore,
+    root: str,
+    table: str,
+    uri: str,
+    versions: set[int],
+    doomed: list[str],
+    expiring: set[int],
+) -> tuple[list[str], int]:
+    """The doomed files still dead after reading the manifest and the table again.
+
+    An epoch may have been prepared or committed, or a snapshot retained, while the table
+    was listed (a file of an epoch decided meanwhile is referenced or was dead before).
+    Returns the files still dead and how many are now kept.
+    """
+    if not doomed:
+        return doomed, 0
+    epochs = _load(store, root)
+    versions = versions | {
+        e.table_versions[table]
+        for e in epochs.snapshots()
+        if table in e.table_versions and e.epoch not in expiring
+    }
+    live = _referenced(store, uri, versions)
+    live |= {f.path for e in epochs.pending() for f in e.files if f.table == table}
+    still = [path for path in doomed if path not in live]
+    return still, len(doomed) - len(still)
 
 
 def validate(root: str, *, progress: Progress = _quiet) -> list[Problem]:
@@ -564,6 +732,8 @@ def _check_version(
         at_version = DeltaTable(uri, version=version)
         actions = _add_actions(at_version)
     except Exception as err:
+        if log_entries(uri).expired(version):
+            return set(), [Problem(None, table, _expired(uri, version))]
         return set(), [
             Problem(None, table, f"version {version} cannot be loaded: {brief_error(err)}")
         ]
@@ -583,6 +753,18 @@ def _check_version(
                 )
             )
     return set(paths), problems
+
+
+def _expired(uri: str, version: int) -> str:
+    """Validate's message for a version whose log entries Delta's log retention deleted."""
+    return (
+        f"version {version} cannot be loaded: its Delta log entries expired and were deleted "
+        f"by Delta's log retention (delta.logRetentionDuration, 30 days by default, applied "
+        f"when a checkpoint is written); the data is not damaged but this snapshot cannot be "
+        f"read any more. Expire it (pyspark-abs vacuum --keep-last), and set "
+        f"delta.enableExpiredLogCleanup=false on the table at {uri} (pyspark-abs sets it on "
+        f"the tables it creates) so that only vacuum removes the log of expired snapshots"
+    )
 
 
 def _history(uri: str) -> dict[int, dict[str, Any]]:
@@ -639,7 +821,10 @@ def _commit_retrying(
 ) -> tuple[int | None, Actions]:
     """Commit actions computed against the table's current version, again on a conflict.
 
-    Returns the committed version and actions (None and [] if there was nothing to do).
+    The commit is made exactly on the version the actions were computed against (Delta's
+    own retry would rebase it onto newer commits unchecked: delta-rs accepts removes of
+    files a concurrent commit already removed). Returns the committed version and actions
+    (None and [] if there was nothing to do).
 
     Raises:
         CommitError: The commit failed, or conflicted with other writers every time.
@@ -650,7 +835,12 @@ def _commit_retrying(
         if not todo:
             return None, []
         try:
-            current.create_write_transaction(todo, mode="append", schema=current.schema())
+            current.create_write_transaction(
+                todo,
+                mode="append",
+                schema=current.schema(),
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
             current.update_incremental()
             return int(current.version()), todo
         except CommitFailedError as err:
@@ -664,6 +854,29 @@ def _add_actions(table: DeltaTable) -> list[dict[str, Any]]:
     """The add actions of a table version: path, size_bytes, ..."""
     actions: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     return actions
+
+
+def _removed_paths(uri: str) -> set[str]:
+    """Files the table's JSON log entries remove (committed once, replaced since)."""
+    fs, base = pafs.FileSystem.from_uri(uri)
+    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
+    removed: set[str] = set()
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                lines = stream.read().decode().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue  # a damaged or vanished entry: keep its files
+        for line in lines:
+            try:
+                action = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(action, dict) and isinstance(action.get("remove"), dict):
+                removed.add(unquote(str(action["remove"].get("path", ""))))
+    return removed
 
 
 def _data_files(uri: str) -> Iterable[tuple[str, float]]:

@@ -25,6 +25,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from pyspark_abs.backedge import (
+    BACKEDGE_PREFIX,
     BackEdge,
     check_back_edges,
     check_loop_schema,
@@ -297,6 +298,8 @@ class Pipeline:
                 self._check_key_groups(lineage)
             for spec in self._table_specs(layout):
                 store.ensure_table(spec)
+                if spec.table.startswith(("state/", BACKEDGE_PREFIX)):
+                    store.keep_log(spec.uri)  # tables of older roots; the lease is held
         except BaseException:
             writer.close()
             raise

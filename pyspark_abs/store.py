@@ -54,6 +54,16 @@ def app_id(pipeline: str, table: str, root_id: str | None, query_id: str | None 
     return "/".join(["pyspark-abs", pipeline, *scope, table])
 
 
+KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
+"""Table properties that stop Delta from deleting log entries older than
+``delta.logRetentionDuration`` (30 days by default) when it writes a checkpoint. The tables
+of a snapshot root keep the log of every retained snapshot's version; vacuum removes the
+log below the oldest one (see :func:`~pyspark_abs.maintenance.vacuum`). A property, not a
+table feature: delta-spark reads such tables and honours it."""
+
+_LOG_ENTRY = re.compile(r"^(\d{20})\.(json|checkpoint(?:\.\d+\.\d+)?\.parquet|crc)$")
+
+
 def normalize_uri(location: str) -> str:
     """A table location as delta-rs and pyarrow want it: absolute path or URL."""
     if "://" in location:
@@ -138,6 +148,7 @@ class DeltaStore:
                     mode="ignore",
                     partition_by=list(spec.partition_by) or None,
                     description=spec.description,
+                    configuration=dict(KEEP_LOG),
                 )
             except (DeltaError, OSError) as err:
                 raise SnapshotRootError(
@@ -158,6 +169,28 @@ class DeltaStore:
                 f"{'; '.join(problems)}. Use a new table location, or declare the table's "
                 f"schema"
             )
+
+    def keep_log(self, uri: str) -> bool:
+        """Set :data:`KEEP_LOG` on an existing table that lacks it; return whether it did.
+
+        Only for tables the caller alone writes: the property change is a commit that
+        concurrent writers see as a metadata change.
+
+        Raises:
+            SnapshotRootError: The table cannot be changed.
+        """
+        table = self.open(uri)
+        configuration = table.metadata().configuration
+        if all(configuration.get(k) == v for k, v in KEEP_LOG.items()):
+            return False
+        try:
+            table.alter.set_table_properties(dict(KEEP_LOG))
+            table.update_incremental()
+        except (DeltaError, OSError) as err:
+            raise SnapshotRootError(
+                f"cannot set {KEEP_LOG} on the table at {uri}: {brief_error(err)}"
+            ) from None
+        return True
 
     def add_missing_columns(self, spec: TableSpec) -> list[str]:
         """Add the columns of ``spec.schema`` that the existing table lacks, as nullable.
@@ -267,9 +300,13 @@ class DeltaStore:
         current files. ``root``, the committing snapshot root, is recorded in the commit's
         metadata so that errors can name a sink's owner.
 
+        Every file is checked to exist with its recorded size first: a commit never
+        references a file that is gone (deleted by hand or by a vacuum that misjudged it).
+
         Raises:
-            CommitError: The Delta commit failed, or the table's transactions say the epoch
-                was committed but its commit cannot be found.
+            CommitError: A file is missing or has another size, the Delta commit failed, or
+                the table's transactions say the epoch was committed but its commit cannot
+                be found.
         """
         table = self.open(uri)
         done = table.transaction_version(app_id)
@@ -278,6 +315,7 @@ class DeltaStore:
         adding = files_after(files, done)
         if not adding and not overwrite:
             return CommitResult(int(table.version()), committed=False)
+        self._require_files(uri, adding, epoch)
         now_ms = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             AddAction(
@@ -305,6 +343,20 @@ class DeltaStore:
                 f"failed: {brief_error(err)}. The epoch stays PREPARED and is committed on restart"
             ) from err
         return CommitResult(int(table.version()), committed=True)
+
+    def _require_files(self, uri: str, files: Sequence[FileEntry], epoch: int) -> None:
+        """Refuse to commit files that are missing or not the size they were written with."""
+        sizes = self.file_sizes(uri, [f.path for f in files])
+        for entry, size in zip(files, sizes, strict=True):
+            if size == entry.size_bytes:
+                continue
+            found = "is missing" if size is None else f"has {size} bytes"
+            raise CommitError(
+                f"epoch {epoch}: file {entry.path} of the table at {uri} {found}, it was "
+                f"written with {entry.size_bytes} bytes; nothing was committed to the table. "
+                f"The epoch stays PREPARED: put the file back from a backup, or roll back to "
+                f"an earlier epoch (pyspark-abs validate lists the damage)"
+            )
 
     def restore_version(
         self, uri: str, version: int, app_id: str, epoch: int, root: str | None = None
@@ -363,6 +415,67 @@ class DeltaStore:
                 fs.delete_file(f"{root}/{path}")
             except FileNotFoundError:
                 continue
+
+
+@dataclass(frozen=True)
+class LogEntries:
+    """The versions a table's ``_delta_log`` holds entries for.
+
+    Attributes:
+        commits: Versions with a commit (JSON) file.
+        checkpoints: Versions with a checkpoint.
+    """
+
+    commits: frozenset[int]
+    checkpoints: frozenset[int]
+
+    def expired(self, version: int) -> bool:
+        """Whether ``version`` cannot load because the log before the oldest entry is gone.
+
+        Delta's expired-log cleanup deletes the oldest commits, never one in the middle:
+        a version below every remaining entry was cleaned up, one above was damaged.
+        """
+        remaining = self.commits | self.checkpoints
+        return bool(remaining) and version < min(remaining)
+
+
+def log_entries(uri: str) -> LogEntries:
+    """The versions of a table's Delta log entries (see :class:`LogEntries`)."""
+    fs, base = pafs.FileSystem.from_uri(uri)
+    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
+    commits, checkpoints = set(), set()
+    for info in fs.get_file_info(selector):
+        match = _LOG_ENTRY.match(info.base_name)
+        if match is None:
+            continue
+        if match.group(2) == "json":
+            commits.add(int(match.group(1)))
+        elif match.group(2).startswith("checkpoint"):
+            checkpoints.add(int(match.group(1)))
+    return LogEntries(frozenset(commits), frozenset(checkpoints))
+
+
+def remove_log_below(uri: str, version: int) -> list[str]:
+    """Delete a table's log entries that no version from ``version`` on needs.
+
+    Those are the entries before the newest checkpoint at or below ``version``: loading
+    that version or a later one starts from the checkpoint. Returns the deleted names.
+    """
+    start = max((c for c in log_entries(uri).checkpoints if c <= version), default=None)
+    if start is None:
+        return []
+    fs, base = pafs.FileSystem.from_uri(uri)
+    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
+    deleted = []
+    for info in fs.get_file_info(selector):
+        match = _LOG_ENTRY.match(info.base_name)
+        if match is not None and int(match.group(1)) < start:
+            try:
+                fs.delete_file(info.path)
+            except FileNotFoundError:
+                continue
+            deleted.append(info.base_name)
+    return sorted(deleted)
 
 
 _BACKTRACE_LINE = re.compile(r"^\s*\d+: ")

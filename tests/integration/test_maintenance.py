@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pyspark_abs import SnapshotNotFoundError, Snapshots, rollback
-from pyspark_abs.maintenance import compact, vacuum, validate
+from pyspark_abs import KeyState, SnapshotNotFoundError, Snapshots, operator, rollback
+from pyspark_abs.changelog import latest_per_key
+from pyspark_abs.faults import Fault, FaultAction, FaultStep
+from pyspark_abs.maintenance import _load, compact, vacuum, validate
+from pyspark_abs.precommit import root_tag
+from pyspark_abs.store import DeltaStore
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import (
+    STATE_DDL,
     assert_same,
     assert_word_counts,
     expected_history,
@@ -56,6 +68,7 @@ def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     word_pipeline(spark, inputs, root).run()
     compact(str(root))
+    DeltaTable(str(root / STATE)).create_checkpoint()  # below the snapshots vacuum keeps
     write_epochs(inputs, (*EPOCHS, *MORE))
     word_pipeline(spark, inputs, root).run()
     state_dir = root / STATE
@@ -78,6 +91,9 @@ def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
     assert not orphan.exists()
     assert in_flight.exists()
     assert report.kept_in_flight >= 1
+    assert dry.log_removed == {}
+    assert report.log_removed[STATE][0] == f"{0:020d}.json"
+    assert not (state_dir / "_delta_log" / f"{0:020d}.json").exists()
     assert not any(p.name.startswith("abs-e000000000000") for p in state_dir.glob("*.parquet"))
 
     snapshots = Snapshots(str(root), spark)
@@ -117,3 +133,150 @@ def test_validate_reports_damage(spark: SparkSession, tmp_path: Path) -> None:
         p.startswith("epoch 3, table sink/output: file") and "has 20 bytes" in p for p in problems
     )
     assert not any(p.startswith(("epoch 0", "epoch 1")) for p in problems)
+
+
+@operator(key="word", state_schema="count long", output_schema=STATE_DDL, name="word_count")
+def count_below_three(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    """Counts words and removes a word's state once it is seen three times."""
+    count = state.get({"count": 0})["count"] + len(rows)
+    if count >= 3:
+        state.remove()
+    else:
+        state.update({"count": count})
+    return {"word": key[0], "count": count}
+
+
+def live_state(root: Path, epoch: int | None = None) -> dict[str, int]:
+    """The state table's live keys as of a snapshot's version, or of its latest version."""
+    store = DeltaStore()
+    uri = str(root / STATE)
+    version = None
+    if epoch is not None:
+        entry = _load(store, str(root)).latest(epoch)
+        assert entry is not None
+        version = entry.table_versions[STATE]
+    live = latest_per_key(store.read(uri, version), ["word"], epoch)
+    return {row["word"]: row["count"] for row in live.select(["word", "count"]).to_pylist()}
+
+
+def paused_compaction(root: Path) -> subprocess.Popen[bytes]:
+    """``compact`` in another process, stopped after writing its files, before committing."""
+    fault = Fault(FaultStep.DURING_COMPACTION, action=FaultAction.PAUSE)
+    script = (
+        "import sys; from pyspark_abs import AbsConfig; "
+        "from pyspark_abs.faults import Fault, FaultAction, FaultStep; "
+        "from pyspark_abs.maintenance import compact; "
+        f"compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
+        f"action={fault.action.value!r}),)))"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script, str(root)], start_new_session=True)
+    _, status = os.waitpid(process.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"the compaction ended before its commit (status {status})"
+    return process
+
+
+def resume(process: subprocess.Popen[bytes]) -> None:
+    os.kill(process.pid, signal.SIGCONT)
+    assert process.wait(timeout=120) == 0
+
+
+def test_two_racing_compactions_resurrect_no_deleted_key(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root, inputs = tmp_path / "root", tmp_path / "in"
+    word_pipeline(spark, write_epochs(inputs, EPOCHS[:3]), root, op=count_below_three).run()
+    stale = paused_compaction(root)  # as of epoch 2, where "b" is live
+    try:
+        word_pipeline(spark, write_epochs(inputs, EPOCHS), root, op=count_below_three).run()
+        before = {epoch: live_state(root, epoch) for epoch in range(4)}
+        assert "b" in before[2]
+        assert "b" not in before[3]
+        compact(str(root))  # as of epoch 3, where "b" is removed
+    finally:
+        resume(stale)
+    assert live_state(root) == before[3]
+    assert {epoch: live_state(root, epoch) for epoch in range(4)} == before
+    assert validate(str(root)) == []
+
+
+def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, op=count_below_three).run()
+    as_of_1 = live_state(root, 1)
+    stale = paused_compaction(root)  # as of epoch 3
+    try:
+        restored = rollback(str(root), 1)
+    finally:
+        resume(stale)
+    assert live_state(root, restored.epoch) == as_of_1
+    assert live_state(root) == as_of_1
+    assert validate(str(root)) == []
+
+
+def test_vacuum_deletes_only_files_it_can_prove_dead(spark: SparkSession, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    state, sink = root / STATE, root / "sinks" / "word_counts"
+    mine = root_tag(str(root))
+    assert all(f"-t{mine}-" in name for name in live_files(sink))
+    long_ago = time.time() - 86_400 * 2
+    kept = {
+        # an epoch newer than every decided one: a long micro-batch still writing
+        state / f"abs-e000000000004-t{mine}-p00000-a0-0123456789ab-000.parquet": long_ago,
+        # a compaction that has written its files and not committed yet
+        state / "abs-c000000000003-compact-0123456789ab-000.parquet": time.time(),
+        # names pyspark-abs does not write
+        state / "part-00000-written-by-someone-else.snappy.parquet": long_ago,
+        sink / "part-00000-written-by-someone-else.snappy.parquet": long_ago,
+        # another pipeline writing the same sink, its epoch 1 still in flight
+        sink / "abs-e000000000001-t0badbeef-p00000-a0-0123456789ab-000.parquet": long_ago,
+    }
+    orphans = [
+        state / f"abs-e000000000001-t{mine}-p00000-a7-0123456789ab-000.parquet",
+        sink / f"abs-e000000000002-t{mine}-p00001-a3-0123456789ab-000.parquet",
+        state / "abs-e000000000001-p00000-a7-0123456789ab-000.parquet",  # no tag: older names
+    ]
+    for path, modified in kept.items():
+        path.write_bytes(b"not committed")
+        os.utime(path, (modified, modified))
+    for path in orphans:
+        path.write_bytes(b"left by a failed task attempt")
+
+    report = vacuum(str(root), min_age_seconds=0)
+    assert [path for path in kept if not path.exists()] == []
+    assert [path for path in orphans if path.exists()] == []
+    assert report.kept_in_flight >= len(kept)
+    for path in kept:
+        path.unlink()
+    assert validate(str(root)) == []
+
+
+def test_validate_tells_a_log_expired_by_delta_from_damage(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    state = DeltaTable(str(root / STATE))
+    for table in (state, DeltaTable(str(root / "sinks" / "word_counts"))):
+        assert table.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
+
+    # A table with Delta's default log retention (as older pyspark-abs created them), its
+    # log older than the retention: writing a checkpoint cleans up the log before it.
+    state.alter.set_table_properties(
+        {"delta.enableExpiredLogCleanup": "true", "delta.logRetentionDuration": "interval 1 hour"}
+    )
+    long_ago = time.time() - 7200
+    for entry in (root / STATE / "_delta_log").iterdir():
+        os.utime(entry, (long_ago, long_ago))
+    state.create_checkpoint()
+    state.cleanup_metadata()
+    assert not (root / STATE / "_delta_log" / f"{1:020d}.json").exists()
+
+    problems = validate(str(root))
+    assert [p.epoch for p in problems] == [0, 1, 2, 3]
+    for problem in problems:
+        assert problem.table == STATE
+        assert "Delta log entries expired" in problem.message
+        assert "delta.enableExpiredLogCleanup=false" in problem.message

@@ -47,6 +47,8 @@ def test_drains_during_micro_batches_commit_every_epoch_once_in_order(
 
     def micro_batches() -> None:
         for epoch in range(EPOCHS):
+            # phase 2 commits only files that are there, at their recorded size
+            Path(sink, f"e{epoch}.parquet").write_bytes(b"0123456789")
             entry = ManifestEntry(
                 "p",
                 epoch,

@@ -7,12 +7,19 @@ epoch 1 into a second root and runs that with other partition and key-group coun
 checks that the async committer is refused. A client process of its own, because a Connect
 session switches pyspark into Connect mode for the whole process. The last line printed is a
 JSON object; the test checks the snapshots it left with a classic session.
+
+``python -m tests.integration.connect_run URL WORKDIR --serve`` starts the word count with a
+processing-time trigger instead, prints one JSON line once epoch 0 is committed, and then
+waits to be killed, leaving the query running in the server.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -76,5 +83,22 @@ def main(url: str, workdir: str) -> int:
     return 0
 
 
+def serve(url: str, workdir: str) -> None:
+    SparkSession.builder.remote(url).getOrCreate()  # the session the pipeline uses
+    base = Path(workdir)
+    words = word_table(base / "words", EPOCHS[:1])
+    root = base / "served"
+    query = pipeline(words, root).start(processing_time="1 second")
+    deadline = time.monotonic() + 300
+    while query.latest_snapshot() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("epoch 0 was not committed within 300 s")
+        query.await_termination(1)
+    print(json.dumps({"client_pid": os.getpid(), "root": str(root), "words": words}), flush=True)
+    threading.Event().wait()
+
+
 if __name__ == "__main__":
+    if sys.argv[3:] == ["--serve"]:
+        serve(sys.argv[1], sys.argv[2])
     sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -11,11 +11,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyspark
 import pytest
+from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
-from pyspark_abs import Snapshots
+from pyspark_abs import FencingError, Snapshots
+from pyspark_abs.lease import Lease, read_lease
 from tests.conftest import EPOCHS
 from tests.integration.conftest import assert_same, expected_state
 
@@ -107,3 +110,35 @@ def test_crash_rollback_and_restore_through_spark_connect(
         snapshots = Snapshots(str(tmp_path / root), spark)
         assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
         assert_same(snapshots.state("word_count", 1), expected_state(spark, EPOCHS[:2]))
+
+
+def test_the_server_side_run_holds_the_lease_after_its_client_dies(
+    connect_url: str, tmp_path: Path
+) -> None:
+    """The process that writes holds the root: a dead client's root is not taken over."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "tests.integration.connect_run", connect_url, str(tmp_path)]
+    client = subprocess.Popen(
+        [*command, "--serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert client.stdout is not None
+        served = json.loads(client.stdout.readline())
+    finally:
+        client.kill()
+        client.wait()
+    root = served["root"]
+    holder = read_lease(root)
+    assert holder is not None
+    assert holder.pid != served["client_pid"]
+
+    with pytest.raises(FencingError, match="cannot start"):
+        Lease.acquire(root, "connect", "a-second-start")
+    write_deltalake(served["words"], pa.table({"word": ["late", "late"]}), mode="append")
+    deadline = time.monotonic() + 180
+    while not [s for s in Snapshots(root).list() if s.epoch >= 1]:
+        assert time.monotonic() < deadline, (
+            "the server-side run committed no epoch after the client died"
+        )
+        time.sleep(0.5)
+    assert read_lease(root) is not None

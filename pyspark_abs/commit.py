@@ -178,13 +178,23 @@ class EpochWriter:
             The COMMITTED (or RESTORED) entry of the group's last epoch.
 
         Raises:
-            ManifestError: The entries cannot be committed as one group.
+            ManifestError: The entries cannot be committed as one group, or an earlier
+                PREPARED epoch (or one inside the group's span) is not committed yet:
+                groups are committed in epoch order.
             CommitError: A Delta commit failed; the epochs stay PREPARED.
             FencingError: Another run holds the root.
         """
         check_group(group)
         end = group[-1]
         epoch = end.epoch
+        skipped = skipped_epochs(self.epochs, group)
+        if skipped:
+            raise ManifestError(
+                f"epoch(s) {_span(group)} cannot be committed at snapshot root {self.root}: "
+                f"earlier epoch(s) {epoch_ranges(skipped)} are PREPARED and not committed "
+                f"yet, and groups are committed in epoch order. The run must stop; the next "
+                f"start commits the pending epochs in order"
+            )
         self.fence(f"the commit of epoch {epoch}")
         started = time.perf_counter()
         versions = {}
@@ -232,6 +242,17 @@ class EpochWriter:
         )
         self.faults.at(FaultStep.AFTER_COMMITTED, epoch)
         return outcome
+
+
+def skipped_epochs(epochs: EpochLog, group: Sequence[ManifestEntry]) -> list[int]:
+    """PREPARED epochs not committed yet that committing ``group`` would skip.
+
+    Those older than the group's last epoch that are not part of the group: a group may
+    only be committed once every earlier PREPARED epoch is committed or merged.
+    """
+    members = {e.epoch for e in group}
+    end = group[-1].epoch
+    return [e.epoch for e in epochs.pending() if e.epoch < end and e.epoch not in members]
 
 
 def now() -> dt.datetime:

@@ -93,12 +93,20 @@ class EpochWriter:
     def record_all(self, entries: Sequence[ManifestEntry]) -> None:
         """Append transitions of distinct epochs to the manifest in one Delta commit.
 
-        Either all of them are recorded or none is.
+        Either all of them are recorded or none is. The append is compare-and-swap: it
+        commits against the manifest version the in-memory log reflects. When another writer
+        appended first, the log is reloaded (in place) and each transition re-checked
+        against it: an EXPIRED, or a commit outcome, that the other writer recorded
+        identically is dropped, the rest is retried if still allowed (at most
+        :data:`MANIFEST_RETRIES` times), and otherwise nothing is recorded.
 
         Raises:
-            ManifestError: A transition is not allowed, or two entries are of one epoch.
-            SnapshotRootError: The manifest cannot be written.
-            FencingError: Another run holds the root.
+            ManifestError: A transition is not allowed (also after another writer appended
+                first: the message names what that writer recorded), or two entries are of
+                one epoch.
+            SnapshotRootError: The manifest cannot be written, or other writers kept
+                appending first.
+            FencingError: Another run holds the root, or this run's lease lapsed.
         """
         if not entries:
             return

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from functools import cached_property
 
-from pyspark_abs.errors import ManifestError, SnapshotRootError
+from pyspark_abs.errors import ConcurrentWriteError, ManifestError, SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.lease import Lease, require_no_live_holder
 from pyspark_abs.manifest import (
@@ -28,10 +28,13 @@ from pyspark_abs.manifest import (
     epoch_ranges,
     recovery_groups,
 )
-from pyspark_abs.recovery import manifest_root_id
+from pyspark_abs.recovery import load_epoch_log, manifest_root_id
 from pyspark_abs.store import DeltaStore, app_id, brief_error
 
 log = logging.getLogger("pyspark_abs")
+
+MANIFEST_RETRIES = 8
+"""How often a manifest append is retried after other writers appended first."""
 
 
 class EpochWriter:
@@ -95,12 +98,20 @@ class EpochWriter:
     def record_all(self, entries: Sequence[ManifestEntry]) -> None:
         """Append transitions of distinct epochs to the manifest in one Delta commit.
 
-        Either all of them are recorded or none is.
+        Either all of them are recorded or none is. The append is compare-and-swap: it
+        commits against the manifest version the in-memory log reflects. When another writer
+        appended first, the log is reloaded (in place) and each transition re-checked
+        against it: an EXPIRED, or a commit outcome, that the other writer recorded
+        identically is dropped, the rest is retried if still allowed (at most
+        :data:`MANIFEST_RETRIES` times), and otherwise nothing is recorded.
 
         Raises:
-            ManifestError: A transition is not allowed, or two entries are of one epoch.
-            SnapshotRootError: The manifest cannot be written.
-            FencingError: Another run holds the root.
+            ManifestError: A transition is not allowed (also after another writer appended
+                first: the message names what that writer recorded), or two entries are of
+                one epoch.
+            SnapshotRootError: The manifest cannot be written, or other writers kept
+                appending first.
+            FencingError: Another run holds the root, or this run's lease lapsed.
         """
         if not entries:
             return
@@ -110,19 +121,86 @@ class EpochWriter:
         with self._lock:
             if len(set(epochs)) != len(epochs):
                 raise ManifestError(f"{subject}: cannot record {statuses} for one epoch twice")
-            for entry in entries:
+            pending = list(entries)
+            for entry in pending:
                 self.epochs.check(entry)
-            if self.lease is not None or any(e.status is not EpochStatus.EXPIRED for e in entries):
-                self.fence(f"{subject} {statuses}")
+            for _attempt in range(MANIFEST_RETRIES):
+                if self.lease is not None or any(
+                    e.status is not EpochStatus.EXPIRED for e in pending
+                ):
+                    self.fence(f"{subject} {statuses}")
+                try:
+                    version = self.store.append(
+                        self.manifest_uri, entries_to_table(pending), self.epochs.version
+                    )
+                except ConcurrentWriteError:
+                    pending = self._after_lost_race(pending, f"{subject} {statuses}")
+                    if not pending:
+                        return
+                    continue
+                except Exception as err:
+                    raise SnapshotRootError(
+                        f"{subject}: cannot record {statuses} in the manifest at "
+                        f"{self.manifest_uri}: {brief_error(err)}"
+                    ) from err
+                for entry in pending:
+                    self.epochs.record(entry)
+                if self.epochs.version is not None:
+                    self.epochs.version = version
+                return
+            raise SnapshotRootError(
+                f"{subject}: cannot record {statuses} in the manifest at {self.manifest_uri}: "
+                f"other writers appended first {MANIFEST_RETRIES} times in a row. Try again "
+                f"once they are done"
+            )
+
+    def _after_lost_race(self, entries: Sequence[ManifestEntry], what: str) -> list[ManifestEntry]:
+        """Reload the manifest after another writer appended first; return what to retry.
+
+        The in-memory log becomes the reloaded one. An EXPIRED entry another writer has
+        recorded too is dropped (expiring is idempotent), and so is a commit outcome
+        (COMMITTED, MERGED, RESTORED) another writer recorded identically, with the same
+        snapshot and table versions (table commits are idempotent, so both committed the
+        same cut). Every other entry must still be allowed.
+
+        Raises:
+            FencingError: This writer's run lost the root's lease meanwhile.
+            ManifestError: An entry is no longer allowed: the message names the epoch and
+                what the other writer recorded.
+        """
+        self.epochs.replace_with(load_epoch_log(self.store, self.manifest_uri))
+        if self.lease is not None:
+            self.fence(what)
+        retry = []
+        for entry in entries:
+            theirs = self.epochs.latest(entry.epoch)
+            if theirs is not None and _same_outcome(entry, theirs):
+                log.info(
+                    "epoch %d: %s was recorded by %s meanwhile; not recorded again",
+                    entry.epoch,
+                    entry.status.value,
+                    theirs.run_id,
+                )
+                continue
             try:
-                self.store.append(self.manifest_uri, entries_to_table(entries))
-            except Exception as err:
-                raise SnapshotRootError(
-                    f"{subject}: cannot record {statuses} in the manifest at "
-                    f"{self.manifest_uri}: {brief_error(err)}"
-                ) from err
-            for entry in entries:
-                self.epochs.record(entry)
+                self.epochs.check(entry)
+            except ManifestError as err:
+                newest = self.epochs.latest_decided()
+                shown = (
+                    f"{theirs.status.value} for epoch {entry.epoch} (run {theirs.run_id}, "
+                    f"{theirs.recorded_at.isoformat()})"
+                    if theirs is not None
+                    else f"{newest.status.value} for epoch {newest.epoch} (run {newest.run_id})"
+                    if newest is not None
+                    else "a change"
+                )
+                raise ManifestError(
+                    f"epoch {entry.epoch}: {entry.status.value} is not recorded at snapshot "
+                    f"root {self.root}: another writer recorded {shown} first ({err}). This "
+                    f"writer must stop; look at the root with Snapshots or validate"
+                ) from None
+            retry.append(entry)
+        return retry
 
     def fence(self, what: str) -> None:
         """Make sure this writer may write ``what`` to the root (see :mod:`pyspark_abs.lease`).
@@ -184,13 +262,23 @@ class EpochWriter:
             The COMMITTED (or RESTORED) entry of the group's last epoch.
 
         Raises:
-            ManifestError: The entries cannot be committed as one group.
+            ManifestError: The entries cannot be committed as one group, or an earlier
+                PREPARED epoch (or one inside the group's span) is not committed yet:
+                groups are committed in epoch order.
             CommitError: A Delta commit failed; the epochs stay PREPARED.
             FencingError: Another run holds the root.
         """
         check_group(group)
         end = group[-1]
         epoch = end.epoch
+        skipped = skipped_epochs(self.epochs, group)
+        if skipped:
+            raise ManifestError(
+                f"epoch(s) {_span(group)} cannot be committed at snapshot root {self.root}: "
+                f"earlier epoch(s) {epoch_ranges(skipped)} are PREPARED and not committed "
+                f"yet, and groups are committed in epoch order. The run must stop; the next "
+                f"start commits the pending epochs in order"
+            )
         self.fence(f"the commit of epoch {epoch}")
         started = time.perf_counter()
         versions = {}
@@ -240,6 +328,30 @@ class EpochWriter:
         )
         self.faults.at(FaultStep.AFTER_COMMITTED, epoch)
         return outcome
+
+
+def _same_outcome(mine: ManifestEntry, theirs: ManifestEntry) -> bool:
+    """Whether another writer already recorded the transition ``mine``, to the same effect."""
+    if mine.status is not theirs.status:
+        return False
+    if mine.status is EpochStatus.EXPIRED:
+        return True
+    return (
+        mine.status in (EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.MERGED)
+        and mine.snapshot_epoch == theirs.snapshot_epoch
+        and dict(mine.table_versions) == dict(theirs.table_versions)
+    )
+
+
+def skipped_epochs(epochs: EpochLog, group: Sequence[ManifestEntry]) -> list[int]:
+    """PREPARED epochs not committed yet that committing ``group`` would skip.
+
+    Those older than the group's last epoch that are not part of the group: a group may
+    only be committed once every earlier PREPARED epoch is committed or merged.
+    """
+    members = {e.epoch for e in group}
+    end = group[-1].epoch
+    return [e.epoch for e in epochs.pending() if e.epoch < end and e.epoch not in members]
 
 
 def now() -> dt.datetime:

@@ -45,7 +45,13 @@ from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import AbsError, QuiescenceError, ReplayDivergedError, rebuild_from_text
+from pyspark_abs.errors import (
+    AbsError,
+    CommitError,
+    QuiescenceError,
+    ReplayDivergedError,
+    rebuild_from_text,
+)
 from pyspark_abs.faults import FaultStep
 from pyspark_abs.maintenance import CompactionPolicy, compact_snapshot
 from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry, closes_group
@@ -153,6 +159,7 @@ class EpochCoordinator:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: run the protocol for one micro-batch."""
         try:
+            self._raise_if_failed(f"epoch {self.epoch_base + batch_id}")
             if self._committer is not None:
                 self._committer.raise_if_failed()
             if self.config.snapshots:
@@ -160,8 +167,26 @@ class EpochCoordinator:
             else:
                 self._process_sinks_only(batch, batch_id)
         except BaseException as err:
-            self.failure = err
+            if self.failure is None:
+                self.failure = err
             raise
+
+    def _raise_if_failed(self, what: str) -> None:
+        """Refuse ``what`` after a failure of this run (a failed commit poisons it).
+
+        A later group must not be committed while an earlier one is left PREPARED.
+
+        Raises:
+            CommitError: This run failed earlier.
+        """
+        failure = self.failure
+        if failure is None or isinstance(failure, QuiescenceError):
+            return
+        raise CommitError(
+            f"{what} is refused: run {self.run_id} of pipeline "
+            f"{self.layout.pipeline!r} failed earlier ({type(failure).__name__}: {failure}). "
+            f"Restart the pipeline: the next start commits the epochs left PREPARED"
+        ) from failure
 
     @property
     def idle_epochs(self) -> int:
@@ -183,12 +208,14 @@ class EpochCoordinator:
         stops the run before the next epoch starts.) Safe to call while micro-batches run.
 
         Raises:
-            AbsError: A commit failed.
+            AbsError: A commit failed, or (sync mode) this run failed earlier.
         """
         if self.failure is None or isinstance(self.failure, QuiescenceError):
             with self._group_lock:
                 if self._group:
                     self._close_group()
+        elif self._committer is None:
+            self._raise_if_failed("the drain of the open group")
         if self._committer is not None:
             self._committer.drain()
 
@@ -297,10 +324,15 @@ class EpochCoordinator:
         group = tuple(self._group)
         self._group.clear()
         self._last_end = group[-1].epoch
-        if self._committer is None:
-            self.commit_group(group)
-        else:
-            self._committer.submit(group)
+        try:
+            if self._committer is None:
+                self.commit_group(group)
+            else:
+                self._committer.submit(group)
+        except BaseException as err:
+            if self.failure is None:
+                self.failure = err  # poisons the run: no later group may overtake this one
+            raise
 
     def commit_group(self, group: Group) -> None:
         """Phase 2 for a group of PREPARED epochs (see :meth:`EpochWriter.commit`).

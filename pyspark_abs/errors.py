@@ -59,6 +59,10 @@ class SnapshotRootError(AbsError):
     """The snapshot root cannot be created, read or written."""
 
 
+class ConcurrentWriteError(SnapshotRootError):
+    """Another writer committed to a table after this one read it (a lost compare-and-swap)."""
+
+
 class StorageError(AbsError):
     """A table's files cannot be written (disk full, read-only or unwritable storage)."""
 

@@ -1,23 +1,36 @@
 """Fencing: one live pipeline run per snapshot root.
 
-A run holds the root's **lease**, ``<root>/_lease.json`` (run id, pipeline, host, process,
-and when it was last renewed), and renews it in a background thread every third of
-:data:`LEASE_SECONDS`. A second start on the root is refused with a
-:class:`~pyspark_abs.errors.FencingError` while the holder is alive: on the same host, while
-its process exists and has renewed within :data:`LEASE_SECONDS`; on another host, while it
-has renewed within :data:`LEASE_SECONDS`. A crashed run's lease is taken over at once on the
-same host, and after :data:`LEASE_SECONDS` from elsewhere; :func:`break_lease` frees it at once
-when you know the holder is gone.
+A run holds the root's **lease** (run id, pipeline, host, process, and when it was last
+renewed), and renews it in a background thread every third of :data:`LEASE_SECONDS`. A
+second start on the root is refused with a :class:`~pyspark_abs.errors.FencingError` while
+the holder is alive: on the same host, while its process exists and has renewed within
+:data:`LEASE_SECONDS`; on another host, while it has renewed within :data:`LEASE_SECONDS`. A
+crashed run's lease is taken over at once on the same host, and after :data:`LEASE_SECONDS`
+from elsewhere; :func:`break_lease` frees it at once when you know the holder is gone.
 
-A run checks that it still holds the lease before every manifest entry and table commit it
-writes, so a *zombie* (a run that was paused or partitioned while another took over) stops
-with a FencingError instead of recording anything, and its late table commits are no-ops
-because a table's application-transaction version never goes backwards. Rollback, restore
-and written state (which hold no lease) are refused while a run holds the root.
+A run checks that it still holds the lease, and that its lease has not lapsed (renewed within
+:data:`LEASE_SECONDS`), before every manifest entry and table commit it writes, so a *zombie*
+(a run that was paused or partitioned while another took over, or whose renewals stopped)
+stops with a FencingError instead of recording anything, and its late table commits are
+no-ops because a table's application-transaction version never goes backwards. Rollback,
+restore and written state (which hold no lease) are refused while a run holds the root.
 
-The lease is a guard against mistakes, not a distributed lock: it is written by rename,
-which is atomic on local and HDFS-like file systems but not on object stores, and a run
-paused between its check and its append can still write that one entry.
+**Generations.** Every change of the lease (acquire, renew, release, break) is a
+compare-and-swap: the lease lives in ``<root>/_lease/`` as one file per *generation*,
+``<generation>.json``, the current lease being the highest generation, and a change that read
+generation g succeeds only by creating generation g + 1, which fails if another writer created
+it first. On local file systems the new file is written aside and hard-linked into place
+(``link`` never replaces an existing file, so of two writers of one generation exactly one
+wins, and readers never see half a lease). So a renewal that races a takeover cannot put the
+old holder's lease back: it finds its generation taken and stops renewing. A released or
+broken lease is a generation without a holder. Generations older than the previous one are
+removed after each change. A ``_lease.json`` written by an older pyspark-abs is read as
+generation 0 until the first change.
+
+The lease is a guard against mistakes, not a distributed lock: on object stores (URIs with a
+scheme other than ``file``) creating a generation is best effort (check, then write), and a
+run paused between its check and its write can still write that one manifest entry, which
+the manifest's own compare-and-swap then rejects if anything was appended meanwhile.
 """
 
 from __future__ import annotations
@@ -25,11 +38,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -39,7 +53,13 @@ from pyspark_abs.errors import FencingError, SnapshotRootError
 LEASE_SECONDS = 30.0
 """How long a lease stays valid without renewal."""
 
+LEASE_DIR = "_lease"
+"""The folder under the snapshot root that holds the lease's generations."""
+
 LEASE_FILE = "_lease.json"
+"""The lease file of older pyspark-abs versions, read as generation 0."""
+
+_GENERATION = re.compile(r"^(\d{12})\.json$")
 
 _HELD: set[str] = set()
 """Run ids of the leases this process holds."""
@@ -56,6 +76,7 @@ class LeaseRecord:
         pid: Its process id.
         acquired_at: When it took the lease (seconds since the Unix epoch).
         renewed_at: When it last renewed the lease.
+        generation: The lease generation this record was read from or written as.
     """
 
     run_id: str
@@ -64,10 +85,11 @@ class LeaseRecord:
     pid: int
     acquired_at: float
     renewed_at: float
+    generation: int = 0
 
     def is_live(self, now: float) -> bool:
         """Whether the holder may still be running (see the module docstring)."""
-        if now - self.renewed_at >= LEASE_SECONDS:
+        if self.lapsed(now):
             return False
         if self.host != socket.gethostname():
             return True
@@ -81,6 +103,10 @@ class LeaseRecord:
             return True
         return True
 
+    def lapsed(self, now: float) -> bool:
+        """Whether the lease was not renewed within :data:`LEASE_SECONDS`."""
+        return now - self.renewed_at >= LEASE_SECONDS
+
     def describe(self, now: float) -> str:
         """The holder, for messages."""
         return (
@@ -93,35 +119,27 @@ def read_lease(root: str) -> LeaseRecord | None:
     """The root's lease, or None if nobody holds it.
 
     Raises:
-        SnapshotRootError: The lease file cannot be read or parsed.
+        SnapshotRootError: The lease cannot be read or parsed.
     """
-    fs, path = pafs.FileSystem.from_uri(root)
-    try:
-        with fs.open_input_stream(f"{path}/{LEASE_FILE}") as stream:
-            data = stream.read()
-    except FileNotFoundError:
-        return None
-    except (OSError, pa.ArrowException) as err:
-        raise SnapshotRootError(f"cannot read the lease {root}/{LEASE_FILE}: {err}") from None
-    try:
-        return LeaseRecord(**json.loads(data))
-    except (ValueError, TypeError) as err:
-        raise SnapshotRootError(
-            f"the lease {root}/{LEASE_FILE} is damaged ({err}); if no pipeline runs on "
-            f"{root}, remove it with pyspark_abs.lease.break_lease({root!r})"
-        ) from None
+    return _current(root)[1]
 
 
 def break_lease(root: str) -> LeaseRecord | None:
     """Free a root whose lease holder you know is gone; return the lease it held.
 
     A holder that is in fact still running stops at its next write with a FencingError.
+
+    Raises:
+        SnapshotRootError: The lease cannot be read or written.
     """
-    record = read_lease(root)
-    fs, path = pafs.FileSystem.from_uri(root)
-    with contextlib.suppress(FileNotFoundError):
-        fs.delete_file(f"{path}/{LEASE_FILE}")
-    return record
+    for _attempt in range(10):
+        generation, record = _current(root)
+        if record is None or _publish(root, generation + 1, None):
+            return record
+    raise SnapshotRootError(
+        f"cannot break the lease of snapshot root {root}: it keeps changing; stop the runs "
+        f"that start on it, then try again"
+    )
 
 
 def require_no_live_holder(root: str, action: str) -> None:
@@ -156,10 +174,10 @@ class Lease:
         """Take the root's lease for a run, unless a live run holds it.
 
         Raises:
-            FencingError: Another live run holds the root.
+            FencingError: Another live run holds the root, or took it at the same moment.
             SnapshotRootError: The lease cannot be read or written.
         """
-        current = read_lease(root)
+        generation, current = _current(root)
         now = time.time()
         if current is not None and current.run_id != run_id and current.is_live(now):
             raise FencingError(
@@ -168,10 +186,11 @@ class Lease:
                 f"after its lease expires ({LEASE_SECONDS:.0f} s after its last renewal) or "
                 f"free the root with pyspark_abs.lease.break_lease({root!r})"
             )
-        record = LeaseRecord(run_id, pipeline, socket.gethostname(), os.getpid(), now, now)
-        _write(root, record)
-        winner = read_lease(root)
-        if winner is None or winner.run_id != run_id:
+        record = LeaseRecord(
+            run_id, pipeline, socket.gethostname(), os.getpid(), now, now, generation + 1
+        )
+        if not _publish(root, record.generation, record):
+            winner = read_lease(root)
             shown = "another run" if winner is None else winner.describe(time.time())
             raise FencingError(
                 f"pipeline {pipeline!r} cannot start: {shown} took snapshot root {root} at "
@@ -186,8 +205,9 @@ class Lease:
     def follow(cls, root: str, record: LeaseRecord) -> Lease:
         """A lease held by a run in another process, as seen from a process writing for it.
 
-        Checking it fails once the holder has lost the root; it is never renewed or
-        released here (Spark Connect's server-side run follows its client's lease).
+        Checking it fails once the holder has lost the root or stopped renewing; it is never
+        renewed or released here (Spark Connect's server-side run follows its client's
+        lease).
         """
         return cls(root, record, owned=False)
 
@@ -195,14 +215,22 @@ class Lease:
         """Make sure this run still holds the root before it writes ``what``.
 
         Raises:
-            FencingError: Another run took the root over (or its lease was broken).
+            FencingError: Another run took the root over (or its lease was broken), or this
+                run's lease lapsed: it was not renewed within :data:`LEASE_SECONDS`.
         """
         current = read_lease(self.root)
+        now = time.time()
         if current is not None and current.run_id == self.record.run_id:
-            return
-        holder = (
-            "nobody (the lease was broken)" if current is None else current.describe(time.time())
-        )
+            if not current.lapsed(now):
+                return
+            raise FencingError(
+                f"the lease of run {self.record.run_id} of pipeline {self.record.pipeline!r} "
+                f"on snapshot root {self.root} lapsed: it was last renewed "
+                f"{now - current.renewed_at:.0f} s ago (it must be renewed within "
+                f"{LEASE_SECONDS:.0f} s), so another run may take the root over; {what} is "
+                f"not written. This run must stop: the next start finishes its epochs"
+            )
+        holder = "nobody (the lease was broken)" if current is None else current.describe(now)
         raise FencingError(
             f"run {self.record.run_id} of pipeline {self.record.pipeline!r} no longer holds "
             f"snapshot root {self.root}, now held by {holder}; {what} is not written. This run "
@@ -217,32 +245,140 @@ class Lease:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         _HELD.discard(self.record.run_id)
-        current = read_lease(self.root)
+        generation, current = _current(self.root)
         if current is not None and current.run_id == self.record.run_id:
-            break_lease(self.root)
+            _publish(self.root, generation + 1, None)
+
+    def renew(self) -> bool:
+        """Renew the lease once, if this run still holds it and it has not lapsed.
+
+        A compare-and-swap: it writes the generation after the one holding this run's last
+        renewal, so it fails when anyone changed the lease since. Returns whether it renewed;
+        once it has not, the run's next :meth:`check` fails and renewing stops.
+
+        Raises:
+            SnapshotRootError: The lease cannot be read or written.
+        """
+        generation, current = _current(self.root)
+        now = time.time()
+        if (
+            current is None
+            or current.run_id != self.record.run_id
+            or generation != self.record.generation
+            or current.lapsed(now)
+        ):
+            return False  # taken over, broken, or lapsed and maybe being taken over
+        renewed = replace(current, renewed_at=now, generation=generation + 1)
+        if not _publish(self.root, renewed.generation, renewed):
+            return False
+        self.record = renewed
+        return True
 
     def _renew(self) -> None:
         while not self._stop.wait(LEASE_SECONDS / 3):
             try:
-                current = read_lease(self.root)
-                if (
-                    current is None
-                    or current.run_id != self.record.run_id
-                    or time.time() - current.renewed_at >= LEASE_SECONDS
-                ):
-                    return  # taken over, or expired and maybe being taken over: not renewed
-                _write(self.root, LeaseRecord(**{**asdict(current), "renewed_at": time.time()}))
+                if not self.renew():
+                    return
             except SnapshotRootError:
                 continue  # a transient storage error: renew at the next beat
 
 
-def _write(root: str, record: LeaseRecord) -> None:
-    """Replace the lease file by rename, so that readers never see half a lease."""
+def _current(root: str) -> tuple[int, LeaseRecord | None]:
+    """The root's highest lease generation and its holder (None: released or none).
+
+    Raises:
+        SnapshotRootError: The lease cannot be read or parsed.
+    """
     fs, path = pafs.FileSystem.from_uri(root)
-    temporary = f"{path}/.{LEASE_FILE}.{uuid.uuid4().hex}"
+    for _attempt in range(10):
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(f"{path}/{LEASE_DIR}", allow_not_found=True))
+        except (OSError, pa.ArrowException) as err:
+            raise SnapshotRootError(f"cannot read the lease {root}/{LEASE_DIR}: {err}") from None
+        generations = [int(m.group(1)) for i in infos if (m := _GENERATION.match(i.base_name))]
+        if generations:
+            generation = max(generations)
+            location = f"{root}/{LEASE_DIR}/{generation:012d}.json"
+            data = _read(fs, f"{path}/{LEASE_DIR}/{generation:012d}.json", location)
+            if data is None:
+                continue  # removed as an old generation since the listing: list again
+        else:
+            generation, location = 0, f"{root}/{LEASE_FILE}"
+            data = _read(fs, f"{path}/{LEASE_FILE}", location)
+            if data is None:
+                return 0, None
+        return generation, _parse(data, location, root, generation)
+    raise SnapshotRootError(f"cannot read the lease {root}/{LEASE_DIR}: it keeps changing")
+
+
+def _read(fs: pafs.FileSystem, path: str, location: str) -> bytes | None:
     try:
-        with fs.open_output_stream(temporary) as out:
-            out.write(json.dumps(asdict(record)).encode())
-        fs.move(temporary, f"{path}/{LEASE_FILE}")
+        with fs.open_input_stream(path) as stream:
+            return bytes(stream.read())
+    except FileNotFoundError:
+        return None
     except (OSError, pa.ArrowException) as err:
-        raise SnapshotRootError(f"cannot write the lease {root}/{LEASE_FILE}: {err}") from None
+        raise SnapshotRootError(f"cannot read the lease {location}: {err}") from None
+
+
+def _parse(data: bytes, location: str, root: str, generation: int) -> LeaseRecord | None:
+    try:
+        fields = json.loads(data)
+        if fields.get("run_id") is None:
+            return None  # released or broken
+        fields["generation"] = generation
+        return LeaseRecord(**fields)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise SnapshotRootError(
+            f"the lease {location} is damaged ({err}); if no pipeline runs on {root}, remove "
+            f"it with pyspark_abs.lease.break_lease({root!r})"
+        ) from None
+
+
+def _publish(root: str, generation: int, record: LeaseRecord | None) -> bool:
+    """Create lease generation ``generation`` (``record`` None: nobody holds the root).
+
+    Returns False when that generation exists already: another writer changed the lease
+    first. Exclusive on local file systems, best effort elsewhere (see the module docstring).
+
+    Raises:
+        SnapshotRootError: The lease cannot be written.
+    """
+    fs, path = pafs.FileSystem.from_uri(root)
+    folder = f"{path}/{LEASE_DIR}"
+    target = f"{folder}/{generation:012d}.json"
+    temporary = f"{folder}/.{generation:012d}.{uuid.uuid4().hex}"
+    data = json.dumps(asdict(record) if record is not None else {"run_id": None}).encode()
+    try:
+        fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(temporary) as out:
+            out.write(data)
+        if isinstance(fs, pafs.LocalFileSystem):
+            try:
+                os.link(temporary, target)  # never replaces: one writer per generation wins
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(temporary)
+        else:
+            if fs.get_file_info(target).type != pafs.FileType.NotFound:
+                fs.delete_file(temporary)
+                return False
+            fs.move(temporary, target)
+    except (OSError, pa.ArrowException) as err:
+        raise SnapshotRootError(f"cannot write the lease {root}/{LEASE_DIR}: {err}") from None
+    _clean(fs, path, generation)
+    return True
+
+
+def _clean(fs: pafs.FileSystem, path: str, generation: int) -> None:
+    """Remove generations older than the previous one, and an older version's lease file."""
+    with contextlib.suppress(OSError, pa.ArrowException):
+        infos = fs.get_file_info(pafs.FileSelector(f"{path}/{LEASE_DIR}", allow_not_found=True))
+        for info in infos:
+            match = _GENERATION.match(info.base_name)
+            if match and int(match.group(1)) < generation - 1:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(info.path)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(f"{path}/{LEASE_FILE}")

@@ -26,11 +26,18 @@ state to install and the table versions to go back to, and ends RESTORED; it is 
 committed alone. COMMITTED and RESTORED epochs are snapshots; retention marks the ones it no
 longer keeps EXPIRED, together with the epochs merged into them, before vacuum deletes their
 files.
+
+Appends are compare-and-swap: an :class:`EpochLog` knows the manifest version it reflects,
+and :meth:`~pyspark_abs.commit.EpochWriter.record_all` commits against that version with no
+conflict retries, so a writer that lost a race to another (a second vacuum, a second
+rollback, a zombie run) reloads the manifest and re-checks its transitions instead of
+appending a duplicate. Duplicates written before this rule are ignored on load.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -40,6 +47,8 @@ import pyarrow as pa
 
 from pyspark_abs.barrier import FILE_TYPE, FileEntry
 from pyspark_abs.errors import ManifestError, SnapshotNotFoundError
+
+log = logging.getLogger("pyspark_abs")
 
 FORMAT_VERSION = 1
 """Version of the manifest's layout, stored in the table description."""
@@ -253,15 +262,59 @@ def check_transition(epoch: int, current: EpochStatus | None, new: EpochStatus) 
 
 
 class EpochLog:
-    """The manifest folded into the current status of every epoch."""
+    """The manifest folded into the current status of every epoch.
 
-    def __init__(self, entries: Iterable[ManifestEntry] = ()) -> None:
+    A manifest written before appends were compare-and-swap may hold a transition twice
+    (two vacuums both recorded EXPIRED, two rollbacks both PREPARED one restore epoch, a
+    zombie recorded a second COMMITTED). Loading keeps the first one recorded and ignores
+    the later ones with a warning (:attr:`duplicates`), instead of refusing the root.
+    """
+
+    def __init__(self, entries: Iterable[ManifestEntry] = (), version: int | None = None) -> None:
+        """Fold entries into the log.
+
+        Args:
+            entries: Manifest entries, in any order.
+            version: The manifest table's Delta version the entries were read at; appends
+                are made against it (None: not read from a manifest, appends unconditional).
+
+        Raises:
+            ManifestError: The entries break the epoch state machine (other than by a
+                duplicated transition).
+        """
+        self.version = version
         self._entries: list[ManifestEntry] = []
         self._latest: dict[int, ManifestEntry] = {}
         self._prepared: dict[int, ManifestEntry] = {}
         self._merged: dict[int, list[int]] = {}
+        self._seen: set[tuple[int, EpochStatus]] = set()
+        self.duplicates: list[ManifestEntry] = []
+        """Later copies of a transition already recorded for their epoch, ignored."""
         for entry in sorted(entries, key=_order):
-            self.record(entry)
+            try:
+                self.record(entry)
+            except ManifestError:
+                if (entry.epoch, entry.status) not in self._seen:
+                    raise
+                self.duplicates.append(entry)
+                log.warning(
+                    "manifest: epoch %d has %s recorded more than once; the later copy "
+                    "(run %s, %s) is ignored",
+                    entry.epoch,
+                    entry.status.value,
+                    entry.run_id,
+                    entry.recorded_at.isoformat(),
+                )
+
+    def replace_with(self, other: EpochLog) -> None:
+        """Take over another log's entries and version, in place (for holders of this one)."""
+        self.version = other.version
+        self._entries = list(other._entries)
+        self._latest = dict(other._latest)
+        self._prepared = dict(other._prepared)
+        self._merged = {k: list(v) for k, v in other._merged.items()}
+        self._seen = set(other._seen)
+        self.duplicates = list(other.duplicates)
 
     @property
     def entries(self) -> list[ManifestEntry]:
@@ -301,6 +354,7 @@ class EpochLog:
             self._merged.setdefault(entry.snapshot_epoch, []).append(entry.epoch)
         self._entries.append(entry)
         self._latest[entry.epoch] = entry
+        self._seen.add((entry.epoch, entry.status))
 
     def status(self, epoch: int) -> EpochStatus | None:
         """The epoch's current status, or None if it has no entry."""

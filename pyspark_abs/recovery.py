@@ -62,13 +62,22 @@ def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
         if added:
             log.info("manifest at %s: added column(s) %s", spec.uri, ", ".join(added))
     store.ensure_table(spec)
+    return load_epoch_log(store, spec.uri)
+
+
+def load_epoch_log(store: DeltaStore, uri: str) -> EpochLog:
+    """The manifest table at ``uri`` as an :class:`EpochLog`, with the version it was read at.
+
+    Raises:
+        ManifestError: The manifest cannot be read or breaks the epoch state machine.
+    """
     try:
-        rows = store.read(spec.uri).to_pylist()
-        return EpochLog(ManifestEntry.from_row(r) for r in rows)
+        rows, version = store.read_versioned(uri)
+        return EpochLog((ManifestEntry.from_row(r) for r in rows.to_pylist()), version)
     except ManifestError:
         raise
     except Exception as err:
-        raise ManifestError(f"cannot read the manifest at {spec.uri}: {err}") from err
+        raise ManifestError(f"cannot read the manifest at {uri}: {err}") from err
 
 
 def manifest_owner(store: DeltaStore, root: str) -> str | None:

@@ -8,6 +8,7 @@ Parquet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,13 +23,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import Field
 from deltalake.transaction import AddAction, RemoveAction
 
 from pyspark_abs.barrier import FileEntry
 from pyspark_abs.errors import (
     CommitError,
+    ConcurrentWriteError,
     SnapshotDamagedError,
     SnapshotRootError,
     TableSchemaError,
@@ -261,9 +263,45 @@ class DeltaStore:
         rows = pq.read_table(files, columns=schema.names, schema=schema)
         return rows
 
-    def append(self, uri: str, rows: pa.Table) -> int:
-        """Append rows to a table in one commit and return the new version."""
-        table = self.open(uri)
+    def read_versioned(self, uri: str) -> tuple[pa.Table, int]:
+        """An unpartitioned table's latest rows, and the Delta version they were read at.
+
+        Pass the version to :meth:`append` as ``expected_version`` to append only if nobody
+        else has committed since.
+        """
+        table = DeltaTable(uri)
+        files = table.file_uris()
+        schema = arrow_schema(table)
+        rows = pq.read_table(files, schema=schema) if files else schema.empty_table()
+        return rows, int(table.version())
+
+    def append(self, uri: str, rows: pa.Table, expected_version: int | None = None) -> int:
+        """Append rows to a table in one commit and return the new version.
+
+        Args:
+            uri: The table.
+            rows: The rows to append.
+            expected_version: Compare-and-swap: commit only as version
+                ``expected_version + 1``, i.e. only if nobody else committed since that
+                version was read. The commit is made against the table as of that version
+                with no conflict retries, so delta-rs neither rebases it over a concurrent
+                commit nor resolves the conflict; of writers racing from one version, one
+                wins (put-if-absent of the log entry) and the others fail.
+
+        Raises:
+            ConcurrentWriteError: ``expected_version`` is given and another writer
+                committed first; nothing was appended.
+        """
+        if expected_version is None:
+            table = self.open(uri)
+        else:
+            try:
+                table = DeltaTable(uri, version=expected_version)
+            except DeltaError as err:
+                raise ConcurrentWriteError(
+                    f"cannot append to the table at {uri} as of version {expected_version}: "
+                    f"{brief_error(err)}"
+                ) from None
         sink = pa.BufferOutputStream()
         pq.write_table(rows, sink, compression="snappy")
         data = sink.getvalue()
@@ -273,9 +311,25 @@ class DeltaStore:
             out.write(data)
         stats = json.dumps({"numRecords": rows.num_rows})
         action = AddAction(name, data.size, {}, int(time.time() * 1000), True, stats)
-        table.create_write_transaction([action], mode="append", schema=table.schema())
-        table.update_incremental()
-        return int(table.version())
+        if expected_version is None:
+            table.create_write_transaction([action], mode="append", schema=table.schema())
+            table.update_incremental()
+            return int(table.version())
+        try:
+            table.create_write_transaction(
+                [action],
+                mode="append",
+                schema=table.schema(),
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
+        except CommitFailedError as err:
+            with contextlib.suppress(OSError):
+                fs.delete_file(f"{root}/{name}")
+            raise ConcurrentWriteError(
+                f"the table at {uri} changed after version {expected_version} was read; "
+                f"nothing was appended ({brief_error(err)})"
+            ) from None
+        return expected_version + 1
 
     def commit_files(
         self,

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,15 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pyspark_abs import KeyState, SnapshotNotFoundError, Snapshots, operator, rollback
+from pyspark_abs import (
+    CommitError,
+    KeyState,
+    ManifestError,
+    SnapshotNotFoundError,
+    Snapshots,
+    operator,
+    rollback,
+)
 from pyspark_abs.changelog import latest_per_key
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.maintenance import _load, compact, vacuum, validate
@@ -27,6 +39,7 @@ from tests.integration.conftest import (
     assert_same,
     assert_word_counts,
     expected_history,
+    expected_state,
     state_history,
     word_pipeline,
 )
@@ -280,3 +293,70 @@ def test_validate_tells_a_log_expired_by_delta_from_damage(
         assert problem.table == STATE
         assert "Delta log entries expired" in problem.message
         assert "delta.enableExpiredLogCleanup=false" in problem.message
+
+
+def race(*calls: Callable[[], object]) -> list[BaseException | None]:
+    """Run the calls in threads released together; return what each raised."""
+    start = threading.Barrier(len(calls))
+    outcomes: list[BaseException | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            calls[i]()
+        except BaseException as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def manifest_counts(root: Path) -> Counter[tuple[int, str]]:
+    """How often each (epoch, status) is in the manifest table, duplicates included."""
+    rows = DeltaStore().read(str(root / "_manifest"), columns=["epoch", "status"]).to_pylist()
+    return Counter((r["epoch"], r["status"]) for r in rows)
+
+
+def test_concurrent_rollbacks_and_vacuums_leave_a_loadable_root(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Two rollbacks, then two vacuums, racing on one root: no transition is recorded twice."""
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    for _round in range(3):
+        outcomes = race(lambda: rollback(str(root), 1), lambda: rollback(str(root), 1))
+        assert None in outcomes, outcomes
+        for outcome in outcomes:
+            # The loser lost the manifest race for the restore epoch; or, having loaded the
+            # manifest after the winner's PREPARED, its recovery raced the winner's commit
+            # of that epoch and lost the table race (the epoch is committed once either way).
+            if isinstance(outcome, CommitError):
+                assert "stays PREPARED" in str(outcome), outcome
+            elif outcome is not None:
+                assert isinstance(outcome, ManifestError), outcome
+                assert re.search(
+                    r"epoch \d+: PREPARED is not recorded at snapshot root .*: another writer "
+                    r"recorded PREPARED for epoch \d+",
+                    str(outcome),
+                ), outcome
+        counts = manifest_counts(root)
+        assert set(counts.values()) == {1}, counts
+    restores = [s for s in Snapshots(str(root), spark).list() if s.status.value == "RESTORED"]
+    assert 3 <= len(restores) <= 6
+    assert_same(Snapshots(str(root), spark).state("word_count"), expected_state(spark, EPOCHS[:2]))
+
+    outcomes = race(
+        lambda: vacuum(str(root), keep_last=1, min_age_seconds=0),
+        lambda: vacuum(str(root), keep_last=1, min_age_seconds=0),
+    )
+    assert outcomes == [None, None]
+    counts = manifest_counts(root)
+    assert set(counts.values()) == {1}, counts
+    snapshots = Snapshots(str(root), spark).list()
+    assert [s.status.value for s in snapshots].count("EXPIRED") == len(snapshots) - 1
+    assert_same(Snapshots(str(root), spark).state("word_count"), expected_state(spark, EPOCHS[:2]))
+    assert validate(str(root)) == []

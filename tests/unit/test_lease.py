@@ -1,14 +1,18 @@
 import json
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+import pyspark_abs.lease as lease_module
 from pyspark_abs import FencingError
+from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.lease import (
+    LEASE_DIR,
     LEASE_FILE,
     LEASE_SECONDS,
     Lease,
@@ -17,6 +21,9 @@ from pyspark_abs.lease import (
     read_lease,
     require_no_live_holder,
 )
+from pyspark_abs.manifest import EpochStatus, ManifestEntry
+from pyspark_abs.recovery import open_manifest
+from pyspark_abs.store import DeltaStore
 
 
 def plant(root: Path, **changes: object) -> LeaseRecord:
@@ -89,3 +96,85 @@ def test_a_run_that_lost_the_root_is_fenced_and_leaves_the_new_lease(tmp_path: P
     zombie.release()
     assert read_lease(str(tmp_path)) == owner.record
     owner.release()
+
+
+def renew_after(start: threading.Barrier, lease: Lease) -> None:
+    start.wait()
+    lease.renew()
+
+
+def test_a_renewal_racing_a_break_never_puts_the_lease_back(tmp_path: Path) -> None:
+    """Renewal is compare-and-swap: of a renewal and a break racing, the break stands."""
+    root = str(tmp_path)
+    for round_ in range(20):
+        zombie = Lease.acquire(root, "wc", f"zombie-{round_}")
+        zombie._stop.set()  # only the racing renewal below renews
+        start = threading.Barrier(2)
+        thread = threading.Thread(target=renew_after, args=(start, zombie))
+        thread.start()
+        start.wait()
+        break_lease(root)
+        thread.join()
+        assert read_lease(root) is None, f"round {round_}: the renewal put the lease back"
+        assert zombie.renew() is False
+        with pytest.raises(FencingError, match="now held by nobody"):
+            zombie.check("epoch 1 COMMITTED")
+        zombie.release()
+    assert len(list((tmp_path / LEASE_DIR).iterdir())) <= 2  # old generations are removed
+
+
+def test_a_renewal_after_a_takeover_fails_and_leaves_the_new_lease(tmp_path: Path) -> None:
+    zombie = Lease.acquire(str(tmp_path), "wc", "zombie")
+    break_lease(str(tmp_path))
+    owner = Lease.acquire(str(tmp_path), "wc", "owner")
+    assert zombie.renew() is False
+    assert owner.renew() is True
+    assert read_lease(str(tmp_path)) == owner.record
+    assert owner.record.generation == 4
+    owner.release()
+    zombie.release()
+
+
+def test_a_lease_whose_renewals_lapsed_fences_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lease_module, "LEASE_SECONDS", 0.6)
+    lease = Lease.acquire(str(tmp_path), "wc", "mine")
+    follower = Lease.follow(str(tmp_path), lease.record)
+    lease.check("epoch 0 PREPARED")
+    follower.check("epoch 0 PREPARED")
+    lease._stop.set()  # renewals stop, as in a run whose renewal thread stalled
+    lease._thread.join()
+    time.sleep(0.7)
+    lapsed = (
+        r"the lease of run mine of pipeline 'wc' on snapshot root .* lapsed: it was last "
+        r"renewed \d+ s ago .*; epoch 1 PREPARED is not written. This run must stop"
+    )
+    with pytest.raises(FencingError, match=lapsed):
+        lease.check("epoch 1 PREPARED")
+    with pytest.raises(FencingError, match=lapsed):
+        follower.check("epoch 1 PREPARED")
+    assert lease.renew() is False  # a lapsed lease is not renewed: another run may hold it
+    store = DeltaStore()
+    store.ensure_root(str(tmp_path))
+    writer = EpochWriter(
+        "wc", str(tmp_path), store, open_manifest(store, str(tmp_path), "wc"), "mine", lease=lease
+    )
+    entry = ManifestEntry("wc", 0, EpochStatus.PREPARED, now(), "mine")
+    with pytest.raises(FencingError, match="epoch 0 PREPARED is not written"):
+        writer.record(entry)
+    assert open_manifest(store, str(tmp_path), "wc").entries == []
+    Lease.acquire(str(tmp_path), "wc", "next").release()  # the root can be taken over
+    lease.release()
+
+
+def test_a_lease_file_of_an_older_version_is_honoured_then_replaced(tmp_path: Path) -> None:
+    plant(tmp_path, host="elsewhere")
+    with pytest.raises(FencingError, match=r"held by run other .*host elsewhere"):
+        Lease.acquire(str(tmp_path), "wc", "mine")
+    plant(tmp_path, pid=dead_pid())
+    lease = Lease.acquire(str(tmp_path), "wc", "mine")
+    assert not (tmp_path / LEASE_FILE).exists()
+    assert read_lease(str(tmp_path)) == lease.record
+    lease.release()
+    assert read_lease(str(tmp_path)) is None

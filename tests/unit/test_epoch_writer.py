@@ -1,0 +1,117 @@
+"""EpochWriter on real Delta tables: groups commit in order, a failed group poisons the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pyspark_abs.barrier import FileEntry
+from pyspark_abs.checkpoint import ArrowFiles, CheckpointReader
+from pyspark_abs.commit import EpochWriter, now
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.errors import CommitError, InjectedFault, ManifestError
+from pyspark_abs.faults import Fault, FaultInjector, FaultStep
+from pyspark_abs.manifest import EpochStatus, ManifestEntry
+from pyspark_abs.recovery import open_manifest
+from pyspark_abs.store import DeltaStore
+
+PIPELINE = "p"
+SINK = "sink/out"
+
+
+def make_root(tmp_path: Path) -> tuple[str, str]:
+    """A snapshot root with an empty manifest, and a sink table outside it."""
+    root, sink = str(tmp_path / "root"), str(tmp_path / "sink")
+    store = DeltaStore()
+    store.ensure_root(root)
+    open_manifest(store, root, PIPELINE)
+    DeltaTable.create(sink, pa.schema([pa.field("word", pa.string())]))
+    return root, sink
+
+
+def writer_of(root: str, run_id: str = "run", faults: tuple[Fault, ...] = ()) -> EpochWriter:
+    store = DeltaStore()
+    epochs = open_manifest(store, root, PIPELINE)
+    return EpochWriter(PIPELINE, root, store, epochs, run_id, FaultInjector(faults))
+
+
+def prepared(epoch: int, sink: str, interval: int = 2, run_id: str = "run") -> ManifestEntry:
+    """A PREPARED epoch with one pre-committed sink file, which is written."""
+    (Path(sink) / f"abs-e{epoch:012d}.parquet").write_bytes(b"0123456789")
+    return ManifestEntry(
+        pipeline=PIPELINE,
+        epoch=epoch,
+        status=EpochStatus.PREPARED,
+        recorded_at=now(),
+        run_id=run_id,
+        batch_id=epoch,
+        tables={SINK: sink},
+        files=(FileEntry(SINK, f"abs-e{epoch:012d}.parquet", 10, 1, 0),),
+        snapshot_interval=interval,
+    )
+
+
+def statuses(root: str) -> list[tuple[int, str]]:
+    epochs = open_manifest(DeltaStore(), root, PIPELINE)
+    return [(e.epoch, e.status.value) for e in epochs.entries]
+
+
+def test_a_group_is_not_committed_past_an_earlier_pending_epoch(tmp_path: Path) -> None:
+    root, sink = make_root(tmp_path)
+    writer = writer_of(root)
+    writer.record_all([prepared(0, sink)])
+    writer.record_all([prepared(1, sink)])
+    writer.record_all([prepared(2, sink)])
+    with pytest.raises(
+        ManifestError,
+        match=r"epoch\(s\) 1\.\.2 cannot be committed at snapshot root .*root: earlier "
+        r"epoch\(s\) 0 are PREPARED and not committed yet",
+    ):
+        writer.commit([writer.epochs.prepared(1), writer.epochs.prepared(2)])  # type: ignore[list-item]
+    with pytest.raises(ManifestError, match=r"earlier epoch\(s\) 1 are PREPARED"):
+        writer.commit([writer.epochs.prepared(0), writer.epochs.prepared(2)])  # type: ignore[list-item]
+    assert DeltaTable(sink).version() == 0  # no table was touched
+    assert writer.recover() == [0, 1, 2]
+    assert DeltaTable(sink).transaction_version(writer.app_id(SINK)) == 2
+
+
+def coordinator(root: str, writer: EpochWriter, tmp_path: Path) -> EpochCoordinator:
+    config = AbsConfig(commit_mode="sync", snapshot_interval=2, compaction_ratio=0)
+    layout = SnapshotLayout(PIPELINE, root, "op")
+    checkpoint = CheckpointReader(str(tmp_path / "checkpoint"), ArrowFiles())
+    return EpochCoordinator(layout, config, writer, checkpoint)
+
+
+def test_a_failed_group_commit_poisons_a_sync_run(tmp_path: Path) -> None:
+    """Sync mode, interval 2: a drain whose commit fails stops every later group."""
+    root, sink = make_root(tmp_path)
+    writer = writer_of(root, faults=(Fault(FaultStep.BETWEEN_TABLE_COMMITS, 0),))
+    run = coordinator(root, writer, tmp_path)
+    first = prepared(0, sink)
+    writer.record(first)
+    run._join_group(first)  # epoch 0 does not close a group of two
+    with pytest.raises(InjectedFault):
+        run.drain()  # commits the open group [0] alone: it fails
+    assert isinstance(run.failure, InjectedFault)
+    with pytest.raises(CommitError, match=r"epoch 1 is refused: run run of pipeline 'p' failed"):
+        run.process_batch(cast(Any, None), 1)
+    with pytest.raises(CommitError, match="the drain of the open group is refused"):
+        run.drain()
+    # Even a writer that skipped the coordinator cannot commit a later group past epoch 0.
+    for epoch in (1, 2):
+        writer.record(prepared(epoch, sink))
+    with pytest.raises(ManifestError, match=r"earlier epoch\(s\) 0 are PREPARED"):
+        writer.commit([writer.epochs.prepared(1), writer.epochs.prepared(2)])  # type: ignore[list-item]
+    run.close()
+    # The next start commits the pending epochs in order.
+    assert writer_of(root, "next").recover() == [0, 1, 2]
+    assert [s for s in statuses(root) if s[1] != "PREPARED"] == [
+        (0, "MERGED"),
+        (1, "COMMITTED"),
+        (2, "COMMITTED"),
+    ]

@@ -5,9 +5,13 @@ does not run in the client: Spark pickles it and calls it in a Python process ne
 server's driver, with a Connect session of its own. The coordinator therefore cannot be an
 object in the client. Instead the client sends a :class:`RemoteCoordinator`, which builds the
 :class:`~pyspark_abs.coordinator.EpochCoordinator` in the server process on the first
-micro-batch; the client keeps the root's lease (the server-side run checks, before every
-entry and commit, that the client's run still holds it) and reads progress from the manifest
-(:class:`ConnectRun`). Checkpoints are read with pyarrow's file systems there.
+micro-batch. The client acquires the root's lease when it starts the run (refusing a second
+start), and the server-side run adopts it on its first micro-batch
+(:meth:`~pyspark_abs.lease.Lease.adopt`): the lease then names the process that writes and is
+renewed there, so a dead client's root is not taken over while its query still commits. The
+client reads progress from the manifest (:class:`ConnectRun`) and releases the lease when the
+query has stopped, which also ends the server-side renewals. Checkpoints are read with
+pyarrow's file systems there.
 
 What needs the client to see the coordinator cannot work and is refused with a
 :class:`~pyspark_abs.errors.ConfigError`: the asynchronous committer (nobody could drain it
@@ -79,7 +83,7 @@ class RemoteCoordinator:
         layout: The pipeline's tables.
         config: Snapshot configuration.
         checkpoint: The Spark checkpoint location.
-        lease: The client run's lease, checked (never renewed) by the server-side run.
+        lease: The client run's lease, adopted by the server-side run.
         epoch_base: Epoch of micro-batch 0.
         epoch_limit: The most epochs this run may process.
         listeners: Told of each epoch (in the server's Python process).
@@ -105,7 +109,7 @@ class RemoteCoordinator:
 
     def _build(self) -> EpochCoordinator:
         store = DeltaStore()
-        lease = Lease.follow(self.layout.root, self.lease)
+        lease = Lease.adopt(self.layout.root, self.lease)
         writer = EpochWriter(
             self.layout.pipeline,
             self.layout.root,
@@ -131,7 +135,8 @@ class RemoteCoordinator:
 class ConnectRun:
     """The client's view of a run whose coordinator lives in the Connect server.
 
-    It holds the root's lease for the run and reads the run's progress from the manifest.
+    It acquires the root's lease for the run (the server-side run adopts it), releases it
+    when the query has stopped, and reads the run's progress from the manifest.
     """
 
     pending_epochs = 0
@@ -164,7 +169,7 @@ class ConnectRun:
         """Nothing to wait for: the server commits each epoch before its micro-batch ends."""
 
     def close(self) -> None:
-        """Give up the run's lease."""
+        """Give up the run's lease (held by the server-side run since its first epoch)."""
         self.writer.close()
 
     def _log(self) -> EpochLog:

@@ -53,6 +53,9 @@ from pyspark_abs.errors import FencingError, SnapshotRootError
 LEASE_SECONDS = 30.0
 """How long a lease stays valid without renewal."""
 
+_ADOPT_ATTEMPTS = 3
+"""Tries to adopt a lease whose holder renews it at the same moment."""
+
 LEASE_DIR = "_lease"
 """The folder under the snapshot root that holds the lease's generations."""
 
@@ -160,10 +163,9 @@ def require_no_live_holder(root: str, action: str) -> None:
 class Lease:
     """A run's lease on a snapshot root, renewed in the background until released."""
 
-    def __init__(self, root: str, record: LeaseRecord, *, owned: bool = True) -> None:
+    def __init__(self, root: str, record: LeaseRecord) -> None:
         self.root = root
         self.record = record
-        self._owned = owned
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._renew, name=f"pyspark-abs-lease-{record.pipeline}", daemon=True
@@ -202,14 +204,48 @@ class Lease:
         return lease
 
     @classmethod
-    def follow(cls, root: str, record: LeaseRecord) -> Lease:
-        """A lease held by a run in another process, as seen from a process writing for it.
+    def adopt(cls, root: str, record: LeaseRecord) -> Lease:
+        """Take a run's lease over into this process, which writes the run's epochs.
 
-        Checking it fails once the holder has lost the root or stopped renewing; it is never
-        renewed or released here (Spark Connect's server-side run follows its client's
-        lease).
+        Under Spark Connect the client starts the run and acquires its lease, but the
+        server's ``foreachBatch`` process writes the epochs. It adopts the lease on its first
+        micro-batch: the lease then names this process and is renewed here, so the root
+        stays held while the writer lives, not while the client does (a dead client's root
+        is not taken over while its query still commits), and the client's own renewals
+        stop because its generation is gone. The client releases the lease when the query
+        has stopped; this process's renewals then stop too.
+
+        Raises:
+            FencingError: The run no longer holds the root, or its lease lapsed.
+            SnapshotRootError: The lease cannot be read or written.
         """
-        return cls(root, record, owned=False)
+        for _attempt in range(_ADOPT_ATTEMPTS):
+            generation, current = _current(root)
+            now = time.time()
+            if current is None or current.run_id != record.run_id or current.lapsed(now):
+                holder = "nobody" if current is None else current.describe(now)
+                raise FencingError(
+                    f"run {record.run_id} of pipeline {record.pipeline!r} cannot take its lease "
+                    f"on snapshot root {root} into the writing process: the root is held by "
+                    f"{holder}. Start the pipeline again"
+                )
+            adopted = replace(
+                current,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                renewed_at=now,
+                generation=generation + 1,
+            )
+            if _publish(root, adopted.generation, adopted):
+                _HELD.add(adopted.run_id)
+                lease = cls(root, adopted)
+                lease._thread.start()
+                return lease
+        raise FencingError(
+            f"run {record.run_id} of pipeline {record.pipeline!r} could not take its lease on "
+            f"snapshot root {root} into the writing process: it kept changing. Start the "
+            f"pipeline again"
+        )
 
     def check(self, what: str) -> None:
         """Make sure this run still holds the root before it writes ``what``.
@@ -239,8 +275,6 @@ class Lease:
 
     def release(self) -> None:
         """Stop renewing and give the root up, if this run still holds it."""
-        if not self._owned:
-            return
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()

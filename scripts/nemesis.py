@@ -4,8 +4,9 @@
 
 One keyed word count (a ``DeltaSource`` over a bronze Delta table of ``(word, reset)`` rows;
 a ``reset`` row removes the word's key; the sink gets ``(word, count, batch)`` per changed
-key, count 0 for a removed key, batch the Spark micro-batch id) goes through a seeded random schedule of operations, each
-pipeline run in a child process in its own session so that a kill is a real SIGKILL:
+key, count 0 for a removed key, batch the Spark micro-batch id) goes through a seeded random
+schedule of operations, each pipeline run in a child process in its own session so that a
+kill is a real SIGKILL:
 
 - ``run``: an availableNow run (sync or async commit, sometimes compacting every epoch in
   the background); the first run after a rollback, restore or ``write_state`` picks another
@@ -288,8 +289,8 @@ class Model:
             previous = model.get(int(source), base) if source is not None else base
             return Expected(state, previous.sink, previous.offset, base.gone, epoch + 1)
         if origin.startswith("rollback") and source in model:
-            target = model[source]
-            return Expected(target.state, target.sink, target.offset, target.gone, epoch + 1)
+            back = model[source]
+            return Expected(back.state, back.sink, back.offset, back.gone, epoch + 1)
         if plan.parent is not None and epoch == plan.parent[1] and not model:
             parent_root, target = plan.parent
             _, parent_model = self.root(parent_root)

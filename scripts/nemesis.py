@@ -529,7 +529,8 @@ class Nemesis:
 
     def __init__(self, workdir: Path, seed: int, kinds: Sequence[str]) -> None:
         self.workdir = workdir
-        self.rng = random.Random(seed)
+        self.schedule = random.Random(seed)  # the kinds alone: a seed's schedule is its own
+        self.rng = random.Random(seed + 1_000_003)
         self.kinds = list(kinds)
         self.bronze = workdir / "bronze"
         self.logs = workdir / "logs"
@@ -807,7 +808,7 @@ class Nemesis:
         weights = [WEIGHTS[k] for k in self.kinds]
         last = ""
         for step in range(1, ops + 1):
-            kind = self.rng.choices(self.kinds, weights)[0]
+            kind = self.schedule.choices(self.kinds, weights)[0]
             if kind in ("rollback", "restore", "write_state") and not self.retained(self.current):
                 kind = "run"  # no snapshot to go back to or edit yet
             for _ in range(self.rng.randint(1, 2)):

@@ -92,6 +92,7 @@ COUNTS = (
     "resurrected",
     "mismatches",
     "unreadable_roots",
+    "unreadable_snapshots",
     "validate_problems",
     "errors",
 )
@@ -334,36 +335,51 @@ def check_root(model: Model, root: Path) -> tuple[Counter[str], list[str]]:
     for epoch, entry in sorted(epochs.items()):
         if not entry["retained"]:
             continue
-        want = expected[epoch]
-        versions = entry["table_versions"]
-        if STATE_TABLE in versions:
-            got, twice = state_as_of(read_table(root / STATE_TABLE, versions[STATE_TABLE]), epoch)
-            counts["mismatches"] += twice
-            for word in sorted(set(got) | set(want.state)):
-                if got.get(word) == want.state.get(word):
-                    continue
-                kind = (
-                    "resurrected" if word in want.gone and word not in want.state else "mismatches"
-                )
-                counts[kind] += 1
-                notes.append(
-                    f"{root.name} epoch {epoch}: {kind} {word}: state {got.get(word)}, "
-                    f"model {want.state.get(word)}"
-                )
-        if SINK_TABLE in versions:
-            table = read_table(plan.sink, versions[SINK_TABLE])
-            rows = zip(*(table[c].to_pylist() for c in ("word", "count", "batch")), strict=True)
-            actual: Counter[SinkRow] = Counter(rows)
-            lost, extra = want.sink - actual, actual - want.sink
-            counts["lost"] += lost.total()
-            counts["duplicated"] += sum(n for r, n in extra.items() if want.sink[r])
-            counts["mismatches"] += sum(n for r, n in extra.items() if not want.sink[r])
-            if lost or extra:
-                notes.append(
-                    f"{root.name} epoch {epoch}: sink lost {sorted(lost)[:5]} "
-                    f"extra {sorted(extra)[:5]}"
-                )
+        try:
+            more = check_snapshot(expected[epoch], root, epoch, entry, plan, counts)
+        except Exception as err:
+            counts["unreadable_snapshots"] += 1
+            more = [f"{root.name} epoch {epoch}: unreadable: {err!r}"]
+        notes += more
     return counts, notes
+
+
+def check_snapshot(
+    want: Expected,
+    root: Path,
+    epoch: int,
+    entry: dict[str, Any],
+    plan: RootPlan,
+    counts: Counter[str],
+) -> list[str]:
+    """Compare one retained snapshot's state and sink with the model."""
+    notes: list[str] = []
+    versions = entry["table_versions"]
+    if STATE_TABLE in versions:
+        got, twice = state_as_of(read_table(root / STATE_TABLE, versions[STATE_TABLE]), epoch)
+        counts["mismatches"] += twice
+        for word in sorted(set(got) | set(want.state)):
+            if got.get(word) == want.state.get(word):
+                continue
+            kind = "resurrected" if word in want.gone and word not in want.state else "mismatches"
+            counts[kind] += 1
+            notes.append(
+                f"{root.name} epoch {epoch}: {kind} {word}: state {got.get(word)}, "
+                f"model {want.state.get(word)}"
+            )
+    if SINK_TABLE in versions:
+        table = read_table(plan.sink, versions[SINK_TABLE])
+        rows = zip(*(table[c].to_pylist() for c in ("word", "count", "batch")), strict=True)
+        actual: Counter[SinkRow] = Counter(rows)
+        lost, extra = want.sink - actual, actual - want.sink
+        counts["lost"] += lost.total()
+        counts["duplicated"] += sum(n for r, n in extra.items() if want.sink[r])
+        counts["mismatches"] += sum(n for r, n in extra.items() if not want.sink[r])
+        if lost or extra:
+            notes.append(
+                f"{root.name} epoch {epoch}: sink lost {sorted(lost)[:5]} extra {sorted(extra)[:5]}"
+            )
+    return notes
 
 
 # ---------------------------------------------------------------------------------------
@@ -527,7 +543,10 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
 class Nemesis:
     """Runs the schedule and checks after every step."""
 
-    def __init__(self, workdir: Path, seed: int, kinds: Sequence[str]) -> None:
+    def __init__(
+        self, workdir: Path, seed: int, kinds: Sequence[str], vacuum_min_age: float = 0.0
+    ) -> None:
+        self.vacuum_min_age = vacuum_min_age
         self.workdir = workdir
         self.schedule = random.Random(seed)  # the kinds alone: a seed's schedule is its own
         self.rng = random.Random(seed + 1_000_003)
@@ -712,7 +731,11 @@ class Nemesis:
                     if name == "compact":
                         compact(str(root))
                     else:
-                        vacuum(str(root), keep_last=rng.randint(2, 4), min_age_seconds=0)
+                        vacuum(
+                            str(root),
+                            keep_last=rng.randint(2, 4),
+                            min_age_seconds=self.vacuum_min_age,
+                        )
                     done[name] += 1
                 except Exception as err:
                     self.error(f"{name} beside a run failed: {err!r}")
@@ -769,24 +792,37 @@ class Nemesis:
             return "wrote"
         return "fenced" if code == FENCED_EXIT else f"exit {code}"
 
-    def footprint(self, root: Path) -> dict[str, int]:
+    def footprint(self, root: Path) -> dict[str, int | str]:
         """Latest versions of the root's manifest, state table and sink."""
         plan = self.plans[root]
         tables = {"manifest": root / "_manifest", "state": root / STATE_TABLE, "sink": plan.sink}
-        return {n: DeltaTable(str(p)).version() for n, p in tables.items() if p.exists()}
+        versions: dict[str, int | str] = {}
+        for name, path in tables.items():
+            try:
+                versions[name] = DeltaTable(str(path)).version()
+            except Exception as err:
+                versions[name] = repr(err)
+        return versions
 
     # -- the loop
 
     def check(self, step: int, kind: str) -> None:
         from pyspark_abs.maintenance import validate
 
-        model = Model(self.bronze, self.plans)
+        try:
+            model = Model(self.bronze, self.plans)
+        except Exception as err:
+            self.error(f"the input table cannot be read: {err!r}")
+            return
         step_counts: Counter[str] = Counter()
         notes: list[str] = []
         for root in self.plans:
             if not (root / "_manifest").exists():
                 continue
-            counts, more = check_root(model, root)
+            try:
+                counts, more = check_root(model, root)
+            except Exception as err:
+                counts, more = Counter({"unreadable_roots": 1}), [f"{root.name}: {err!r}"]
             step_counts.update(counts)
             notes += more
             try:
@@ -831,8 +867,10 @@ class Nemesis:
     def report(self, seed: int, wall_s: float) -> dict[str, Any]:
         epochs = 0
         for root in self.plans:
-            if (root / "_manifest").exists():
+            try:
                 epochs += len(manifest_epochs(root))
+            except Exception:
+                continue
         counts = dict(self.counts)
         counts["errors"] = len(self.errors)
         return {
@@ -858,6 +896,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--kinds", default=",".join(WEIGHTS), help=f"operations to draw from ({', '.join(WEIGHTS)})"
     )
+    parser.add_argument(
+        "--vacuum-min-age",
+        type=float,
+        default=0.0,
+        help="min_age_seconds of the vacuums beside a run (default 0: the most aggressive)",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(WEIGHTS)
@@ -867,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if workdir.exists() and any(workdir.iterdir()):
         parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
     started = time.monotonic()
-    nemesis = Nemesis(workdir, args.seed, kinds)
+    nemesis = Nemesis(workdir, args.seed, kinds, args.vacuum_min_age)
     nemesis.run(args.ops)
     report = nemesis.report(args.seed, time.monotonic() - started)
     print(f"workdir: {workdir}", file=sys.stderr)

@@ -544,9 +544,16 @@ class Nemesis:
     """Runs the schedule and checks after every step."""
 
     def __init__(
-        self, workdir: Path, seed: int, kinds: Sequence[str], vacuum_min_age: float = 0.0
+        self,
+        workdir: Path,
+        seed: int,
+        kinds: Sequence[str],
+        *,
+        vacuum_min_age: float = 0.0,
+        solo_compaction: bool = False,
     ) -> None:
         self.vacuum_min_age = vacuum_min_age
+        self.solo_compaction = solo_compaction
         self.workdir = workdir
         self.schedule = random.Random(seed)  # the kinds alone: a seed's schedule is its own
         self.rng = random.Random(seed + 1_000_003)
@@ -597,7 +604,7 @@ class Nemesis:
             )
         return Child(process, log, time.monotonic())
 
-    def run_args(self, root: Path) -> list[str]:
+    def run_args(self, root: Path, *, background_compaction: bool = True) -> list[str]:
         """A random commit mode; a new partition and key-group count on a fresh checkpoint."""
         plan = self.plans[root]
         if plan.fresh:
@@ -605,7 +612,7 @@ class Nemesis:
             plan.partitions = self.rng.choice((1, 2, 3))
             plan.fresh = False
         extra = ["--commit-mode", self.rng.choice(("sync", "async"))]
-        if self.rng.random() < 0.3:
+        if self.rng.random() < 0.3 and background_compaction:
             extra += ["--compact-every", "1"]
         return extra
 
@@ -718,7 +725,8 @@ class Nemesis:
         from pyspark_abs.maintenance import compact, vacuum
 
         root = self.current
-        child = self.spawn("run", root, *self.run_args(root))
+        extra = self.run_args(root, background_compaction=not self.solo_compaction)
+        child = self.spawn("run", root, *extra)
         stop = threading.Event()
         done: Counter[str] = Counter()
 
@@ -902,6 +910,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=0.0,
         help="min_age_seconds of the vacuums beside a run (default 0: the most aggressive)",
     )
+    parser.add_argument(
+        "--solo-compaction",
+        action="store_true",
+        help="no background compaction in the run that on-demand compaction races",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(WEIGHTS)
@@ -911,7 +924,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if workdir.exists() and any(workdir.iterdir()):
         parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
     started = time.monotonic()
-    nemesis = Nemesis(workdir, args.seed, kinds, args.vacuum_min_age)
+    nemesis = Nemesis(
+        workdir,
+        args.seed,
+        kinds,
+        vacuum_min_age=args.vacuum_min_age,
+        solo_compaction=args.solo_compaction,
+    )
     nemesis.run(args.ops)
     report = nemesis.report(args.seed, time.monotonic() - started)
     print(f"workdir: {workdir}", file=sys.stderr)

@@ -358,6 +358,8 @@ def check_snapshot(
     if STATE_TABLE in versions:
         got, twice = state_as_of(read_table(root / STATE_TABLE, versions[STATE_TABLE]), epoch)
         counts["mismatches"] += twice
+        if twice:
+            notes.append(f"{root.name} epoch {epoch}: {twice} keys changed twice in one epoch")
         for word in sorted(set(got) | set(want.state)):
             if got.get(word) == want.state.get(word):
                 continue
@@ -397,6 +399,7 @@ def child_main(argv: Sequence[str]) -> int:
     parser.add_argument("--key-groups", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--compact-every", type=int, default=0)
+    parser.add_argument("--compact-ratio", type=float, default=10.0, help="0: off")
     parser.add_argument("--pause", help="STEP:EPOCH to stop (SIGSTOP) at")
     parser.add_argument("--word", help="write_state: the word to bump")
     parser.add_argument("--delta", type=int, default=0)
@@ -451,6 +454,7 @@ def _child_run(args: argparse.Namespace) -> dict[str, Any]:
         commit_mode=args.commit_mode,
         key_groups=args.key_groups,
         compaction_every_epochs=args.compact_every,
+        compaction_ratio=args.compact_ratio,
         faults=faults,
     )
     query = Pipeline(
@@ -612,7 +616,9 @@ class Nemesis:
             plan.partitions = self.rng.choice((1, 2, 3))
             plan.fresh = False
         extra = ["--commit-mode", self.rng.choice(("sync", "async"))]
-        if self.rng.random() < 0.3 and background_compaction:
+        if not background_compaction:
+            extra += ["--compact-ratio", "0"]
+        elif self.rng.random() < 0.3:
             extra += ["--compact-every", "1"]
         return extra
 
@@ -913,7 +919,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--solo-compaction",
         action="store_true",
-        help="no background compaction in the run that on-demand compaction races",
+        help="no background compaction (by epochs or by ratio) in the run that on-demand "
+        "compaction races",
     )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]

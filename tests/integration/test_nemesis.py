@@ -30,7 +30,8 @@ first, ``--ops 9 --seed 5`` the second):
 - vacuum with ``min_age_seconds=0`` beside a run deletes the pre-committed files of the
   epoch in flight (named for an epoch newer than every decided one, not yet PREPARED), the
   epoch then commits them: retained snapshots reference missing files, sink rows are lost;
-- the pipeline's background compaction and an on-demand ``compact`` of the same snapshot
+- the pipeline's background compaction (by ``compaction_every_epochs`` or by the default
+  ``compaction_ratio``) and an on-demand ``compact`` of the same snapshot
   both commit, each removing the same files and adding its own compacted copy: every key
   of the snapshot is then in the state table twice (``validate``: an epoch committed twice).
 """

@@ -24,16 +24,19 @@ import nemesis
 OPS = 6
 AVOID_KNOWN_HOLES = ["--vacuum-min-age", "30", "--solo-compaction"]
 """Two holes the nemesis found (November 2026), left out of this short schedule until they are
-fixed; drop these options to test them (``scripts/nemesis.py --ops 6 --seed 92`` finds the
+fixed (vacuums beside the run keep files younger than 30 s; the run beside on-demand
+compaction compacts nothing itself, and on-demand compaction runs once per snapshot); drop
+these options to test them (``scripts/nemesis.py --ops 6 --seed 92`` finds the
 first, ``--ops 9 --seed 5`` the second):
 
 - vacuum with ``min_age_seconds=0`` beside a run deletes the pre-committed files of the
   epoch in flight (named for an epoch newer than every decided one, not yet PREPARED), the
   epoch then commits them: retained snapshots reference missing files, sink rows are lost;
-- the pipeline's background compaction (by ``compaction_every_epochs`` or by the default
-  ``compaction_ratio``) and an on-demand ``compact`` of the same snapshot
-  both commit, each removing the same files and adding its own compacted copy: every key
-  of the snapshot is then in the state table twice (``validate``: an epoch committed twice).
+- compacting the same snapshot twice (two ``compact(root)`` calls in a row on a quiet root,
+  or the pipeline's background compaction and an on-demand one) commits twice: each commit
+  removes the snapshot version's files again and adds its own compacted copy, so every live
+  key is then in the state table twice, and ``validate`` reports the next epoch as
+  committed twice.
 """
 KINDS = {"kill", "maintenance", "zombie"}
 

@@ -175,7 +175,12 @@ def rows_between(versions: dict[int, list[Row]], start: Offset, end: Offset) -> 
 
 
 def parse_offset(source_offsets: str | None) -> Offset | None:
-    """The DeltaSource offset among an epoch's source offsets (JSON lines)."""
+    """The input's DeltaSource offset among an epoch's source offsets (JSON lines).
+
+    Spark writes one line per source in plan order: the input's first. The first run after a
+    restore epoch also reads the installed state through a second, untagged stream over the
+    state table; its line comes after the input's.
+    """
     for line in (source_offsets or "").splitlines():
         value = json.loads(line) if line.strip().startswith("{") else None
         if isinstance(value, dict) and value.get("source") == SOURCE_TAG:

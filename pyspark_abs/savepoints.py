@@ -275,14 +275,23 @@ def write_state(
     ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
     files = _write_rows(store, table, uri, installed, epoch, config)
     tables, counts = {table: uri}, {table: installed.num_rows}
-    # Records in flight on back-edges stay in flight: the next run replays them.
-    for edge_table, edge_uri in (previous.tables if previous is not None else {}).items():
-        if edge_table.startswith(BACKEDGE_PREFIX):
+    sinks: dict[str, int] = {}
+    for other, other_uri in (previous.tables if previous is not None else {}).items():
+        if other.startswith(BACKEDGE_PREFIX):
+            # Records in flight on back-edges stay in flight: the next run replays them.
             assert previous is not None
-            records = _installed(store, edge_table, edge_uri, previous)
+            records = _installed(store, other, other_uri, previous)
             assert records is not None
-            files += _write_rows(store, edge_table, edge_uri, records, epoch, config)
-            tables[edge_table], counts[edge_table] = edge_uri, records.num_rows
+            files += _write_rows(store, other, other_uri, records, epoch, config)
+            tables[other], counts[other] = other_uri, records.num_rows
+        elif (
+            previous is not None
+            and other in previous.table_versions
+            and not other.startswith("state/")
+        ):
+            # Sinks stay as of the snapshot the state continues, and the new snapshot
+            # records their versions, so that a rollback to it rewinds them too.
+            tables[other], sinks[other] = other_uri, previous.table_versions[other]
     return _install(
         writer,
         previous,
@@ -290,7 +299,7 @@ def write_state(
         tables=tables,
         files=files,
         rows=counts,
-        restore_versions={},
+        restore_versions=sinks,
         origin=f"state of operator {operator.name!r} written by write_state",
         key_groups=config.key_groups,
         state_keys=installed.num_rows,

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
@@ -31,6 +32,7 @@ from pyspark_abs import (
     restore,
     rollback,
     vectorized_operator,
+    write_state,
 )
 from pyspark_abs.examples.wordcount import word_count
 from tests.conftest import EPOCHS, running_counts, write_epochs
@@ -149,3 +151,22 @@ def test_a_replayed_decided_epoch_installs_the_decided_state(
     snapshots = Snapshots(str(root), spark)
     assert_same(snapshots.state(OP, 1), counts_df(spark, EPOCHS[:2]))
     assert_same(snapshots.state(OP), spark.createDataFrame(sorted(expected.items()), STATE_DDL))
+
+
+def test_rollback_to_written_state_restores_the_sinks(spark: SparkSession, tmp_path: Path) -> None:
+    """A write_state snapshot keeps the sinks' versions, so a rollback to it rewinds them."""
+    words = word_table(tmp_path / "words", EPOCHS[:2])
+    root = tmp_path / "root"
+    words_pipeline(root, words).run()
+    snapshots = Snapshots(str(root), spark)
+    edited = snapshots.state(OP).withColumn("count", F.col("count") + 100)
+    written = write_state(edited, str(root), word_count)
+    word_table(tmp_path / "words", EPOCHS[2:])
+    words_pipeline(root, words).run()
+    sink, state = snapshots.sink("output").collect(), snapshots.state(OP).collect()
+
+    rolled = rollback(str(root), written.epoch)
+    assert_same(snapshots.sink("output", rolled.epoch), snapshots.sink("output", written.epoch))
+    words_pipeline(root, words).run()  # the same input again, from the written state
+    assert_same(snapshots.sink("output"), spark.createDataFrame(sink, STATE_DDL))
+    assert_same(snapshots.state(OP), spark.createDataFrame(state, STATE_DDL))

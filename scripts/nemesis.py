@@ -404,7 +404,6 @@ def child_main(argv: Sequence[str]) -> int:
     parser.add_argument("--key-groups", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--compact-every", type=int, default=0)
-    parser.add_argument("--compact-ratio", type=float, default=10.0, help="0: off")
     parser.add_argument("--pause", help="STEP:EPOCH to stop (SIGSTOP) at")
     parser.add_argument("--word", help="write_state: the word to bump")
     parser.add_argument("--delta", type=int, default=0)
@@ -459,7 +458,6 @@ def _child_run(args: argparse.Namespace) -> dict[str, Any]:
         commit_mode=args.commit_mode,
         key_groups=args.key_groups,
         compaction_every_epochs=args.compact_every,
-        compaction_ratio=args.compact_ratio,
         faults=faults,
     )
     query = Pipeline(
@@ -557,12 +555,7 @@ class Nemesis:
         workdir: Path,
         seed: int,
         kinds: Sequence[str],
-        *,
-        vacuum_min_age: float = 0.0,
-        solo_compaction: bool = False,
     ) -> None:
-        self.vacuum_min_age = vacuum_min_age
-        self.solo_compaction = solo_compaction
         self.workdir = workdir
         self.schedule = random.Random(seed)  # the kinds alone: a seed's schedule is its own
         self.rng = random.Random(seed + 1_000_003)
@@ -613,7 +606,7 @@ class Nemesis:
             )
         return Child(process, log, time.monotonic())
 
-    def run_args(self, root: Path, *, background_compaction: bool = True) -> list[str]:
+    def run_args(self, root: Path) -> list[str]:
         """A random commit mode; a new partition and key-group count on a fresh checkpoint."""
         plan = self.plans[root]
         if plan.fresh:
@@ -621,9 +614,7 @@ class Nemesis:
             plan.partitions = self.rng.choice((1, 2, 3))
             plan.fresh = False
         extra = ["--commit-mode", self.rng.choice(("sync", "async"))]
-        if not background_compaction:
-            extra += ["--compact-ratio", "0"]
-        elif self.rng.random() < 0.3:
+        if self.rng.random() < 0.3:
             extra += ["--compact-every", "1"]
         return extra
 
@@ -736,12 +727,10 @@ class Nemesis:
         from pyspark_abs.maintenance import compact, vacuum
 
         root = self.current
-        extra = self.run_args(root, background_compaction=not self.solo_compaction)
+        extra = self.run_args(root)
         child = self.spawn("run", root, *extra)
         stop = threading.Event()
         done: Counter[str] = Counter()
-
-        compacted: set[int] = set()
 
         def loop(name: str, rng: random.Random) -> None:
             while not stop.is_set():
@@ -750,17 +739,9 @@ class Nemesis:
                     continue
                 try:
                     if name == "compact":
-                        newest = max(self.retained(root), default=-1)
-                        if self.solo_compaction and newest in compacted:
-                            continue  # compacting one snapshot twice doubles its rows
-                        compacted.add(newest)
                         compact(str(root))
                     else:
-                        vacuum(
-                            str(root),
-                            keep_last=rng.randint(2, 4),
-                            min_age_seconds=self.vacuum_min_age,
-                        )
+                        vacuum(str(root), keep_last=rng.randint(2, 4), min_age_seconds=0)
                     done[name] += 1
                 except Exception as err:
                     self.error(f"{name} beside a run failed: {err!r}")
@@ -921,18 +902,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--kinds", default=",".join(WEIGHTS), help=f"operations to draw from ({', '.join(WEIGHTS)})"
     )
-    parser.add_argument(
-        "--vacuum-min-age",
-        type=float,
-        default=0.0,
-        help="min_age_seconds of the vacuums beside a run (default 0: the most aggressive)",
-    )
-    parser.add_argument(
-        "--solo-compaction",
-        action="store_true",
-        help="no background compaction (by epochs or by ratio) in the run that on-demand "
-        "compaction races, and on-demand compaction once per snapshot",
-    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(WEIGHTS)
@@ -942,13 +911,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if workdir.exists() and any(workdir.iterdir()):
         parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
     started = time.monotonic()
-    nemesis = Nemesis(
-        workdir,
-        args.seed,
-        kinds,
-        vacuum_min_age=args.vacuum_min_age,
-        solo_compaction=args.solo_compaction,
-    )
+    nemesis = Nemesis(workdir, args.seed, kinds)
     nemesis.run(args.ops)
     report = nemesis.report(args.seed, time.monotonic() - started)
     print(f"workdir: {workdir}", file=sys.stderr)

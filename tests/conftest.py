@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,6 +29,26 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+def race(*calls: Callable[[], object]) -> list[BaseException | None]:
+    """Run the calls in threads released together; return what each raised."""
+    start = threading.Barrier(len(calls))
+    outcomes: list[BaseException | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            calls[i]()
+        except BaseException as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
 
 
 def write_epochs(directory: Path, epochs: Sequence[str]) -> Path:

@@ -7,10 +7,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.maintenance import _load, compact, vacuum, validate
 from pyspark_abs.precommit import root_tag
 from pyspark_abs.store import DeltaStore
-from tests.conftest import EPOCHS, write_epochs
+from tests.conftest import EPOCHS, race, write_epochs
 from tests.integration.conftest import (
     STATE_DDL,
     assert_same,
@@ -293,26 +291,6 @@ def test_validate_tells_a_log_expired_by_delta_from_damage(
         assert problem.table == STATE
         assert "Delta log entries expired" in problem.message
         assert "delta.enableExpiredLogCleanup=false" in problem.message
-
-
-def race(*calls: Callable[[], object]) -> list[BaseException | None]:
-    """Run the calls in threads released together; return what each raised."""
-    start = threading.Barrier(len(calls))
-    outcomes: list[BaseException | None] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            calls[i]()
-        except BaseException as err:
-            outcomes[i] = err
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
 
 
 def manifest_counts(root: Path) -> Counter[tuple[int, str]]:

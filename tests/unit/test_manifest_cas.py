@@ -7,9 +7,7 @@ appended) and threads released together by a barrier.
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -22,6 +20,7 @@ from pyspark_abs.maintenance import expire
 from pyspark_abs.manifest import EpochStatus, ManifestEntry, entries_to_table
 from pyspark_abs.recovery import open_manifest
 from pyspark_abs.store import DeltaStore
+from tests.conftest import race
 from tests.unit.test_epoch_writer import PIPELINE, make_root, prepared, writer_of
 
 
@@ -34,26 +33,6 @@ def raw_statuses(root: str) -> Counter[tuple[int, str]]:
     """How often each (epoch, status) is in the manifest table, duplicates included."""
     rows = DeltaStore().read(f"{root}/_manifest", columns=["epoch", "status"]).to_pylist()
     return Counter((r["epoch"], r["status"]) for r in rows)
-
-
-def race(*calls: Callable[[], object]) -> list[BaseException | None]:
-    """Run the calls in threads released together; return what each raised."""
-    start = threading.Barrier(len(calls))
-    outcomes: list[BaseException | None] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            calls[i]()
-        except BaseException as err:
-            outcomes[i] = err
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
 
 
 def test_a_stale_writer_cannot_record_a_transition_another_recorded(tmp_path: Path) -> None:

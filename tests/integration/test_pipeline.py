@@ -182,7 +182,7 @@ def test_sinks_only_mode_writes_outputs_exactly_once(spark: SparkSession, tmp_pa
     sink = str(tmp_path / "root" / "sinks" / "word_counts")
     counts = load_dataframe(spark, sink, store.open(sink).version())
     assert_same(counts, expected_sink(spark, EPOCHS))
-    assert not (tmp_path / "root" / "_manifest").exists()
+    assert Snapshots(str(tmp_path / "root"), spark).list() == []  # its manifest: the root's id
     assert not (tmp_path / "root" / "state").exists()
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
@@ -49,6 +50,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pyspark_abs.errors import FencingError, SnapshotRootError
+
+log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 30.0
 """How long a lease stays valid without renewal."""
@@ -274,14 +277,22 @@ class Lease:
         )
 
     def release(self) -> None:
-        """Stop renewing and give the root up, if this run still holds it."""
+        """Stop renewing and give the root up, if this run still holds it.
+
+        Never raises: a run that ends on a storage error (a full disk, say) must report that
+        error, not this one. A lease that cannot be released frees itself: a run that
+        stopped renewing is no longer live in its own process, and lapses for others.
+        """
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         _HELD.discard(self.record.run_id)
-        generation, current = _current(self.root)
-        if current is not None and current.run_id == self.record.run_id:
-            _publish(self.root, generation + 1, None)
+        try:
+            generation, current = _current(self.root)
+            if current is not None and current.run_id == self.record.run_id:
+                _publish(self.root, generation + 1, None)
+        except SnapshotRootError as err:
+            log.warning("run %s could not release its lease: %s", self.record.run_id, err)
 
     def renew(self) -> bool:
         """Renew the lease once, if this run still holds it and it has not lapsed.

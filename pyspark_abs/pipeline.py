@@ -282,6 +282,8 @@ class Pipeline:
         recovered: list[int] = []
         try:
             writer.epochs = open_manifest(store, self.root, self.name)
+            if self.config.snapshots:
+                require_sound_start(self.root, writer.epochs)
             decided = writer.epochs.latest_decided()
             require_own_sinks(
                 store,
@@ -292,7 +294,6 @@ class Pipeline:
                 None if decided is None else decided.epoch,
             )
             if self.config.snapshots:
-                require_sound_start(self.root, writer.epochs)
                 recovered = writer.recover()
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
                 self._check_key_groups(lineage)

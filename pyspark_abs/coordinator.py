@@ -48,6 +48,7 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
     CommitError,
+    FencingError,
     QuiescenceError,
     ReplayDivergedError,
     rebuild_from_text,
@@ -360,7 +361,10 @@ class EpochCoordinator:
 
     def _compact(self, snapshot: ManifestEntry) -> None:
         try:
-            for result in compact_snapshot(DeltaStore(), snapshot, self.faults):
+            compacted = compact_snapshot(
+                DeltaStore(), snapshot, self.faults, fence=self.writer.fence
+            )
+            for result in compacted:
                 log.info(
                     "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
                     result.table,
@@ -370,6 +374,8 @@ class EpochCoordinator:
                     result.rows_after,
                     result.version,
                 )
+        except FencingError as err:
+            log.warning("background compaction as of epoch %d stopped: %s", snapshot.epoch, err)
         except Exception as err:  # compaction is an optimisation: the next one retries
             log.warning("background compaction as of epoch %d failed: %s", snapshot.epoch, err)
 

@@ -48,6 +48,7 @@ from pyspark_abs.errors import (
     AbsError,
     CommitError,
     ConfigError,
+    FencingError,
     SnapshotDamagedError,
     SnapshotNotFoundError,
 )
@@ -219,27 +220,49 @@ def compact(
     return results
 
 
+Fence = Callable[[str], None]
+"""Raises :class:`~pyspark_abs.errors.FencingError` when the caller may no longer write
+what it names (a pipeline run that lost its lease on the root)."""
+
+
+def _unfenced(_: str) -> None:
+    return None
+
+
 def compact_snapshot(
-    store: DeltaStore, snapshot: ManifestEntry, faults: FaultInjector, progress: Progress = _quiet
+    store: DeltaStore,
+    snapshot: ManifestEntry,
+    faults: FaultInjector,
+    progress: Progress = _quiet,
+    fence: Fence = _unfenced,
 ) -> list[Compaction]:
     """Compact the state tables and truncate the back-edge logs of a snapshot's root.
 
+    ``fence`` is called before every commit attempt: a pipeline run's background compaction
+    stops there once the run has lost the root (on-demand compaction needs no lease).
+
     Raises:
         CommitError: Delta kept reporting conflicts.
+        FencingError: ``fence`` refused a commit.
     """
     results = []
     for table, uri in snapshot.tables.items():
         if table.startswith("state/"):
             progress(f"compacting {table} as of epoch {snapshot.epoch}")
-            results.append(compact_table(store, table, uri, snapshot, faults))
+            results.append(compact_table(store, table, uri, snapshot, faults, fence))
         elif table.startswith(BACKEDGE_PREFIX):
             progress(f"truncating {table} as of epoch {snapshot.epoch}")
-            results.append(truncate_log(store, table, uri, snapshot))
+            results.append(truncate_log(store, table, uri, snapshot, fence))
     return results
 
 
 def compact_table(
-    store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry, faults: FaultInjector
+    store: DeltaStore,
+    table: str,
+    uri: str,
+    snapshot: ManifestEntry,
+    faults: FaultInjector,
+    fence: Fence = _unfenced,
 ) -> Compaction:
     """Rewrite one state table's latest row per key as of ``snapshot`` in one commit.
 
@@ -268,7 +291,10 @@ def compact_table(
     faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
     replaced = [(str(f["path"]), int(f["size_bytes"])) for f in files]
 
+    what = f"compacting {table} at {uri} as of epoch {snapshot.epoch}"
+
     def actions(current: DeltaTable) -> Actions:
+        fence(what)
         reason = superseded(current, version, [path for path, _ in replaced])
         if reason is not None:
             raise _Superseded(reason)
@@ -277,7 +303,6 @@ def compact_table(
         todo += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
         return todo
 
-    what = f"compacting {table} at {uri} as of epoch {snapshot.epoch}"
     try:
         committed, _ = _commit_retrying(store, uri, actions, what, "run compact again later")
     except _Superseded as skip:
@@ -286,7 +311,7 @@ def compact_table(
         return Compaction(
             table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, skip.reason
         )
-    except CommitError:
+    except (CommitError, FencingError):
         store.delete_files(uri, [w.path for w in written])
         raise
     return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
@@ -339,7 +364,9 @@ class _Superseded(Exception):
         self.reason = reason
 
 
-def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry) -> Compaction:
+def truncate_log(
+    store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry, fence: Fence = _unfenced
+) -> Compaction:
     """Remove from a back-edge log the records a snapshot has consumed, in one commit.
 
     A run continuing from the snapshot, or from a later one, reads the log only from where
@@ -356,7 +383,10 @@ def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntr
     at_before = _add_actions(DeltaTable(uri, version=before - 1)) if before else []
     consumed = {a["path"]: int(a.get("num_records") or 0) for a in at_before}
 
+    what = f"truncating {table} at {uri} as of epoch {snapshot.epoch}"
+
     def removals(current: DeltaTable) -> Actions:
+        fence(what)
         reason = superseded(current, snapshot.table_versions[table], ())
         if reason is not None:
             raise _Superseded(reason)
@@ -367,7 +397,6 @@ def truncate_log(store: DeltaStore, table: str, uri: str, snapshot: ManifestEntr
             if a["path"] in consumed
         ]
 
-    what = f"truncating {table} at {uri} as of epoch {snapshot.epoch}"
     try:
         version, removed = _commit_retrying(store, uri, removals, what, "run compact again later")
     except _Superseded as skip:

@@ -784,6 +784,7 @@ class Nemesis:
             if code != 0:
                 self.error(f"zombie run exited {code} before pausing: {result}")
             return "finished_first"
+        signal_group(zombie.process.pid, signal.SIGSTOP)  # its JVM too: a paused driver host
         try:
             break_lease(str(root))
             self.expect_ok(self.spawn("run", root, *self.run_args(root)), "takeover run")

@@ -121,10 +121,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pause", type=parse_pause, help="stop (SIGSTOP) at STEP:EPOCH")
     parser.add_argument("--commit-mode", choices=["sync", "async"], default="async")
     parser.add_argument("--key-groups", type=int, default=16)
+    parser.add_argument(
+        "--compact-every", type=int, default=0, help="compact the state every N epochs"
+    )
     args = parser.parse_args(argv)
     spark = local_session("wordcount", shuffle_partitions=2)
     faults = tuple(f for f in (args.crash, args.pause) if f is not None)
-    config = AbsConfig(commit_mode=args.commit_mode, key_groups=args.key_groups, faults=faults)
+    config = AbsConfig(
+        commit_mode=args.commit_mode,
+        key_groups=args.key_groups,
+        compaction_every_epochs=args.compact_every,
+        faults=faults,
+    )
     query = build(spark, args.input, args.root, config=config).run()
     if query.recovered_epochs:
         print(f"recovery committed PREPARED epoch(s) {query.recovered_epochs} from the manifest")

@@ -107,3 +107,39 @@ def manifest_rows(root: Path) -> list[dict[str, Any]]:
     """The manifest's rows in the order they were recorded."""
     rows: list[dict[str, Any]] = DeltaStore().read(str(root / "_manifest")).to_pylist()
     return sorted(rows, key=lambda r: r["recorded_at"])
+
+
+def test_a_zombie_compaction_commits_nothing_after_the_takeover(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root = tmp_path / "root"
+    command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
+    command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync"]
+    command += ["--compact-every", "2", "--pause", "during_compaction:1"]
+    log = tmp_path / "zombie.log"
+    with log.open("w") as out:
+        zombie = subprocess.Popen(
+            command,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        # stopped in its compaction thread, its files written and not committed
+        _, status = os.waitpid(zombie.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
+        # and its JVM too, which would go on planning micro-batches in the checkpoint
+        os.killpg(zombie.pid, signal.SIGSTOP)
+        break_lease(str(root))
+        word_pipeline(spark, inputs, root).run()
+        versions = {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
+    finally:
+        os.killpg(zombie.pid, signal.SIGCONT)
+        zombie.wait(timeout=300)
+    assert versions == {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
+    text = log.read_text()
+    assert "background compaction as of epoch 1 stopped: run" in text, text[-3000:]
+    assert_word_counts(spark, root, EPOCHS)
+    assert validate(str(root)) == []

@@ -6,7 +6,8 @@ One keyed word count (a ``DeltaSource`` over a bronze Delta table of ``(word, re
 a ``reset`` row removes the word's key; the sink gets ``(word, count, batch)`` per changed
 key, count 0 for a removed key, batch the Spark micro-batch id) goes through a seeded random
 schedule of operations, each pipeline run in a child process in its own session so that a
-kill is a real SIGKILL:
+kill is a real SIGKILL (each child is started while the operation before it runs, so that
+its Spark start is out of the way):
 
 - ``run``: an availableNow run (sync or async commit, sometimes compacting every epoch in
   the background); the first run after a rollback, restore or ``write_state`` picks another
@@ -26,7 +27,8 @@ kill is a real SIGKILL:
   finishes, then the zombie is continued and must write nothing.
 
 Before every operation new rows are appended to the bronze table. After every operation
-each root is checked: ``validate`` clean, and every retained snapshot (COMMITTED or RESTORED
+each root is checked (every tenth, and the last; in between only the current root and those
+whose tables changed): ``validate`` clean, and every retained snapshot (COMMITTED or RESTORED
 and not EXPIRED) equal to the reference model: state (latest change per key as of the
 epoch, read at the epoch's table version) and sink (every row the epoch's lineage emitted,
 once). The model reads the manifest and the input table with deltalake and pyarrow only and
@@ -75,6 +77,9 @@ FENCED_EXIT = 3
 CHILD_TIMEOUT_S = 240.0
 DRIVER_STEPS = ("after_align", "after_prepared", "between_table_commits", "after_committed")
 ROWS_PER_TRIGGER = 30
+FULL_CHECK_EVERY = 10
+"""Every this many steps every root is checked; in between, only the current root and the
+roots whose tables changed."""
 VOCABULARY = 12
 WEIGHTS = {
     "run": 3,
@@ -143,11 +148,14 @@ EMPTY = Expected({}, Counter(), (0, 0), frozenset())
 """Before the first epoch of a root: DeltaSource starts at version 0, row 0."""
 
 
-def input_versions(bronze: Path) -> dict[int, list[Row]]:
-    """Rows each version of the input table appends, in ``_delta_log`` order of its adds."""
-    versions: dict[int, list[Row]] = {}
+def input_versions(bronze: Path, known: dict[int, list[Row]] | None = None) -> dict[int, list[Row]]:
+    """Rows each version of the input table appends, in ``_delta_log`` order of its adds
+    (versions in ``known`` are taken from it: a version's rows never change)."""
+    versions: dict[int, list[Row]] = dict(known or {})
     for entry in sorted((bronze / "_delta_log").glob("*.json")):
         version = int(entry.stem)
+        if version in versions:
+            continue
         rows: list[Row] = []
         for line in entry.read_text().splitlines():
             add = json.loads(line).get("add") if line.strip() else None
@@ -237,8 +245,10 @@ def apply_batch(before: Expected, rows: list[Row], epoch: int, offset: Offset) -
 class Model:
     """Expected state and sink of every decided epoch of every root."""
 
-    def __init__(self, bronze: Path, plans: dict[Path, RootPlan]) -> None:
-        self.versions = input_versions(bronze)
+    def __init__(
+        self, bronze: Path, plans: dict[Path, RootPlan], known: dict[int, list[Row]] | None = None
+    ) -> None:
+        self.versions = input_versions(bronze, known)
         self.plans = plans
         self.memo: dict[Path, dict[int, Expected]] = {}
         self.problems: list[str] = []
@@ -393,8 +403,21 @@ def check_snapshot(
 # Children: one pipeline run or one write_state, in their own process (pyspark_abs here).
 
 
-def child_main(argv: Sequence[str]) -> int:
-    """Run one child operation; print one JSON line; exit FENCED_EXIT on a FencingError."""
+def child_main() -> int:
+    """Start Spark, then run the operation read from standard input (its argument list as
+    one JSON line); print one JSON line; exit FENCED_EXIT on a FencingError.
+
+    The schedule starts each child before it needs it, so that the Spark start, and a first
+    pipeline run on a scratch root (Spark's first query in a session plans, compiles and
+    starts Python workers: 15 s of a 25 s run), overlap the operation before.
+    """
+    from pyspark_abs import FencingError, local_session
+
+    local_session("nemesis")
+    with tempfile.TemporaryDirectory(prefix="pyspark-abs-nemesis-warm-up-") as scratch:
+        _warm_up(Path(scratch))
+    argv = json.loads(sys.stdin.readline())
+    print(f"operation: {' '.join(argv)}", flush=True)
     parser = argparse.ArgumentParser(prog="nemesis.py child")
     parser.add_argument("what", choices=["run", "write_state"])
     parser.add_argument("--bronze", required=True)
@@ -408,10 +431,11 @@ def child_main(argv: Sequence[str]) -> int:
     parser.add_argument("--word", help="write_state: the word to bump")
     parser.add_argument("--delta", type=int, default=0)
     args = parser.parse_args(argv)
-    from pyspark_abs import FencingError
-
+    spark = local_session("nemesis", shuffle_partitions=args.partitions)
+    if spark.conf.get("spark.sql.shuffle.partitions") != str(args.partitions):
+        raise RuntimeError(f"the session did not take {args.partitions} shuffle partitions")
     try:
-        result = _child_run(args) if args.what == "run" else _child_write_state(args)
+        result = _child_run(args) if args.what == "run" else _child_write_state(args, spark)
     except FencingError as err:
         print(json.dumps({"fenced": str(err)}), flush=True)
         return FENCED_EXIT
@@ -448,11 +472,27 @@ def _operator() -> Any:
     )(nemesis_count)
 
 
+def _warm_up(scratch: Path) -> None:
+    """Run the pipeline once over a few rows, on a root of its own."""
+    from pyspark_abs import DeltaSink, DeltaSource, Pipeline
+
+    bronze = scratch / "bronze"
+    write_deltalake(
+        str(bronze), pa.table({"word": ["w0", "w1", "w0"], "reset": [False, False, True]})
+    )
+    Pipeline(
+        PIPELINE,
+        DeltaSource(str(bronze)),
+        _operator(),
+        root=str(scratch / "root"),
+        sinks={"output": DeltaSink(str(scratch / "sink"))},
+    ).run()
+
+
 def _child_run(args: argparse.Namespace) -> dict[str, Any]:
-    from pyspark_abs import AbsConfig, DeltaSink, DeltaSource, Pipeline, local_session
+    from pyspark_abs import AbsConfig, DeltaSink, DeltaSource, Pipeline
     from pyspark_abs.examples.wordcount import parse_pause
 
-    local_session("nemesis", shuffle_partitions=args.partitions)
     faults = (parse_pause(args.pause),) if args.pause else ()
     config = AbsConfig(
         commit_mode=args.commit_mode,
@@ -471,12 +511,11 @@ def _child_run(args: argparse.Namespace) -> dict[str, Any]:
     return {"recovered": list(query.recovered_epochs)}
 
 
-def _child_write_state(args: argparse.Namespace) -> dict[str, Any]:
+def _child_write_state(args: argparse.Namespace, spark: Any) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from pyspark_abs import AbsConfig, EpochStatus, Snapshots, local_session, write_state
+    from pyspark_abs import AbsConfig, EpochStatus, Snapshots, write_state
 
-    spark = local_session("nemesis", shuffle_partitions=args.partitions)
     snapshots = Snapshots(args.root, spark)
     statuses = (EpochStatus.COMMITTED, EpochStatus.RESTORED)
     base = [i for i in snapshots.list() if i.status in statuses][-1].epoch
@@ -497,7 +536,14 @@ class Child:
 
     process: subprocess.Popen[bytes]
     log: Path
-    started: float
+    started: float = 0.0
+
+    def order(self, command: Sequence[str]) -> None:
+        """Give the child its operation; its time limit starts now."""
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(list(command)) + "\n").encode())
+        self.process.stdin.close()
+        self.started = time.monotonic()
 
     def wait(self, timeout: float = CHILD_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
         """Wait for it (killing it after ``timeout``); its exit status and last JSON line."""
@@ -572,7 +618,10 @@ class Nemesis:
         self.failures: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self.children = 0
+        self.ahead: Child | None = None
+        self.inputs: dict[int, list[Row]] = {}
         self.appended = 0
+        self.checked: dict[Path, tuple[dict[str, int | str], Counter[str], list[str]]] = {}
 
     # -- input and children
 
@@ -586,14 +635,21 @@ class Nemesis:
         self.appended += rows
 
     def spawn(self, what: str, root: Path, *extra: str) -> Child:
-        """Start a child operation on ``root``."""
+        """Start a child operation on ``root`` (in the child started ahead), and start the
+        next child."""
         plan = self.plans[root]
+        command = [what, "--bronze", str(self.bronze), "--root", str(root)]
+        command += ["--sink", str(plan.sink), "--key-groups", str(plan.key_groups)]
+        command += ["--partitions", str(plan.partitions), *extra]
+        child = self.ahead or self.start_child()
+        self.ahead = self.start_child()
+        child.order(command)
+        return child
+
+    def start_child(self) -> Child:
+        """A child process starting Spark, to be given its operation later."""
         self.children += 1
-        log = self.logs / f"{self.children:04d}-{what}.log"
-        command = [sys.executable, str(SCRIPT), "child", what, "--bronze", str(self.bronze)]
-        command += ["--root", str(root), "--sink", str(plan.sink)]
-        command += ["--key-groups", str(plan.key_groups), "--partitions", str(plan.partitions)]
-        command += list(extra)
+        log = self.logs / f"{self.children:04d}.log"
         log_config = REPO / "conf" / "log4j2.properties"
         env = {
             **os.environ,
@@ -602,9 +658,21 @@ class Nemesis:
         }
         with log.open("w") as out:
             process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                [sys.executable, str(SCRIPT), "child"],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
-        return Child(process, log, time.monotonic())
+        return Child(process, log)
+
+    def close(self) -> None:
+        """Stop the child started ahead."""
+        if self.ahead is not None:
+            signal_group(self.ahead.process.pid, signal.SIGKILL)
+            self.ahead.process.wait()
+            self.ahead = None
 
     def run_args(self, root: Path) -> list[str]:
         """A random commit mode; a new partition and key-group count on a fresh checkpoint."""
@@ -659,7 +727,7 @@ class Nemesis:
         if kind != "timer":
             extra += ["--pause", self.pause_at(self.current)]
         child = self.spawn("run", self.current, *extra)
-        limit = self.rng.uniform(4.0, 16.0) if kind == "timer" else CHILD_TIMEOUT_S
+        limit = self.rng.uniform(1.0, 10.0) if kind == "timer" else CHILD_TIMEOUT_S
         how = wait_stop(child, limit)
         if how == "exited":
             code, result = child.wait()
@@ -813,11 +881,26 @@ class Nemesis:
 
     # -- the loop
 
-    def check(self, step: int, kind: str) -> None:
+    def check_one(self, model: Model, root: Path) -> tuple[Counter[str], list[str]]:
+        """Check one root against the model, and validate it."""
         from pyspark_abs.maintenance import validate
 
         try:
-            model = Model(self.bronze, self.plans)
+            counts, notes = check_root(model, root)
+        except Exception as err:
+            counts, notes = Counter({"unreadable_roots": 1}), [f"{root.name}: {err!r}"]
+        try:
+            problems = [str(p) for p in validate(str(root))]
+        except Exception as err:
+            problems = [f"validate raised {err!r}"]
+        counts["validate_problems"] += len(problems)
+        return counts, notes + [f"{root.name}: validate: {p}" for p in problems]
+
+    def check(self, step: int, kind: str, full: bool) -> None:
+        """Check the roots: every one if ``full``, else the current one and the changed."""
+        try:
+            model = Model(self.bronze, self.plans, self.inputs)
+            self.inputs = model.versions
         except Exception as err:
             self.error(f"the input table cannot be read: {err!r}")
             return
@@ -826,18 +909,15 @@ class Nemesis:
         for root in self.plans:
             if not (root / "_manifest").exists():
                 continue
-            try:
-                counts, more = check_root(model, root)
-            except Exception as err:
-                counts, more = Counter({"unreadable_roots": 1}), [f"{root.name}: {err!r}"]
+            footprint = self.footprint(root)
+            known = self.checked.get(root)
+            if full or root == self.current or known is None or known[0] != footprint:
+                counts, more = self.check_one(model, root)
+                self.checked[root] = (footprint, counts, more)
+            else:  # a root no operation touched since its last check
+                _, counts, more = known
             step_counts.update(counts)
             notes += more
-            try:
-                problems = [str(p) for p in validate(str(root))]
-            except Exception as err:
-                problems = [f"validate raised {err!r}"]
-            step_counts["validate_problems"] += len(problems)
-            notes += [f"{root.name}: validate: {p}" for p in problems]
         step_counts["mismatches"] += len(model.problems)
         notes += model.problems
         for name in COUNTS:
@@ -860,7 +940,7 @@ class Nemesis:
             outcome = getattr(self, f"op_{kind}")()
             self.ops[kind] += 1
             self.outcomes[f"{kind}:{outcome}"] += 1
-            self.check(step, kind)
+            self.check(step, kind, full=step % FULL_CHECK_EVERY == 0 or step == ops)
             print(
                 f"step {step}: {kind} on {self.current.name}: {outcome} "
                 f"({time.monotonic() - started:.1f} s)",
@@ -869,7 +949,7 @@ class Nemesis:
             last = outcome
         if last.endswith("killed"):  # a last clean run recovers the killed one, then a check
             self.expect_ok(self.spawn("run", self.current, *self.run_args(self.current)), "final")
-            self.check(ops + 1, "final")
+            self.check(ops + 1, "final", full=True)
 
     def report(self, seed: int, wall_s: float) -> dict[str, Any]:
         epochs = 0
@@ -913,7 +993,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
     started = time.monotonic()
     nemesis = Nemesis(workdir, args.seed, kinds)
-    nemesis.run(args.ops)
+    try:
+        nemesis.run(args.ops)
+    finally:
+        nemesis.close()
     report = nemesis.report(args.seed, time.monotonic() - started)
     print(f"workdir: {workdir}", file=sys.stderr)
     print(json.dumps(report), flush=True)
@@ -926,6 +1009,6 @@ def sound(report: dict[str, Any]) -> bool:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "child":
-        sys.exit(child_main(sys.argv[2:]))
+    if sys.argv[1:] == ["child"]:
+        sys.exit(child_main())
     sys.exit(0 if sound(main()) else 1)

@@ -49,6 +49,8 @@ from pyspark_abs.schema import (
     check_columns,
     check_names,
     frame_to_arrow,
+    instant_columns,
+    localize,
 )
 from pyspark_abs.state_codec import BatchCodec
 
@@ -88,6 +90,8 @@ class OperatorPlan:
         max_state_bytes: The largest encoded state of one key group (None: no bound).
         replays: Micro-batches of decided epochs that this run's Spark will replay: their
             key groups install the decided state changes instead of running the function.
+        time_zone: The session time zone: the function sees instants as datetimes aware of
+            it, and naive datetimes it returns are wall-clock times there.
     """
 
     name: str
@@ -101,6 +105,7 @@ class OperatorPlan:
     snapshots: bool = True
     max_state_bytes: int | None = None
     replays: tuple[DecidedReplay, ...] = ()
+    time_zone: str = "UTC"
 
     def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
         """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
@@ -114,7 +119,16 @@ class OperatorPlan:
     @cached_property
     def no_keys(self) -> pd.DataFrame:
         """An empty frame of the key columns."""
-        return self.key_schema.empty_table().to_pandas()
+        return self.frame(self.key_schema.empty_table())
+
+    def frame(self, table: pa.Table) -> pd.DataFrame:
+        """An Arrow table as the function sees it: instants aware of the session time zone."""
+        frame = table.to_pandas(use_threads=False)
+        return localize(frame, instant_columns(table.schema), self.time_zone)
+
+    def to_arrow(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+        """A frame the function returned, checked and converted (see :func:`frame_to_arrow`)."""
+        return frame_to_arrow(frame, schema, what, self.time_zone)
 
     @cached_property
     def blob_schema(self) -> pa.Schema:
@@ -207,7 +221,7 @@ def run_key_group(
         InvalidTimeoutError: A returned timeout is not allowed.
     """
     where = f"operator {plan.name!r}, epoch {epoch}, key group {key_group}"
-    current = state.to_pandas(use_threads=False)
+    current = plan.frame(state)
     row_keys = _arrow_keys(rows, plan, where)
     state_keys, input_keys = key_arrays([state, row_keys], plan.key_columns)
     # Which keys the function is called for matters only for keys with a timeout.
@@ -215,10 +229,10 @@ def run_key_group(
     has_rows = contains(state_keys, input_keys) if timeouts else _no_keys(state)
     fired = _expired(plan, state, has_rows, clock) if timeouts else has_rows
 
-    converted = _Converted()
+    converted = _Converted(plan.time_zone)
     if plan.vectorized is not None:
         timed_out = (
-            state.filter(fired).select(list(plan.key_columns)).to_pandas(use_threads=False)
+            plan.frame(state.filter(fired).select(list(plan.key_columns)))
             if fired.any()
             else plan.no_keys.copy(deep=False)
         )
@@ -277,7 +291,7 @@ def _run_per_key(
     timeouts = current[TIMEOUT].tolist()
     upserts: list[dict[str, Any]] = []
     removed: list[tuple[Any, ...]] = []
-    collected = [_OutputRows(schema) for _, schema in plan.outputs]
+    collected = [_OutputRows(schema, plan.time_zone) for _, schema in plan.outputs]
 
     def call(key: tuple[Any, ...], key_rows: pd.DataFrame, timed_out: bool) -> None:
         position = existing.get(key)
@@ -288,6 +302,7 @@ def _run_per_key(
             None if position is None else values[position],
             timeout_mode=plan.timeout,
             clock=clock,
+            time_zone=plan.time_zone,
             has_timed_out=timed_out,
             timeout_ms=old_timeout,
         )
@@ -310,9 +325,7 @@ def _run_per_key(
             upserts.append(row)
 
     if len(rows):
-        groups = (
-            row_keys.to_pandas(use_threads=False).groupby(keys, sort=False, dropna=False).indices
-        )
+        groups = plan.frame(row_keys).groupby(keys, sort=False, dropna=False).indices
         for key, at in groups.items():
             key_tuple = key if isinstance(key, tuple) else (key,)
             call(_norm_key(key_tuple), rows.iloc[at], False)
@@ -334,8 +347,9 @@ def _run_per_key(
 class _OutputRows:
     """Rows a per-key function returned for one output, collected over a key group."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, time_zone: str) -> None:
         self.schema = schema
+        self.time_zone = time_zone
         self.frames: list[pd.DataFrame] = []
         self.records: list[Mapping[str, Any]] = []
 
@@ -374,7 +388,7 @@ class _OutputRows:
         if not frames:
             return self.schema.empty_table()
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        return frame_to_arrow(frame, self.schema, what)
+        return frame_to_arrow(frame, self.schema, what, self.time_zone)
 
 
 def _collect_per_key_output(
@@ -443,15 +457,16 @@ class _Converted:
     new counts); when the schemas agree, the second conversion is free.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, time_zone: str) -> None:
+        self.time_zone = time_zone
         self._done: dict[int, tuple[pd.DataFrame, pa.Schema, pa.Table]] = {}
 
     def __call__(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
-        """``frame_to_arrow(frame, schema, what)``, reusing an earlier conversion."""
+        """``frame_to_arrow(frame, schema, what, time_zone)``, reusing an earlier conversion."""
         done = self._done.get(id(frame))
         if done is not None and done[0] is frame and done[1].equals(schema):
             return done[2]
-        table = frame_to_arrow(frame, schema, what)
+        table = frame_to_arrow(frame, schema, what, self.time_zone)
         self._done[id(frame)] = (frame, schema, table)
         return table
 
@@ -631,7 +646,7 @@ def _removed_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -
         return plan.key_schema.empty_table()
     what = f"{where}: removed keys"
     check_columns(frame, plan.key_columns, what)
-    return frame_to_arrow(frame, plan.key_schema, what)
+    return plan.to_arrow(frame, plan.key_schema, what)
 
 
 def _tombstones(plan: OperatorPlan, keys: pa.Table) -> pa.Table:
@@ -711,7 +726,7 @@ def _arrow_keys(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
     """The rows' key columns with the key schema's types, for exact key matching."""
     if not len(rows):
         return plan.key_schema.empty_table()
-    return frame_to_arrow(rows, plan.key_schema, f"{where}: input key columns")
+    return plan.to_arrow(rows, plan.key_schema, f"{where}: input key columns")
 
 
 def _norm_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -774,8 +789,10 @@ class KeyGroupTask:
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
             rows = _without(rows, KEY_GROUP)
+            inputs = [c for c in instant_columns(plan.input_schema) if c in rows.columns]
+            rows = localize(rows, inputs, plan.time_zone)
         else:
-            rows = plan.input_schema.empty_table().to_pandas()
+            rows = plan.frame(plan.input_schema.empty_table())
         restored = None
         if RESTORE in rows.columns:
             restored, rows = _split_restore(plan, rows, key_group, group_state.exists)
@@ -904,8 +921,9 @@ def _split_restore(
         )
     picked = rows[is_restore]
     values = pd.DataFrame(picked[RESTORE].tolist(), index=picked.index)
+    values = localize(values, instant_columns(plan.state_schema), plan.time_zone)
     frame = pd.concat([picked[list(plan.key_columns)], values], axis=1)
-    return frame_to_arrow(frame, plan.blob_schema, f"restored state of key group {key_group}"), data
+    return plan.to_arrow(frame, plan.blob_schema, f"restored state of key group {key_group}"), data
 
 
 def _set_timeout(

@@ -81,6 +81,7 @@ class KeyState:
         *,
         timeout_mode: TimeoutMode,
         clock: Clock,
+        time_zone: str,
         has_timed_out: bool,
         timeout_ms: int | None,
     ) -> None:
@@ -89,6 +90,7 @@ class KeyState:
         self._value = value
         self._timeout_mode = timeout_mode
         self._clock = clock
+        self._time_zone = time_zone
         self._has_timed_out = has_timed_out
         self._old_timeout_ms = timeout_ms
         self.new_timeout_ms: int | None = None
@@ -201,18 +203,20 @@ class KeyState:
         """Time the key out when the watermark passes ``timestamp``.
 
         Args:
-            timestamp: Milliseconds since the Unix epoch, or a datetime (naive means UTC).
+            timestamp: Milliseconds since the Unix epoch, or a datetime: aware, or naive for
+                a wall-clock time in the session time zone (as the input's datetimes are).
 
         Raises:
             InvalidTimeoutError: The operator does not use event-time timeouts, or the
-                timestamp is older than the current watermark.
+                timestamp is older than the current watermark, or a naive datetime names
+                no single instant in the session time zone.
         """
         if self._timeout_mode is not TimeoutMode.EVENT_TIME:
             raise InvalidTimeoutError(
                 f"set_timeout_timestamp for key {self._key!r} needs an operator declared "
                 f"with timeout='event_time' (it has {self._timeout_mode.value!r})"
             )
-        ms = to_epoch_ms(timestamp)
+        ms = to_epoch_ms(timestamp, self._time_zone)
         watermark = self._clock.watermark_ms
         if watermark is not None and ms < watermark:
             raise InvalidTimeoutError(
@@ -222,12 +226,26 @@ class KeyState:
         self.new_timeout_ms = ms
 
 
-def to_epoch_ms(value: int | dt.datetime) -> int:
-    """Milliseconds since the Unix epoch of an int or a datetime (naive means UTC)."""
+def to_epoch_ms(value: int | dt.datetime, time_zone: str) -> int:
+    """Milliseconds since the Unix epoch of an int or a datetime.
+
+    A naive datetime is a wall-clock time in ``time_zone``.
+
+    Raises:
+        InvalidTimeoutError: ``value`` is neither, or a naive datetime that names no single
+            instant in ``time_zone`` (a daylight-saving change).
+    """
     if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        return int(value.timestamp() * 1000)
+        stamp = pd.Timestamp(value)
+        if stamp.tzinfo is None:
+            try:
+                stamp = stamp.tz_localize(time_zone)
+            except Exception as err:  # pytz's AmbiguousTimeError and NonExistentTimeError
+                raise InvalidTimeoutError(
+                    f"the naive datetime {value} names no single instant in the session time "
+                    f"zone {time_zone} ({err}); pass an aware datetime"
+                ) from None
+        return int(stamp.value // 1_000_000)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTimeoutError(f"a timeout must be an int (ms) or a datetime, got {value!r}")
     return value

@@ -61,6 +61,7 @@ from pyspark_abs.schema import (
     RESERVED_COLUMNS,
     RESTORE,
     TIMEOUT,
+    instant_columns,
     resolve_struct,
     to_arrow,
     to_spark,
@@ -330,6 +331,7 @@ class Pipeline:
         try:
             plan = replace(
                 self.plan,
+                time_zone=str(self.spark.conf.get("spark.sql.session.timeZone")),
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
@@ -419,12 +421,16 @@ class Pipeline:
         )
         if lineage.restore is not None:
             keyed = self._with_restore_rows(keyed, lineage.restore)
-        envelope = keyed.groupBy(KEY_GROUP).applyInPandasWithState(
-            KeyGroupTask(plan),
-            ENVELOPE_DDL,
-            STATE_DDL,
-            "update",
-            _TIMEOUT_CONF[self.plan.timeout],
+        envelope = (
+            as_micros(keyed)
+            .groupBy(KEY_GROUP)
+            .applyInPandasWithState(
+                KeyGroupTask(plan),
+                ENVELOPE_DDL,
+                STATE_DDL,
+                "update",
+                _TIMEOUT_CONF[self.plan.timeout],
+            )
         )
         writer = (
             envelope.writeStream.outputMode("update")
@@ -471,7 +477,14 @@ class Pipeline:
             ending_version=version,
             ignore_changes=True,
         ).load(self.spark)
-        values = F.struct(*self.plan.state_schema.names, TIMEOUT)
+        instants = instant_columns(self.plan.state_schema)
+        values = F.struct(
+            *(
+                F.unix_micros(c).alias(c) if c in instants else F.col(c)
+                for c in self.plan.state_schema.names
+            ),
+            TIMEOUT,
+        )
         restore_rows = state.select(
             *self.plan.key_columns,
             values.alias(RESTORE),
@@ -734,6 +747,25 @@ def decided_replays(
         files = tuple(f"{uri}/{f.path}" for f in entry.files if f.table == table)
         replays.append(DecidedReplay(batch, entry.epoch, files))
     return tuple(replays)
+
+
+def as_micros(frame: DataFrame) -> DataFrame:
+    """``frame`` with its top-level ``timestamp`` columns as microseconds since the Unix epoch.
+
+    So they reach the operator as exact instants (see :func:`~pyspark_abs.schema.localize`).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampType
+
+    return frame.select(
+        *(
+            # the metadata keeps a watermark column's mark (event-time timeouts need one)
+            F.unix_micros(frame[f.name]).alias(f.name, metadata=f.metadata)
+            if isinstance(f.dataType, TimestampType)
+            else frame[f.name]
+            for f in frame.schema.fields
+        )
+    )
 
 
 def resolve_plan(

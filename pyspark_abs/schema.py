@@ -111,19 +111,77 @@ def check_names(
         )
 
 
-def frame_to_arrow(frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+def instant_columns(schema: pa.Schema) -> tuple[str, ...]:
+    """Top-level columns holding instants: Spark ``timestamp`` (not ``timestamp_ntz``)."""
+    return tuple(f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz)
+
+
+def localize(frame: pd.DataFrame, columns: Sequence[str], time_zone: str) -> pd.DataFrame:
+    """``frame`` with ``columns`` as datetimes aware of ``time_zone``.
+
+    The columns hold microseconds since the Unix epoch (how instants reach the operator from
+    Spark, which would hand them over as naive local times: ambiguous once a year) or aware
+    datetimes (state read from Arrow).
+    """
+    changed = {}
+    for name in columns:
+        column = frame[name]
+        if not isinstance(column.dtype, pd.DatetimeTZDtype):
+            column = pd.to_datetime(column, unit="us", utc=True)
+        changed[name] = column.dt.tz_convert(time_zone)
+    return frame.assign(**changed) if changed else frame
+
+
+def _instants(column: pd.Series, time_zone: str, what: str) -> pd.Series:
+    """Datetimes of a column declared ``timestamp``, made aware.
+
+    Naive ones are wall-clock times in ``time_zone`` (the session time zone), as in Spark's
+    own pandas functions.
+    """
+    if column.dtype == object:
+        try:
+            column = pd.to_datetime(column, utc=bool(column.map(_aware).any()))
+        except (ValueError, TypeError) as err:
+            raise SchemaMismatchError(
+                f"{what}: column {column.name!r} holds values that are not datetimes: {err}"
+            ) from None
+    if column.dtype.kind != "M" or isinstance(column.dtype, pd.DatetimeTZDtype):
+        return column
+    try:
+        aware: pd.Series = column.dt.tz_localize(time_zone)
+    except Exception as err:  # pytz's AmbiguousTimeError and NonExistentTimeError
+        raise SchemaMismatchError(
+            f"{what}: column {column.name!r} holds naive datetimes, which are read as "
+            f"wall-clock times in the session time zone {time_zone}, and one of them names "
+            f"no single instant there ({err}: a daylight-saving change). Return "
+            f"time-zone-aware datetimes, such as the input's own"
+        ) from None
+    return aware
+
+
+def _aware(value: object) -> bool:
+    return getattr(value, "tzinfo", None) is not None
+
+
+def frame_to_arrow(
+    frame: pd.DataFrame, schema: pa.Schema, what: str, time_zone: str = "UTC"
+) -> pa.Table:
     """Convert a pandas frame to ``schema``, column by column, with a precise error.
 
     The frame must already have every column of ``schema`` (see :func:`check_columns`);
-    other columns are ignored.
+    other columns are ignored. Naive datetimes in a ``timestamp`` column are wall-clock
+    times in ``time_zone``.
 
     Raises:
         SchemaMismatchError: A column cannot be converted to its declared type, or holds
-            nulls where the schema does not allow them.
+            nulls where the schema does not allow them, or naive datetimes that do not name
+            one instant in ``time_zone``.
     """
     arrays = []
     for field in schema:
         column = frame[field.name]
+        if pa.types.is_timestamp(field.type) and field.type.tz:
+            column = _instants(column, time_zone, what)
         # NumPy columns convert the same but several times faster without pandas in between.
         numpy = isinstance(column.dtype, np.dtype) and column.dtype.kind in "biuf"
         try:

@@ -354,6 +354,7 @@ def test_key_state_guards_its_timeout_calls() -> None:
         None,
         timeout_mode=TimeoutMode.EVENT_TIME,
         clock=Clock(0, 500),
+        time_zone="UTC",
         has_timed_out=False,
         timeout_ms=None,
     )

@@ -1,0 +1,139 @@
+"""Timestamps round-trip exactly in every session time zone, across a DST change and a rollback.
+
+The operator sees timestamps as time-zone-aware datetimes in the session time zone, returns
+them unchanged (to its output and its state), and formats them as local wall-clock text; all
+three are compared with what Spark itself computes from the input in the same zone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSource,
+    KeyGroupContext,
+    KeyGroupResult,
+    Pipeline,
+    rollback,
+    vectorized_operator,
+)
+from pyspark_abs.testing import assert_sink_equal, assert_state_equal
+
+UTC = dt.UTC
+EPOCHS = [
+    # 05:30Z and 06:30Z are both 01:30 in New York on 2026-11-01 (clocks go back at 06:00Z).
+    [
+        ("a", dt.datetime(2026, 11, 1, 5, 30, tzinfo=UTC)),
+        ("b", dt.datetime(2026, 3, 8, 7, 30, tzinfo=UTC)),
+    ],
+    [
+        ("a", dt.datetime(2026, 11, 1, 6, 30, tzinfo=UTC)),
+        ("c", dt.datetime(2026, 6, 1, 18, 45, 1, 250, tzinfo=UTC)),
+    ],
+    [
+        ("b", dt.datetime(2026, 3, 8, 6, 59, 59, tzinfo=UTC)),
+        ("a", dt.datetime(2026, 11, 1, 5, 59, tzinfo=UTC)),
+    ],
+]
+LOCAL_FORMAT = "%Y-%m-%d %H:%M:%S%z"
+SPARK_FORMAT = "yyyy-MM-dd HH:mm:ssxx"
+
+
+@vectorized_operator(
+    key="word",
+    state_schema="latest timestamp, seen timestamp",
+    output_schema="word string, ts timestamp, latest timestamp, local string",
+)
+def latest(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    for frame, column in ((rows, "ts"), (state, "latest")):
+        dtype = frame[column].dtype
+        assert isinstance(dtype, pd.DatetimeTZDtype), f"{column} is {dtype}, not zone-aware"
+    merged = rows.merge(state, on="word", how="left")
+    merged["latest"] = merged[["ts", "latest"]].max(axis=1)
+    newest = merged.sort_values("ts").groupby("word", as_index=False).agg(latest=("latest", "max"))
+    newest["seen"] = newest["latest"]
+    output = merged[["word", "ts", "latest"]].assign(local=merged["ts"].dt.strftime(LOCAL_FORMAT))
+    return KeyGroupResult(state=newest, output=output)
+
+
+def write_bronze(path: Path) -> None:
+    for events in EPOCHS:
+        words, stamps = zip(*events, strict=True)
+        table = pa.table(
+            {
+                "word": pa.array(words, pa.string()),
+                "ts": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            }
+        )
+        write_deltalake(str(path), table, mode="append")
+
+
+def pipeline(bronze: Path, root: Path, sink: Path) -> Pipeline:
+    return Pipeline(
+        "zones",
+        DeltaSource(str(bronze), max_files_per_trigger=1),
+        latest,
+        root=str(root),
+        sinks={"output": str(sink)},
+        config=AbsConfig(key_groups=2, commit_mode="sync"),
+    )
+
+
+def expected(spark: SparkSession, bronze: Path, epochs: int) -> tuple[DataFrame, DataFrame]:
+    """The sink and the state after ``epochs`` epochs, computed by Spark in the session zone."""
+    rows = spark.createDataFrame(
+        [(w, t, i) for i, events in enumerate(EPOCHS) for w, t in events],
+        "word string, ts timestamp, epoch int",
+    ).where(F.col("epoch") < epochs)
+    earlier = rows.alias("r").join(
+        rows.alias("o"),
+        (F.col("r.word") == F.col("o.word")) & (F.col("o.epoch") < F.col("r.epoch")),
+        "left",
+    )
+    sink = earlier.groupBy(F.col("r.word").alias("word"), F.col("r.ts").alias("ts")).agg(
+        F.greatest(F.first("r.ts"), F.max("o.ts")).alias("latest")
+    )
+    sink = sink.withColumn("local", F.date_format("ts", SPARK_FORMAT))
+    state = (
+        rows.groupBy("word").agg(F.max("ts").alias("latest")).withColumn("seen", F.col("latest"))
+    )
+    return sink, state
+
+
+@pytest.fixture
+def zone(spark: SparkSession, request: pytest.FixtureRequest) -> Iterator[str]:
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", request.param)
+    try:
+        yield request.param
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before or "UTC")
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata", "America/New_York"], indirect=True)
+def test_timestamps_round_trip_in_the_session_time_zone(
+    spark: SparkSession, tmp_path: Path, zone: str
+) -> None:
+    bronze, root, sink = tmp_path / "bronze", tmp_path / "root", tmp_path / "sink"
+    write_bronze(bronze)
+    pipeline(bronze, root, sink).run()
+    want_sink, want_state = expected(spark, bronze, len(EPOCHS))
+    assert_sink_equal(root, "output", want_sink)
+    assert_state_equal(root, "latest", want_state)
+    if zone != "America/New_York":
+        return
+    # a rollback reinstalls the state through Spark: the ambiguous 01:30 must survive it
+    rollback(str(root), 1)
+    pipeline(bronze, root, sink).run()
+    assert_sink_equal(root, "output", want_sink)
+    assert_state_equal(root, "latest", want_state)

@@ -123,7 +123,7 @@ def _snapshots(args: argparse.Namespace) -> int:
 def _describe(args: argparse.Namespace) -> int:
     snapshots = Snapshots(args.root)
     info = snapshots.get(args.epoch)
-    data = info.to_dict()
+    data = _rounded(info.to_dict())
     tables = [t for t in info.table_versions if t.startswith(BACKEDGE_PREFIX)]
     edges = [t.removeprefix(BACKEDGE_PREFIX) for t in tables]
     if info.status in SNAPSHOT_STATUSES and edges:
@@ -149,7 +149,7 @@ def _metrics(args: argparse.Namespace) -> int:
         table = table.slice(max(table.num_rows - args.last, 0))
     rows = table.to_pylist()
     if args.json:
-        _print_json(rows)
+        _print_json(_rounded(rows))
         return 0
     timings = ("batch_ms", "precommit_ms", "align_wait_ms", "align_ms", "prepare_ms", "commit_ms")
     header = ["epoch", "status", "rows", "bytes", "keys", "batch", "pre-commit", "align wait"]
@@ -259,6 +259,17 @@ def _vacuum(args: argparse.Namespace) -> int:
 
 def _merged(status: EpochStatus, snapshot_epoch: int | None) -> str:
     return f"merged into snapshot {snapshot_epoch}" if status is EpochStatus.MERGED else ""
+
+
+def _rounded(value: Any) -> Any:
+    """``value`` with its floats (durations in ms) rounded to a tenth."""
+    if isinstance(value, float):
+        return round(value, 1)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def _print_json(data: Any) -> None:

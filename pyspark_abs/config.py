@@ -10,6 +10,7 @@ pipeline. Unknown keys are rejected everywhere.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import sys
 from collections.abc import Mapping
@@ -73,6 +74,18 @@ class AbsConfig:
     compaction_ratio: float = 10.0
     max_key_group_state_bytes: int = 256 * 1024 * 1024
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    def __new__(cls, *args: object, **kwargs: object) -> AbsConfig:
+        """Refuse a misspelt keyword with the known keys, as files and Spark confs do."""
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            known = sorted(f.name for f in dataclasses.fields(cls))
+            hints = [m for u in unknown for m in difflib.get_close_matches(u, known, 1)]
+            hint = f" (did you mean {hints}?)" if hints else ""
+            raise ConfigError(
+                f"unknown configuration key(s) {unknown}{hint}; known keys are {known}"
+            )
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if self.commit_mode not in ("sync", "async"):

@@ -55,7 +55,10 @@ FORMAT_VERSION = 1
 
 
 class EpochStatus(str, Enum):
-    """Status of an epoch in the manifest."""
+    """Status of an epoch in the manifest (prints as its value, e.g. ``COMMITTED``)."""
+
+    def __str__(self) -> str:
+        return self.value
 
     PREPARED = "PREPARED"
     COMMITTED = "COMMITTED"

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import pyarrow as pa
 from pyspark.errors import StreamingQueryException
@@ -656,7 +656,7 @@ class PipelineQuery:
                 ended = bool(self.query.awaitTermination(timeout))
         except StreamingQueryException as err:
             self._finish(failed=True)
-            raise self._error(err) from err
+            self._raise(err)
         if ended:
             self._finish(failed=False)
         return ended
@@ -675,7 +675,7 @@ class PipelineQuery:
                 self.query.processAllAvailable()
         except StreamingQueryException as err:
             self._finish(failed=True)
-            raise self._error(err) from err
+            self._raise(err)
 
     def _await_idle(self, timeout: int | None, stop: bool) -> bool:
         """Wait for the next idle epoch (or the end of the query), then maybe stop."""
@@ -719,12 +719,19 @@ class PipelineQuery:
         finally:
             self._coordinator.close()
 
-    def _error(self, err: StreamingQueryException) -> BaseException:
-        failure = self._coordinator.failure
+    def _raise(self, err: StreamingQueryException) -> NoReturn:
+        """Raise the pyspark-abs error that ended the query, else Spark's error.
+
+        The pyspark-abs error is raised alone: Spark's report of it, with its Java stack
+        traces, goes to the log at DEBUG level.
+        """
+        failure = self._coordinator.failure or rebuild_from_text(str(err))
+        if isinstance(failure, AbsError):
+            log.debug("query %s ended with: %s", self.pipeline.name, err)
+            raise failure from None
         if failure is not None:
-            return failure
-        rebuilt = rebuild_from_text(str(err))
-        return rebuilt if rebuilt is not None else err
+            raise failure from err
+        raise err
 
 
 def decided_replays(

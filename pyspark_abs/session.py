@@ -20,7 +20,8 @@ def local_session(
     """Get or create a local SparkSession for pipelines, notebooks and tests.
 
     Python workers run this interpreter (``PYSPARK_PYTHON`` is set to ``sys.executable``),
-    the UI is off, timestamps are in UTC, and the log is quiet.
+    the UI is off, timestamps are in UTC, and the log is quiet: a failed query's stack
+    traces are not printed twice over (see :data:`QUIET_LOGGERS`), its error is raised once.
 
     Args:
         app_name: Spark application name.
@@ -46,4 +47,23 @@ def local_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    _quiet_failures(spark)
     return spark
+
+
+QUIET_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+)
+"""Spark loggers that print the stack traces of a failed task and of the query it ended,
+which the error raised in Python already carries (conf/log4j2.properties quiets them too)."""
+
+
+def _quiet_failures(spark: SparkSession) -> None:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    fatal = jvm.org.apache.logging.log4j.Level.FATAL
+    for name in QUIET_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, fatal)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -224,8 +225,12 @@ def test_bad_epoch_fails_alone_and_loses_nothing(
 ) -> None:
     inputs = write_json_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as raised:
         json_pipeline(spark, inputs, root, op).run()
+    # the one precise message, without Spark's report of it (Java stack traces and all)
+    shown = "".join(traceback.format_exception(raised.value))
+    assert shown.count(str(raised.value)) == 1, shown
+    assert "org.apache.spark" not in shown, shown
 
     snapshots = Snapshots(str(root), spark)
     statuses = [(i.epoch, i.status) for i in snapshots.list(include_aborted=True)]

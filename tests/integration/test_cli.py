@@ -45,9 +45,11 @@ def test_snapshots_and_describe(root: Path, capsys: pytest.CaptureFixture[str]) 
         "state/word_count",
         "sink/output",
     }
+    assert str(round(described["batch_ms"], 1)) == str(described["batch_ms"])
     status, out, _ = run(capsys, "describe", str(root), "2")
     assert "table_versions:" in out
     assert "state/word_count:" in out
+    assert f"batch_ms: {described['batch_ms']}\n" in out
 
 
 def test_state_prints_the_state_as_of_an_epoch(

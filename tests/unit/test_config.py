@@ -101,3 +101,14 @@ def test_spark_connect_refuses_a_snapshot_interval() -> None:
         require_supported(
             "wc", AbsConfig(commit_mode="sync", snapshot_interval=3), stops_when_idle=False
         )
+
+
+def test_a_misspelt_keyword_gets_the_known_keys() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown configuration key\(s\) \['key_group'\] \(did you mean \['key_groups'\]\?\)"
+        r"; known keys are \['commit_mode', ",
+    ):
+        AbsConfig(key_group=16)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"\['nonsense'\]; known keys"):
+        AbsConfig(commit_mode="sync", nonsense=1)  # type: ignore[call-arg]

@@ -294,3 +294,7 @@ def test_a_manifest_without_the_interval_columns_gets_them_on_open(tmp_path: Pat
     assert [e.epoch for e in log.snapshots()] == [0]
     store.append(spec.uri, entries_to_table([prepared(1)]))
     assert [e.epoch for e in open_manifest(store, root, "p").pending()] == [1]
+
+
+def test_a_status_prints_as_its_name() -> None:
+    assert f"{EpochStatus.COMMITTED}" == str(EpochStatus.COMMITTED) == "COMMITTED"

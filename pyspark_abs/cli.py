@@ -21,7 +21,7 @@ from pyspark_abs.backedge import BACKEDGE_PREFIX
 from pyspark_abs.errors import AbsError
 from pyspark_abs.maintenance import compact, vacuum, validate
 from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochStatus
-from pyspark_abs.savepoints import rollback
+from pyspark_abs.savepoints import restore, rollback
 from pyspark_abs.snapshots import Snapshots
 
 EXIT_PROBLEMS = 1
@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     command("rollback", "roll the (stopped) pipeline back to an epoch", _rollback).add_argument(
         "epoch", metavar="EPOCH", type=int
     )
+    copy = command("restore", "copy a snapshot into a new root, to continue there", _restore)
+    copy.add_argument("epoch", metavar="EPOCH", type=int)
+    copy.add_argument("--into", required=True, metavar="NEW_ROOT", help="the new snapshot root")
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
     clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
@@ -204,6 +207,19 @@ def _rollback(args: argparse.Namespace) -> int:
         print(
             f"epoch {info.epoch} RESTORED from epoch {info.restored_from}; the next start "
             f"reprocesses from epoch {info.restored_from}'s source offsets"
+        )
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    info = restore(args.root, args.epoch, args.into)
+    if args.json:
+        _print_json(info.to_dict())
+    else:
+        print(
+            f"epoch {info.epoch} of {args.into} RESTORED from epoch {info.restored_from} of "
+            f"{args.root}; start the pipeline on {args.into} with its own sinks: it continues "
+            f"from that snapshot's state and source offsets"
         )
     return 0
 

@@ -81,6 +81,22 @@ def test_validate_compact_vacuum(root: Path, capsys: pytest.CaptureFixture[str])
     assert (status, json.loads(out)) == (0, {"ok": True, "problems": []})
 
 
+def test_restore_copies_a_snapshot_into_a_new_root(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = tmp_path / "copy"
+    status, out, _ = run(capsys, "restore", str(root), "2", "--into", str(copy), "--json")
+    assert status == 0
+    restored = json.loads(out)
+    assert (restored["epoch"], restored["status"], restored["restored_from"]) == (2, "RESTORED", 2)
+    status, out, _ = run(capsys, "snapshots", str(copy), "--json")
+    assert [(s["epoch"], s["status"]) for s in json.loads(out)] == [(2, "RESTORED")]
+    status, out, _ = run(capsys, "state", str(copy), "word_count", "--json", "--limit", "100")
+    assert {r["word"]: r["count"] for r in json.loads(out)} == running_counts(EPOCHS[:3])[0]
+    status, out, _ = run(capsys, "restore", str(root), "1", "--into", str(tmp_path / "other"))
+    assert out.startswith(f"epoch 1 of {tmp_path / 'other'} RESTORED from epoch 1 of {root}")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -88,6 +104,8 @@ def test_validate_compact_vacuum(root: Path, capsys: pytest.CaptureFixture[str])
         (["describe", "{root}", "99"], "epoch 99 is not in snapshot root"),
         (["state", "{root}", "nope"], "operator 'nope' is not in snapshot root"),
         (["rollback", "{root}", "42"], "epoch 42 of snapshot root"),
+        (["restore", "{root}", "42", "--into", "{root}-copy"], "epoch 42 of snapshot root"),
+        (["restore", "{root}", "2", "--into", "{root}"], "copies a snapshot into another root"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -67,7 +67,7 @@ from pyspark_abs.schema import (
     to_spark,
 )
 from pyspark_abs.snapshots import Snapshots, state_table_description
-from pyspark_abs.sources import DeltaSource
+from pyspark_abs.sources import DeltaSource, KafkaSource
 from pyspark_abs.store import DeltaStore, TableSpec, normalize_uri
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class Pipeline:
     def __init__(
         self,
         name: str,
-        source: DataFrame | DeltaSource,
+        source: DataFrame | DeltaSource | KafkaSource,
         operator: Operator,
         *,
         root: str,
@@ -157,7 +157,8 @@ class Pipeline:
         Args:
             name: Pipeline id; the snapshot root is bound to it.
             source: A streaming DataFrame holding the operator's key columns, or a
-                :class:`~pyspark_abs.sources.DeltaSource`, which restore and rollback can
+                :class:`~pyspark_abs.sources.DeltaSource` or
+                :class:`~pyspark_abs.sources.KafkaSource`, which restore and rollback can
                 rewind to a snapshot's offsets.
             operator: The stateful operator.
             root: Snapshot root for the manifest and the state table.
@@ -192,19 +193,22 @@ class Pipeline:
                 f"pipeline {name!r}: operator must be built with @operator or "
                 f"@vectorized_operator, got {type(operator).__name__}"
             )
-        if isinstance(source, DeltaSource):
+        if isinstance(source, (DeltaSource, KafkaSource)):
             from pyspark.sql import SparkSession
 
             spark = SparkSession.getActiveSession()
             if spark is None:
-                raise ConfigError(f"pipeline {name!r}: a DeltaSource needs an active SparkSession")
+                raise ConfigError(
+                    f"pipeline {name!r}: a {type(source).__name__} needs an active SparkSession"
+                )
             frame = source.load(spark)
         elif getattr(source, "isStreaming", False):
             frame = source
         else:
             raise OperatorDefinitionError(
                 f"pipeline {name!r}: the source must be a streaming DataFrame "
-                f"(spark.readStream...) or a DeltaSource, got {type(source).__name__}"
+                f"(spark.readStream...), a DeltaSource or a KafkaSource, got "
+                f"{type(source).__name__}"
             )
         if transform is not None:
             frame = transform(frame)
@@ -453,14 +457,14 @@ class Pipeline:
         if not lines:
             return self._frame
         line = lines[0]
-        if not isinstance(self.source, DeltaSource):
+        if not isinstance(self.source, (DeltaSource, KafkaSource)):
             raise SourceError(
                 f"pipeline {self.name!r} starts from restore epoch {restore.epoch} "
                 f"({restore.origin}), whose source offset is {line}; only a "
-                f"pyspark_abs.DeltaSource can be rewound to it. Use a DeltaSource as the "
+                f"pyspark_abs.DeltaSource or KafkaSource can be rewound to it. Use one as the "
                 f"source, or start from a snapshot without offsets (write_state)"
             )
-        frame = self.source.load(self.spark, starting_offset=DeltaSource.offset_of(line))
+        frame = self.source.rewound(self.spark, line)
         return self.transform(frame) if self.transform is not None else frame
 
     def _with_restore_rows(self, keyed: DataFrame, restore: ManifestEntry) -> DataFrame:

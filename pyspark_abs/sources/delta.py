@@ -1083,6 +1083,10 @@ class DeltaSource:
             options["startingOffset"] = json.dumps(offset.to_dict())
         return options
 
+    def rewound(self, spark: SparkSession, offset_json: str) -> DataFrame:
+        """The stream starting right after a recorded offset (see :meth:`offset_of`)."""
+        return self.load(spark, starting_offset=self.offset_of(offset_json))
+
     @staticmethod
     def offset_of(offset_json: str) -> dict[str, Any]:
         """Parse one offset of this source, as Spark wrote it to a checkpoint's offset log.

@@ -38,6 +38,7 @@ from pyspark_abs.errors import (
     OperatorDefinitionError,
     PipelineMismatchError,
     SchemaMismatchError,
+    SnapshotDamagedError,
     SnapshotNotFoundError,
     SnapshotRootError,
 )
@@ -96,16 +97,48 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
             files += _write_rows(store, table, uri, installed, restore_epoch, config)
             rows[table] = installed.num_rows
     restore_versions = {t: v for t, v in target.table_versions.items() if t not in rows}
+    tables = dict(target.tables)
+    for table, (uri, version) in _sinks_written_later(writer.epochs, target).items():
+        tables[table] = uri
+        restore_versions[table] = version
     return _install(
         writer,
         target,
         restore_epoch,
-        tables=dict(target.tables),
+        tables=tables,
         files=files,
         rows=rows,
         restore_versions=restore_versions,
         origin=f"rollback to epoch {target.epoch}",
     )
+
+
+def _sinks_written_later(epochs: EpochLog, target: ManifestEntry) -> dict[str, tuple[str, int]]:
+    """Sinks the root wrote that ``target`` has no version of, with a version to go back to.
+
+    That is the version before the root's first write to the sink.
+
+    ``target`` predates them: it is a restored copy's first epoch, a ``write_state`` on a
+    new root, or a rollback to one of those.
+
+    Raises:
+        SnapshotDamagedError: The root's first write to such a sink created the table, so
+            no version of it holds the sink as of ``target``.
+    """
+    first: dict[str, tuple[str, int]] = {}
+    for entry in epochs.entries:
+        for table, version in entry.table_versions.items():
+            later = table.startswith("sink/") and table not in target.table_versions
+            if later and (table not in first or version < first[table][1]):
+                first[table] = (entry.tables[table], version)
+    for table, (uri, version) in first.items():
+        if version < 1:
+            raise SnapshotDamagedError(
+                f"epoch {target.epoch} predates every write to sink {table} at {uri}, but "
+                f"version 0 of that table already holds rows of this root, so no version "
+                f"holds the sink as of epoch {target.epoch}; roll back to a later epoch"
+            )
+    return {table: (uri, version - 1) for table, (uri, version) in first.items()}
 
 
 def restore(

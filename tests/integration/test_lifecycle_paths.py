@@ -91,8 +91,17 @@ def test_a_restored_copy_cannot_write_into_the_original_sink(
     assert str(copy) in message
     assert DeltaTable(str(sink)).version() == version
 
-    words_pipeline(copy, words, sink=tmp_path / "own-sink").run()  # its own sink works
+    own = tmp_path / "own-sink"
+    words_pipeline(copy, words, sink=own).run()  # its own sink works
     assert_same(Snapshots(str(copy), spark).state(OP), counts_df(spark, EPOCHS))
+    uninterrupted = spark.createDataFrame(DeltaTable(str(own)).to_pandas())
+
+    # The copy's first epoch predates every write to its sink: rolling back to it empties
+    # the sink, and the rerun writes what the uninterrupted run wrote, once.
+    rollback(str(copy), 1)
+    assert DeltaTable(str(own)).to_pyarrow_table().num_rows == 0
+    words_pipeline(copy, words, sink=own).run()
+    assert_same(spark.createDataFrame(DeltaTable(str(own)).to_pandas()), uninterrupted)
 
 
 def test_a_fresh_checkpoint_with_snapshots_off_writes_every_epoch(

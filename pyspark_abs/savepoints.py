@@ -49,7 +49,7 @@ from pyspark_abs.maintenance import require_intact
 from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
 from pyspark_abs.precommit import TableTarget, file_prefix, write_files
 from pyspark_abs.recovery import manifest_owner, open_manifest
-from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
+from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
 from pyspark_abs.snapshots import SnapshotInfo, state_table_description
 from pyspark_abs.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
 
@@ -227,15 +227,18 @@ def write_state(
     *,
     pipeline: str | None = None,
     config: AbsConfig | None = None,
+    clear_timeouts: bool = False,
 ) -> SnapshotInfo:
     """Write a DataFrame as an operator's state: a new snapshot a pipeline can start from.
 
-    ``state`` holds the operator's key columns and declared state columns, and optionally
-    ``_timeout`` (epoch milliseconds). On a root with snapshots, the new snapshot replaces
-    the operator's state and keeps the sinks and source offsets of the newest snapshot:
-    read the state with ``Snapshots.state``, fix it with DataFrame code, write it back. On a
-    new root, it bootstraps a pipeline with initial state (a new root is also the way to
-    change the state schema: declare the new schema on ``operator``).
+    ``state`` holds the operator's key columns and declared state columns, and ``_timeout``
+    (epoch milliseconds, null for none) when the operator has a timeout mode. On a root with
+    snapshots, the new snapshot replaces the operator's state and keeps the sinks and source
+    offsets of the newest snapshot: read the state with
+    ``Snapshots.state(operator, with_metadata=True)`` (which has ``_timeout``), fix it with
+    DataFrame code, write it back. On a new root, it bootstraps a pipeline with initial state
+    (a new root is also the way to change the state schema: declare the new schema on
+    ``operator``).
 
     Args:
         state: One row per key.
@@ -243,6 +246,8 @@ def write_state(
         operator: The operator the state is for (its key and state schema are used).
         pipeline: The pipeline; needed for a new root.
         config: For the key-group count recorded with the rows (default: Spark conf).
+        clear_timeouts: Write an operator with a timeout mode without ``_timeout``: every
+            key's timer is dropped.
 
     Returns:
         The RESTORED epoch that holds the state.
@@ -255,6 +260,7 @@ def write_state(
     """
     from pyspark.sql import functions as F
 
+    from pyspark_abs.operators import TimeoutMode
     from pyspark_abs.pipeline import resolve_plan
 
     root = normalize_uri(root)
@@ -269,13 +275,23 @@ def write_state(
         raise PipelineMismatchError(
             f"{root} is a new snapshot root: pass pipeline= to name the pipeline it belongs to"
         )
-    plan = resolve_plan(name, state, operator, snapshots=True)
+    # what Snapshots.state(..., with_metadata=True) adds is recomputed here, or kept (_timeout)
+    plan = resolve_plan(name, state.drop(*RESERVED_COLUMNS), operator, snapshots=True)
     expected = [*plan.key_columns, *plan.state_schema.names]
     missing = [c for c in expected if c not in state.columns]
     if missing:
         raise SchemaMismatchError(
             f"state for operator {operator.name!r} lacks column(s) {missing}; it needs "
             f"{expected} and optionally {TIMEOUT!r}"
+        )
+    if clear_timeouts:
+        state = state.drop(TIMEOUT)
+    elif operator.timeout is not TimeoutMode.NONE and TIMEOUT not in state.columns:
+        raise SchemaMismatchError(
+            f"state for operator {operator.name!r} has no {TIMEOUT!r} column, but the "
+            f"operator has {operator.timeout.value} timeouts: written like this, no key "
+            f"would ever time out. Read the state with Snapshots.state({operator.name!r}, "
+            f"with_metadata=True) to keep the timers, or pass clear_timeouts=True"
         )
     config = config if config is not None else AbsConfig.from_spark_conf(state.sparkSession)
     timeout = F.col(TIMEOUT) if TIMEOUT in state.columns else F.lit(None)

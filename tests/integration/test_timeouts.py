@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, KeyState, Pipeline, operator
+from pyspark_abs import AbsConfig, KeyState, Pipeline, SchemaMismatchError, operator, write_state
 from tests.integration.conftest import assert_same
 
 SESSION_DDL = "word string, events long, closed boolean"
@@ -80,6 +82,26 @@ def test_event_time_timeouts_fire_after_the_watermark(spark: SparkSession, tmp_p
     )
     closed = snapshots.sink("output").where("closed")
     assert_same(closed, spark.createDataFrame([("a", 2, True), ("b", 1, True)], SESSION_DDL))
+
+    # The edit pattern keeps the timers: read with metadata, change a column, write back.
+    root = str(tmp_path / "root")
+    read = snapshots.state("sessions", 3, with_metadata=True)
+    write_state(read.withColumn("events", F.col("events") + 10), root, sessions)
+    timers = spark.createDataFrame(
+        [("c", 11, 140_000), ("d", 11, 141_000)], "word string, events long, _timeout long"
+    )
+    edited = snapshots.state("sessions", with_metadata=True).select("word", "events", "_timeout")
+    assert_same(edited, timers)
+    with pytest.raises(SchemaMismatchError, match=r"no '_timeout' column, but the operator"):
+        write_state(snapshots.state("sessions", 3), root, sessions)
+    write_state(read, root, sessions, clear_timeouts=True)
+    cleared = snapshots.state("sessions", with_metadata=True).select("word", "events", "_timeout")
+    assert_same(
+        cleared,
+        timers.withColumn("events", F.lit(1).cast("long")).withColumn(
+            "_timeout", F.lit(None).cast("long")
+        ),
+    )
 
 
 @operator(

@@ -52,18 +52,9 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
-    command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync"]
-    command += ["--pause", "after_prepared:1"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = tmp_path / "zombie.log"
-    with log.open("w") as out:
-        zombie = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    zombie = paused_word_count(inputs, root, log, "--pause", "after_prepared:1")
     try:
-        _, status = os.waitpid(zombie.pid, os.WUNTRACED)  # stopped right after PREPARED(1)
-        assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
         holder = read_lease(str(root))
         assert holder is not None
         assert holder.pid == zombie.pid
@@ -103,6 +94,23 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
 TABLES = {"state/word_count": "state/word_count", "sink/output": "sinks/word_counts"}
 
 
+def paused_word_count(inputs: Path, root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """The example word count (sync, 8 key groups) in a child, once it has paused itself."""
+    command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
+    command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync", *args]
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            command,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _, status = os.waitpid(child.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
+    return child
+
+
 def manifest_rows(root: Path) -> list[dict[str, Any]]:
     """The manifest's rows in the order they were recorded."""
     rows: list[dict[str, Any]] = DeltaStore().read(str(root / "_manifest")).to_pylist()
@@ -114,23 +122,12 @@ def test_a_zombie_compaction_commits_nothing_after_the_takeover(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
-    command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync"]
-    command += ["--compact-every", "2", "--pause", "during_compaction:1"]
     log = tmp_path / "zombie.log"
-    with log.open("w") as out:
-        zombie = subprocess.Popen(
-            command,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    pause = ("--compact-every", "2", "--pause", "during_compaction:1")
+    zombie = paused_word_count(inputs, root, log, *pause)
     try:
-        # stopped in its compaction thread, its files written and not committed
-        _, status = os.waitpid(zombie.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
-        # and its JVM too, which would go on planning micro-batches in the checkpoint
+        # stopped in its compaction thread, its files written and not committed; stop its
+        # JVM too, which would go on planning micro-batches in the checkpoint
         os.killpg(zombie.pid, signal.SIGSTOP)
         break_lease(str(root))
         word_pipeline(spark, inputs, root).run()

@@ -190,7 +190,9 @@ def test_text_source_cannot_be_rewound(spark: SparkSession, tmp_path: Path) -> N
     )
     text_pipeline.run()
     rollback(str(root), 1)
-    with pytest.raises(SourceError, match=r"only a pyspark_abs\.DeltaSource can be rewound"):
+    with pytest.raises(
+        SourceError, match=r"only a pyspark_abs\.DeltaSource or KafkaSource can be rewound"
+    ):
         text_pipeline.start(available_now=True)
 
 

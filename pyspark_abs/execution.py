@@ -117,6 +117,11 @@ class OperatorPlan:
         return pa.schema([self.input_schema.field(k).with_nullable(True) for k in self.key_columns])
 
     @cached_property
+    def input_instants(self) -> tuple[str, ...]:
+        """Input columns holding instants, which reach the function zone-aware."""
+        return instant_columns(self.input_schema)
+
+    @cached_property
     def no_keys(self) -> pd.DataFrame:
         """An empty frame of the key columns."""
         return self.frame(self.key_schema.empty_table())
@@ -789,7 +794,7 @@ class KeyGroupTask:
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
             rows = _without(rows, KEY_GROUP)
-            inputs = [c for c in instant_columns(plan.input_schema) if c in rows.columns]
+            inputs = [c for c in plan.input_instants if c in rows.columns]
             rows = localize(rows, inputs, plan.time_zone)
         else:
             rows = plan.frame(plan.input_schema.empty_table())

@@ -768,6 +768,8 @@ def as_micros(frame: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampType
 
+    if not any(isinstance(f.dataType, TimestampType) for f in frame.schema.fields):
+        return frame
     return frame.select(
         *(
             # the metadata keeps a watermark column's mark (event-time timeouts need one)

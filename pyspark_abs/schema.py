@@ -129,7 +129,10 @@ def localize(frame: pd.DataFrame, columns: Sequence[str], time_zone: str) -> pd.
         if not isinstance(column.dtype, pd.DatetimeTZDtype):
             column = pd.to_datetime(column, unit="us", utc=True)
         changed[name] = column.dt.tz_convert(time_zone)
-    return frame.assign(**changed) if changed else frame
+    if not changed:
+        return frame
+    # shares the other columns (assign would copy them)
+    return pd.DataFrame({c: changed.get(c, frame[c]) for c in frame.columns}, copy=False)
 
 
 def _instants(column: pd.Series, time_zone: str, what: str) -> pd.Series:

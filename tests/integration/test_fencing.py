@@ -50,10 +50,7 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
 def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    inputs = write_epochs(tmp_path / "in", EPOCHS)
-    root = tmp_path / "root"
-    log = tmp_path / "zombie.log"
-    zombie = paused_word_count(inputs, root, log, "--pause", "after_prepared:1")
+    inputs, root, log, zombie = paused_word_count(tmp_path, "--pause", "after_prepared:1")
     try:
         holder = read_lease(str(root))
         assert holder is not None
@@ -94,8 +91,13 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
 TABLES = {"state/word_count": "state/word_count", "sink/output": "sinks/word_counts"}
 
 
-def paused_word_count(inputs: Path, root: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    """The example word count (sync, 8 key groups) in a child, once it has paused itself."""
+def paused_word_count(
+    tmp_path: Path, *args: str
+) -> tuple[Path, Path, Path, subprocess.Popen[bytes]]:
+    """The example word count over ``EPOCHS`` (sync, 8 key groups) in a child, once it has
+    paused itself: its input, root, log and process."""
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root, log = tmp_path / "root", tmp_path / "zombie.log"
     command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
     command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync", *args]
     with log.open("w") as out:
@@ -108,7 +110,7 @@ def paused_word_count(inputs: Path, root: Path, log: Path, *args: str) -> subpro
         )
     _, status = os.waitpid(child.pid, os.WUNTRACED)
     assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
-    return child
+    return inputs, root, log, child
 
 
 def manifest_rows(root: Path) -> list[dict[str, Any]]:
@@ -120,11 +122,8 @@ def manifest_rows(root: Path) -> list[dict[str, Any]]:
 def test_a_zombie_compaction_commits_nothing_after_the_takeover(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    inputs = write_epochs(tmp_path / "in", EPOCHS)
-    root = tmp_path / "root"
-    log = tmp_path / "zombie.log"
     pause = ("--compact-every", "2", "--pause", "during_compaction:1")
-    zombie = paused_word_count(inputs, root, log, *pause)
+    inputs, root, log, zombie = paused_word_count(tmp_path, *pause)
     try:
         # stopped in its compaction thread, its files written and not committed; stop its
         # JVM too, which would go on planning micro-batches in the checkpoint

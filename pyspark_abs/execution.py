@@ -92,6 +92,10 @@ class OperatorPlan:
             key groups install the decided state changes instead of running the function.
         time_zone: The session time zone: the function sees instants as datetimes aware of
             it, and naive datetimes it returns are wall-clock times there.
+        event_time: The input column the query's watermark is defined on, if any.
+        watermark_floor_ms: The watermark of the snapshot this run continues from. A
+            restore starts Spark's watermark afresh at 0; with the floor, late rows are
+            dropped and timeouts fire as in a run that never restarted.
     """
 
     name: str
@@ -106,6 +110,8 @@ class OperatorPlan:
     max_state_bytes: int | None = None
     replays: tuple[DecidedReplay, ...] = ()
     time_zone: str = "UTC"
+    event_time: str | None = None
+    watermark_floor_ms: int = 0
 
     def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
         """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
@@ -125,6 +131,25 @@ class OperatorPlan:
     def no_keys(self) -> pd.DataFrame:
         """An empty frame of the key columns."""
         return self.frame(self.key_schema.empty_table())
+
+    def without_late_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """``rows`` (instants still in microseconds) without those older than the floor.
+
+        Spark drops rows older than its own watermark before the function, for event-time
+        timeouts only; this drops those older than the floor, which Spark's fresh
+        watermark may not have reached yet. Restore rows have no event time and stay.
+        """
+        column = self.event_time
+        if self.timeout is not TimeoutMode.EVENT_TIME or column is None or not len(rows):
+            return rows
+        late = rows[column] < self.watermark_floor_ms * 1000
+        return rows[~late] if late.any() else rows
+
+    def watermark(self, spark_watermark_ms: int | None) -> int | None:
+        """The watermark the function sees: Spark's, never below the floor."""
+        if spark_watermark_ms is None:
+            return None
+        return max(spark_watermark_ms, self.watermark_floor_ms)
 
     def frame(self, table: pa.Table) -> pd.DataFrame:
         """An Arrow table as the function sees it: instants aware of the session time zone."""
@@ -793,7 +818,7 @@ class KeyGroupTask:
         chunks = [f for f in frames if len(f)]
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            rows = _without(rows, KEY_GROUP)
+            rows = plan.without_late_rows(_without(rows, KEY_GROUP))
             inputs = [c for c in plan.input_instants if c in rows.columns]
             rows = localize(rows, inputs, plan.time_zone)
         else:
@@ -807,7 +832,9 @@ class KeyGroupTask:
             state = plan.state_codec.decode(group_state.get[0])
         else:
             state = plan.blob_schema.empty_table()
-        clock = Clock(group_state.getCurrentProcessingTimeMs(), _watermark(group_state))
+        clock = Clock(
+            group_state.getCurrentProcessingTimeMs(), plan.watermark(_watermark(group_state))
+        )
         if restored is not None and not len(rows):
             # Only restore rows: install the key group's state; the function runs on data.
             group_state.update((encode_state(plan, state, key_group, current_epoch()),))

@@ -336,6 +336,7 @@ class Pipeline:
             plan = replace(
                 self.plan,
                 time_zone=str(self.spark.conf.get("spark.sql.session.timeZone")),
+                watermark_floor_ms=_watermark_floor(writer.epochs) if self.config.snapshots else 0,
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
@@ -760,6 +761,10 @@ def decided_replays(
     return tuple(replays)
 
 
+# Spark's field metadata key marking the column a watermark is defined on.
+EVENT_TIME_MARK = "spark.watermarkDelayMs"
+
+
 def as_micros(frame: DataFrame) -> DataFrame:
     """``frame`` with its top-level ``timestamp`` columns as microseconds since the Unix epoch.
 
@@ -833,7 +838,16 @@ def resolve_plan(
         vectorized=operator.vectorized,
         snapshots=snapshots,
         max_state_bytes=max_state_bytes,
+        event_time=next(
+            (f.name for f in source.schema.fields if EVENT_TIME_MARK in f.metadata), None
+        ),
     )
+
+
+def _watermark_floor(epochs: EpochLog) -> int:
+    """The watermark of the newest decided epoch: where this run's watermark starts."""
+    decided = epochs.latest_decided()
+    return (decided.watermark_ms or 0) if decided is not None else 0
 
 
 def _resolve_sinks(

@@ -411,3 +411,20 @@ def test_a_key_group_state_above_the_bound_is_refused() -> None:
     assert "(202 keys), above max_key_group_state_bytes=600" in message
     assert "raise key_groups" in message
     assert "raise max_key_group_state_bytes" in message
+
+
+def test_the_watermark_floor_drops_late_rows_for_event_time_timeouts_only() -> None:
+    floored = dataclasses.replace(
+        plan_for(per_key, timeout=TimeoutMode.EVENT_TIME),
+        event_time="ts",
+        watermark_floor_ms=5,
+    )
+    arrived = pd.DataFrame({"word": ["a", "b", "c", "r"], "ts": [4_999, 5_000, 9_000, None]})
+    assert floored.without_late_rows(arrived)["word"].tolist() == ["b", "c", "r"]
+    assert floored.watermark(3) == 5
+    assert floored.watermark(7) == 7
+    assert floored.watermark(None) is None
+    no_timers = dataclasses.replace(floored, timeout=TimeoutMode.NONE)
+    assert no_timers.without_late_rows(arrived) is arrived
+    no_watermark = dataclasses.replace(floored, event_time=None)
+    assert no_watermark.without_late_rows(arrived) is arrived

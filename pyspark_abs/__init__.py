@@ -85,7 +85,7 @@ if TYPE_CHECKING:
         SnapshotInfo,
         Snapshots,
     )
-    from pyspark_abs.sources import DeltaSource, KafkaSource
+    from pyspark_abs.sources import DeltaSource, FileSource, KafkaSource
 
 __version__ = "0.1.0"
 
@@ -116,6 +116,7 @@ _LAZY = {
     "SnapshotInfo": "pyspark_abs.snapshots",
     "Snapshots": "pyspark_abs.snapshots",
     "DeltaSource": "pyspark_abs.sources",
+    "FileSource": "pyspark_abs.sources",
     "KafkaSource": "pyspark_abs.sources",
 }
 
@@ -144,6 +145,7 @@ __all__ = [
     "FaultAction",
     "FaultStep",
     "FencingError",
+    "FileSource",
     "InjectedFault",
     "InvalidTimeoutError",
     "KafkaSource",

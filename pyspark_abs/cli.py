@@ -1,7 +1,8 @@
 """The ``pyspark-abs`` command: inspect, validate and maintain snapshot roots.
 
-Every command works on the Delta tables directly (delta-rs), so none starts Spark. Commands
-that print data take ``--json``. Progress of long operations goes to standard error.
+Every command but ``write-state`` works on the Delta tables directly (delta-rs) and starts no
+Spark; ``write-state`` starts a local Spark session to read and check the state it writes.
+Commands that print data take ``--json``. Progress of long operations goes to standard error.
 
 Exit status: 0 on success, 1 when ``validate`` finds problems, 2 on bad input (unknown
 root, epoch or operator, invalid arguments) with one line saying what is wrong.
@@ -11,18 +12,24 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.backedge import BACKEDGE_PREFIX
-from pyspark_abs.errors import AbsError
+from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.maintenance import compact, vacuum, validate
 from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochStatus
-from pyspark_abs.savepoints import restore, rollback
+from pyspark_abs.operators import Operator
+from pyspark_abs.savepoints import restore, rollback, write_state
 from pyspark_abs.snapshots import Snapshots
+from pyspark_abs.store import DeltaStore, normalize_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -74,6 +81,29 @@ def _parser() -> argparse.ArgumentParser:
     copy = command("restore", "copy a snapshot into a new root, to continue there", _restore)
     copy.add_argument("epoch", metavar="EPOCH", type=int)
     copy.add_argument("--into", required=True, metavar="NEW_ROOT", help="the new snapshot root")
+    edit = command(
+        "write-state", "write an operator's state from a file as a new snapshot", _write_state
+    )
+    edit.add_argument(
+        "--operator",
+        required=True,
+        metavar="MODULE:NAME",
+        help="the pyspark_abs Operator the state is for, e.g. my_job.operators:sessions",
+    )
+    edit.add_argument(
+        "--from",
+        dest="path",
+        required=True,
+        metavar="PATH",
+        help="the state: a Delta table, Parquet, or CSV with a header",
+    )
+    edit.add_argument(
+        "--format", choices=FORMATS, help="the format of PATH (default: from PATH's name)"
+    )
+    edit.add_argument("--pipeline", help="the pipeline a new root belongs to")
+    edit.add_argument(
+        "--clear-timeouts", action="store_true", help="write without _timeout: drop every timer"
+    )
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
     clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
@@ -222,6 +252,87 @@ def _restore(args: argparse.Namespace) -> int:
             f"from that snapshot's state and source offsets"
         )
     return 0
+
+
+FORMATS = ("delta", "parquet", "csv")
+
+
+def _write_state(args: argparse.Namespace) -> int:
+    operator = _operator(args.operator)
+    root = normalize_uri(args.root)
+    from pyspark_abs.session import local_session
+
+    spark = local_session("pyspark-abs write-state")
+    _progress(f"reading the state of operator {operator.name!r} from {args.path}")
+    state = _read_state(spark, args.path, args.format or _format_of(args.path), root, operator)
+    _progress(f"writing it into {root}")
+    info = write_state(
+        state, root, operator, pipeline=args.pipeline, clear_timeouts=args.clear_timeouts
+    )
+    if args.json:
+        _print_json(info.to_dict())
+    else:
+        print(
+            f"epoch {info.epoch} RESTORED with the state of operator {operator.name!r} from "
+            f"{args.path} ({info.state_keys} keys); the next start continues from it"
+        )
+    return 0
+
+
+def _operator(reference: str) -> Operator:
+    module_name, _, attribute = reference.partition(":")
+    try:
+        value = getattr(importlib.import_module(module_name), attribute) if attribute else None
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            f"--operator {reference!r} cannot be loaded ({err}); give MODULE:NAME of a "
+            f"pyspark_abs Operator importable from here (check PYTHONPATH)"
+        ) from None
+    if not isinstance(value, Operator):
+        raise ConfigError(
+            f"--operator {reference!r} is not a pyspark_abs Operator; give MODULE:NAME of one "
+            f"built with @operator or @vectorized_operator"
+        )
+    return value
+
+
+def _format_of(path: str) -> str:
+    if DeltaStore().exists(path):
+        return "delta"
+    return "csv" if path.lower().endswith(".csv") else "parquet"
+
+
+def _read_state(
+    spark: SparkSession, path: str, fmt: str, root: str, operator: Operator
+) -> DataFrame:
+    """The state at ``path``; CSV columns are cast to the types of the root's state table."""
+    from pyspark.errors import AnalysisException
+
+    from pyspark_abs.store import load_dataframe
+
+    try:
+        if fmt == "delta":
+            store = DeltaStore()
+            if not store.exists(path):
+                raise ConfigError(f"--from {path!r} is not a Delta table")
+            return load_dataframe(spark, path, store.open(path).version())
+        if fmt == "parquet":
+            return spark.read.parquet(path)
+        frame = spark.read.option("header", True).option("inferSchema", True).csv(path)
+    except AnalysisException as err:
+        raise ConfigError(f"--from {path!r} cannot be read as {fmt}: {err}") from None
+    table = f"{root}/state/{operator.name}"
+    if not DeltaStore().exists(table):
+        return frame
+    from pyspark.sql import functions as F
+
+    from pyspark_abs.schema import to_spark
+    from pyspark_abs.store import arrow_schema
+
+    types = {f.name: f.dataType for f in to_spark(arrow_schema(DeltaStore().open(table))).fields}
+    return frame.select(
+        *(F.col(c).cast(types[c]).alias(c) if c in types else F.col(c) for c in frame.columns)
+    )
 
 
 def _compact(args: argparse.Namespace) -> int:

@@ -67,7 +67,7 @@ from pyspark_abs.schema import (
     to_spark,
 )
 from pyspark_abs.snapshots import Snapshots, state_table_description
-from pyspark_abs.sources import DeltaSource, KafkaSource
+from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
 from pyspark_abs.store import DeltaStore, TableSpec, normalize_uri
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class Pipeline:
     def __init__(
         self,
         name: str,
-        source: DataFrame | DeltaSource | KafkaSource,
+        source: DataFrame | RewindableSource,
         operator: Operator,
         *,
         root: str,
@@ -157,7 +157,8 @@ class Pipeline:
         Args:
             name: Pipeline id; the snapshot root is bound to it.
             source: A streaming DataFrame holding the operator's key columns, or a
-                :class:`~pyspark_abs.sources.DeltaSource` or
+                :class:`~pyspark_abs.sources.DeltaSource`,
+                :class:`~pyspark_abs.sources.FileSource` or
                 :class:`~pyspark_abs.sources.KafkaSource`, which restore and rollback can
                 rewind to a snapshot's offsets.
             operator: The stateful operator.
@@ -193,7 +194,7 @@ class Pipeline:
                 f"pipeline {name!r}: operator must be built with @operator or "
                 f"@vectorized_operator, got {type(operator).__name__}"
             )
-        if isinstance(source, (DeltaSource, KafkaSource)):
+        if isinstance(source, REWINDABLE):
             from pyspark.sql import SparkSession
 
             spark = SparkSession.getActiveSession()
@@ -207,7 +208,7 @@ class Pipeline:
         else:
             raise OperatorDefinitionError(
                 f"pipeline {name!r}: the source must be a streaming DataFrame "
-                f"(spark.readStream...), a DeltaSource or a KafkaSource, got "
+                f"(spark.readStream...), a DeltaSource, FileSource or KafkaSource, got "
                 f"{type(source).__name__}"
             )
         if transform is not None:
@@ -458,12 +459,12 @@ class Pipeline:
         if not lines:
             return self._frame
         line = lines[0]
-        if not isinstance(self.source, (DeltaSource, KafkaSource)):
+        if not isinstance(self.source, REWINDABLE):
             raise SourceError(
                 f"pipeline {self.name!r} starts from restore epoch {restore.epoch} "
                 f"({restore.origin}), whose source offset is {line}; only a "
-                f"pyspark_abs.DeltaSource or KafkaSource can be rewound to it. Use one as the "
-                f"source, or start from a snapshot without offsets (write_state)"
+                f"pyspark_abs.DeltaSource, FileSource or KafkaSource can be rewound to it. Use "
+                f"one as the source, or start from a snapshot without offsets (write_state)"
             )
         frame = self.source.rewound(self.spark, line)
         return self.transform(frame) if self.transform is not None else frame

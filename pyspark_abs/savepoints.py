@@ -51,6 +51,7 @@ from pyspark_abs.precommit import TableTarget, file_prefix, write_files
 from pyspark_abs.recovery import manifest_owner, open_manifest
 from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
 from pyspark_abs.snapshots import SnapshotInfo, state_table_description
+from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
     Raises:
         SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
             example MERGED into a later snapshot by a snapshot interval).
+        SourceError: ``epoch`` was read from a source that cannot be rewound (nothing is
+            changed).
         CommitError: A table could not be restored (e.g. its files were vacuumed); the
             rollback is finished by the next start or rollback once that is fixed.
     """
@@ -88,6 +91,7 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
     writer = _open(store, root, None, config)
     writer.recover()
     target = _snapshot(writer.epochs, epoch, root)
+    require_rewindable(target, root, f"roll back to epoch {epoch}")
     restore_epoch = _next_epoch(writer.epochs)
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
@@ -169,6 +173,7 @@ def restore(
     Raises:
         SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
             example MERGED into a later snapshot by a snapshot interval).
+        SourceError: ``epoch`` was read from a source that cannot be rewound.
         SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself. Running
             the same restore again after it was interrupted finishes it instead.
     """
@@ -177,6 +182,7 @@ def restore(
     store = DeltaStore()
     source = _open(store, root, None, config)
     target = _snapshot(source.epochs, epoch, root)
+    require_rewindable(target, root, f"restore epoch {epoch} into {into}")
     if into == root:
         raise SnapshotRootError(
             f"restore copies a snapshot into another root; to go back to epoch {epoch} in "
@@ -255,6 +261,7 @@ def write_state(
     Raises:
         SchemaMismatchError: Columns are missing or do not fit the declared schema.
         OperatorDefinitionError: ``state`` has a key more than once.
+        SourceError: The newest snapshot was read from a source that cannot be rewound.
         TableSchemaError: The root's state table has another schema.
         PipelineMismatchError: ``pipeline`` differs from the root's pipeline.
     """
@@ -313,6 +320,8 @@ def write_state(
     writer.recover()
     latest = writer.epochs.snapshots()
     previous = latest[-1] if latest else None
+    if previous is not None:
+        require_rewindable(previous, root, f"write state for operator {operator.name!r}")
     epoch = _next_epoch(writer.epochs)
     table = f"state/{operator.name}"
     uri = f"{root}/{table}"

@@ -1,6 +1,11 @@
 """Streaming sources that a restore can rewind to a snapshot's offsets."""
 
 from pyspark_abs.sources.delta import DeltaSource
+from pyspark_abs.sources.files import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
 
-__all__ = ["DeltaSource", "KafkaSource"]
+RewindableSource = DeltaSource | FileSource | KafkaSource
+"""A source that a restore can start right after a snapshot's offsets."""
+REWINDABLE = (DeltaSource, FileSource, KafkaSource)
+
+__all__ = ["REWINDABLE", "DeltaSource", "FileSource", "KafkaSource", "RewindableSource"]

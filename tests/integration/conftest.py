@@ -8,11 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 from chispa import assert_df_equality
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, KeyState, Operator, Pipeline, Snapshots, operator
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSource,
+    KeyState,
+    Operator,
+    Pipeline,
+    Snapshots,
+    operator,
+)
 from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest import SNAPSHOT_STATUSES
 from tests.conftest import running_counts
@@ -33,14 +43,44 @@ def word_pipeline(
     root: Path,
     *,
     op: Operator = wordcount.word_count,
+    bronze: bool = False,
     **config: Any,
 ) -> Pipeline:
-    """The example word count over ``input_dir`` with small key-group counts for speed."""
+    """The example word count over ``input_dir`` with small key-group counts for speed.
+
+    With ``bronze``, the files are read through a bronze Delta table (see
+    :func:`bronze_table`) with a ``DeltaSource``, so that the root can be rolled back and
+    restored; Spark's text source cannot be rewound.
+    """
     settings: dict[str, Any] = {"key_groups": 8, "commit_mode": "sync"}
     settings.update(config)
-    return wordcount.build(
-        spark, str(input_dir), str(root), config=AbsConfig(**settings), operator=op
+    if not bronze:
+        return wordcount.build(
+            spark, str(input_dir), str(root), config=AbsConfig(**settings), operator=op
+        )
+    return Pipeline(
+        "wordcount",
+        DeltaSource(bronze_table(input_dir), max_files_per_trigger=1),
+        op,
+        root=str(root),
+        sinks={"output": f"{root}/sinks/word_counts"},
+        config=AbsConfig(**settings),
+        transform=wordcount.words_of,
     )
+
+
+def bronze_table(input_dir: Path) -> str:
+    """A Delta table beside ``input_dir`` with one version per text file, in reading order.
+
+    Files that are not in the table yet are appended (one ``value`` row per line), as a
+    landing job would.
+    """
+    table = f"{input_dir}-bronze"
+    landed = DeltaTable(table).version() + 1 if DeltaTable.is_deltatable(table) else 0
+    for path in wordcount.input_files(str(input_dir))[landed:]:
+        lines = path.read_text().splitlines()
+        write_deltalake(table, pa.table({"value": pa.array(lines, pa.string())}), mode="append")
+    return table
 
 
 def assert_same(actual: DataFrame, expected: DataFrame) -> None:

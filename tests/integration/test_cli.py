@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
+from pyspark_abs import Snapshots
 from pyspark_abs.cli import main
 from tests.conftest import EPOCHS, running_counts, write_epochs
-from tests.integration.conftest import word_pipeline
+from tests.integration.conftest import assert_same, word_pipeline
 
 
 @pytest.fixture(scope="module")
 def root(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("cli")
-    word_pipeline(spark, write_epochs(base / "in", EPOCHS), base / "root").run()
+    word_pipeline(spark, write_epochs(base / "in", EPOCHS), base / "root", bronze=True).run()
     return base / "root"
 
 
@@ -97,6 +99,39 @@ def test_restore_copies_a_snapshot_into_a_new_root(
     assert out.startswith(f"epoch 1 of {tmp_path / 'other'} RESTORED from epoch 1 of {root}")
 
 
+def test_write_state_from_parquet_and_csv(
+    spark: SparkSession, root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = tmp_path / "copy"
+    assert run(capsys, "restore", str(root), "3", "--into", str(copy))[0] == 0
+    edited = (
+        Snapshots(str(copy), spark).state("word_count").withColumn("count", F.col("count") * 10)
+    )
+    parquet, csv = tmp_path / "edited.parquet", tmp_path / "edited.csv"
+    edited.toPandas().to_parquet(parquet)
+    edited.toPandas().to_csv(csv, index=False)
+    operator = "pyspark_abs.examples.wordcount:word_count"
+
+    status, out, err = run(
+        capsys, "write-state", str(copy), "--operator", operator, "--from", str(parquet), "--json"
+    )
+    assert status == 0, err
+    written = json.loads(out)
+    assert (written["epoch"], written["status"], written["restored_from"]) == (4, "RESTORED", 3)
+    assert "reading the state of operator 'word_count'" in err
+    assert_same(Snapshots(str(copy), spark).state("word_count"), edited)
+
+    # CSV has no types: its columns take those of the root's state table
+    times_ten = edited.withColumn("count", F.col("count") * 10)
+    times_ten.toPandas().to_csv(csv, index=False)
+    status, out, _ = run(
+        capsys, "write-state", str(copy), "--operator", operator, "--from", str(csv)
+    )
+    assert status == 0
+    assert out.startswith("epoch 5 RESTORED with the state of operator 'word_count'")
+    assert_same(Snapshots(str(copy), spark).state("word_count"), times_ten)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -106,6 +141,14 @@ def test_restore_copies_a_snapshot_into_a_new_root(
         (["rollback", "{root}", "42"], "epoch 42 of snapshot root"),
         (["restore", "{root}", "42", "--into", "{root}-copy"], "epoch 42 of snapshot root"),
         (["restore", "{root}", "2", "--into", "{root}"], "copies a snapshot into another root"),
+        (
+            ["write-state", "{root}", "--operator", "no.such:thing", "--from", "x.parquet"],
+            "--operator 'no.such:thing' cannot be loaded",
+        ),
+        (
+            ["write-state", "{root}", "--operator", "json:dumps", "--from", "x.parquet"],
+            "--operator 'json:dumps' is not a pyspark_abs Operator",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -173,7 +173,7 @@ def test_maintenance_interrupted_then_run_again_loses_nothing(
     as_of: int | None,
 ) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, bronze=True).run()
     if operation is _vacuum:
         rollback(str(root), 2)
     with pytest.raises(InjectedFault, match=fault.step.value):

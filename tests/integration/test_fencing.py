@@ -27,7 +27,9 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    first = word_pipeline(spark, inputs, root).start(processing_time="100 milliseconds")
+    first = word_pipeline(spark, inputs, root, bronze=True).start(
+        processing_time="100 milliseconds"
+    )
     try:
         first.process_all_available()
         with pytest.raises(
@@ -36,14 +38,14 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
             rf"{first.run_id} of pipeline 'wordcount' \(host \S+, pid {os.getpid()}, lease "
             rf"renewed \d+ s ago\)\. Stop that run first",
         ):
-            word_pipeline(spark, inputs, root).start()
+            word_pipeline(spark, inputs, root, bronze=True).start()
         with pytest.raises(FencingError, match=rf"held by run {first.run_id} .* is refused"):
             rollback(str(root), 0)
     finally:
         first.stop()
     assert read_lease(str(root)) is None
     write_epochs(inputs, EPOCHS)
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(spark, inputs, root, bronze=True).run()
     assert_word_counts(spark, root, EPOCHS)
 
 

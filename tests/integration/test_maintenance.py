@@ -214,7 +214,9 @@ def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, op=count_below_three).run()
+    word_pipeline(
+        spark, write_epochs(tmp_path / "in", EPOCHS), root, op=count_below_three, bronze=True
+    ).run()
     as_of_1 = live_state(root, 1)
     stale = paused_compaction(root)  # as of epoch 3
     try:
@@ -304,7 +306,7 @@ def test_concurrent_rollbacks_and_vacuums_leave_a_loadable_root(
 ) -> None:
     """Two rollbacks, then two vacuums, racing on one root: no transition is recorded twice."""
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, bronze=True).run()
     for _round in range(3):
         outcomes = race(lambda: rollback(str(root), 1), lambda: rollback(str(root), 1))
         assert None in outcomes, outcomes

@@ -30,6 +30,7 @@ from pyspark_abs import (
     Snapshots,
     SourceError,
     TableSchemaError,
+    cli,
     restore,
     rollback,
     vectorized_operator,
@@ -176,24 +177,42 @@ def test_bootstrap_a_new_pipeline_from_a_batch_dataframe(
     )
 
 
-def test_text_source_cannot_be_rewound(spark: SparkSession, tmp_path: Path) -> None:
-    inputs = write_epochs(tmp_path / "in", EPOCHS)
+def test_a_snapshot_of_a_text_source_is_refused_before_anything_changes(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
-    text_pipeline = Pipeline(
-        "words",
-        words_of(lines),
-        word_count,
-        root=str(root),
-        sinks={"output": str(root / "sink")},
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
-    )
-    text_pipeline.run()
-    rollback(str(root), 1)
-    with pytest.raises(
-        SourceError, match=r"only a pyspark_abs\.DeltaSource or KafkaSource can be rewound"
-    ):
-        text_pipeline.start(available_now=True)
+
+    def text_pipeline() -> Pipeline:
+        lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
+        return Pipeline(
+            "words",
+            words_of(lines),
+            word_count,
+            root=str(root),
+            sinks={"output": str(root / "sink")},
+            config=AbsConfig(key_groups=4, commit_mode="sync"),
+        )
+
+    text_pipeline().run()
+    snapshots = Snapshots(str(root), spark)
+    manifest = snapshots.manifest().count()
+    refused = r"epoch 1 of \S+ was read from a source that cannot be rewound .*Nothing was changed"
+    with pytest.raises(SourceError, match=rf"cannot roll back to epoch 1: {refused}"):
+        rollback(str(root), 1)
+    with pytest.raises(SourceError, match=rf"cannot restore epoch 1 into \S+: {refused}"):
+        restore(str(root), 1, str(tmp_path / "copy"))
+    with pytest.raises(SourceError, match=r"cannot write state for operator 'word_count': "):
+        write_state(snapshots.state("word_count"), str(root), word_count)
+    assert cli.main(["rollback", str(root), "1"]) == cli.EXIT_USAGE
+    assert "cannot roll back to epoch 1" in capsys.readouterr().err
+    assert snapshots.manifest().count() == manifest
+    assert not (tmp_path / "copy").exists()
+
+    # the pipeline goes on from its own checkpoint as if nothing had been tried
+    write_epochs(inputs, EPOCHS)
+    text_pipeline().run()
+    assert_same(snapshots.state("word_count"), counts_df(spark, EPOCHS))
 
 
 def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:

@@ -41,7 +41,13 @@ from pyspark_abs.recovery import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
 from pyspark_abs.store import EPOCH_KEY, DeltaStore, app_id, load_dataframe
 from tests.conftest import write_epochs
-from tests.integration.conftest import assert_same, expected_sink, expected_state, state_history
+from tests.integration.conftest import (
+    assert_same,
+    bronze_table,
+    expected_sink,
+    expected_state,
+    state_history,
+)
 
 EPOCHS = ("a b c a", "b d e", "a f a g h", "i b c j k", "c c d", "e a", "k l a")
 """Seven epochs; with interval 3 the snapshots are 2, 5 and (closed by the stop) 6."""
@@ -61,9 +67,10 @@ class Committed(SnapshotListener):
 
 
 def interval_pipeline(
-    spark: SparkSession, inputs: Path, root: Path, listener: Committed | None = None, **config: Any
+    inputs: Path, root: Path, listener: Committed | None = None, **config: Any
 ) -> Pipeline:
-    """The example word count with ``snapshot_interval=3`` (sync unless told otherwise)."""
+    """The example word count (through a bronze table) with ``snapshot_interval=3``, sync
+    unless told otherwise."""
     settings: dict[str, Any] = {
         "key_groups": 8,
         "commit_mode": "sync",
@@ -71,15 +78,15 @@ def interval_pipeline(
         "compaction_ratio": 0,
     }
     settings.update(config)
-    lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
     return Pipeline(
         "wordcount",
-        wordcount.words_of(lines),
+        DeltaSource(bronze_table(inputs), max_files_per_trigger=1),
         wordcount.word_count,
         root=str(root),
         sinks={"output": str(root / "sinks" / "word_counts")},
         config=AbsConfig(**settings),
         listeners=[listener] if listener else [],
+        transform=wordcount.words_of,
     )
 
 
@@ -106,7 +113,7 @@ def reference(
     """A failure-free sync run with interval 3, and what its listener heard."""
     base = tmp_path_factory.mktemp("reference")
     listener = Committed()
-    query = interval_pipeline(spark, write_epochs(base / "in", EPOCHS), base / "root", listener)
+    query = interval_pipeline(write_epochs(base / "in", EPOCHS), base / "root", listener)
     query.run()
     return base / "root", listener
 
@@ -164,7 +171,7 @@ def test_async_run_until_quiescent_commits_the_same_groups(
     spark: SparkSession, tmp_path: Path, reference: tuple[Path, Committed]
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    pipeline = interval_pipeline(spark, inputs, tmp_path / "root", commit_mode="async")
+    pipeline = interval_pipeline(inputs, tmp_path / "root", commit_mode="async")
     outcome = pipeline.run_until_quiescent()  # drains (commits the open group) while running
     assert (outcome.epoch, outcome.epochs_run) == (6, 7)
     assert statuses(tmp_path / "root") == EVERY_THIRD
@@ -179,7 +186,7 @@ def test_crash_after_an_intermediate_epoch_is_prepared_then_vacuum_and_restart(
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
     crashing = interval_pipeline(
-        spark, inputs, root, commit_mode="async", faults=(Fault(FaultStep.AFTER_PREPARED, 4),)
+        inputs, root, commit_mode="async", faults=(Fault(FaultStep.AFTER_PREPARED, 4),)
     )
     with pytest.raises(InjectedFault, match="'after_prepared' of epoch 4"):
         crashing.run()
@@ -194,7 +201,7 @@ def test_crash_after_an_intermediate_epoch_is_prepared_then_vacuum_and_restart(
     assert report.kept_in_flight == len(files)
     assert all(f.exists() for f in files), "vacuum deleted files of the open group"
 
-    restarted = interval_pipeline(spark, inputs, root, commit_mode="async").run()
+    restarted = interval_pipeline(inputs, root, commit_mode="async").run()
     assert restarted.recovered_epochs == [3, 4]
     assert statuses(root) == [*EVERY_THIRD[:3], (3, M, 4), (4, C, 4), (5, M, 6), (6, C, 6)]
     assert_counted(spark, root)
@@ -213,9 +220,7 @@ def test_crash_between_the_table_commits_of_a_group_then_restart_and_roll_back(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    crashing = interval_pipeline(
-        spark, inputs, root, faults=(Fault(FaultStep.BETWEEN_TABLE_COMMITS, 5),)
-    )
+    crashing = interval_pipeline(inputs, root, faults=(Fault(FaultStep.BETWEEN_TABLE_COMMITS, 5),))
     with pytest.raises(InjectedFault, match="'between_table_commits' of epoch 5"):
         crashing.run()
     state, sink = (
@@ -226,7 +231,7 @@ def test_crash_between_the_table_commits_of_a_group_then_restart_and_roll_back(
     assert state.transaction_version(app_id("wordcount", "state/word_count", root_id)) == 5
     assert sink.transaction_version(app_id("wordcount", "sink/output", root_id)) == 2
 
-    restarted = interval_pipeline(spark, inputs, root).run()
+    restarted = interval_pipeline(inputs, root).run()
     assert restarted.recovered_epochs == [3, 4, 5]
     assert statuses(root) == EVERY_THIRD
     snapshots, theirs = Snapshots(str(root), spark), Snapshots(str(reference[0]), spark)

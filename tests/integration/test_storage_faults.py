@@ -209,7 +209,7 @@ def committed_files(root: Path, table: str, epoch: int) -> list[Path]:
 def test_damaged_data_files_are_reported_and_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(spark, inputs, root, bronze=True).run()
     snapshots = Snapshots(str(root), spark)
     versions = {i.epoch: i.table_versions for i in snapshots.list()}
     state_file = committed_files(root, STATE, 2)[0]
@@ -238,7 +238,7 @@ def test_damaged_data_files_are_reported_and_refused(spark: SparkSession, tmp_pa
         r"from it. Nothing was changed. Put the files back from a backup, or roll back to the "
         r"newest intact snapshot, epoch 1 \(pyspark_abs.rollback\(.*, 1\)\)",
     ):
-        word_pipeline(spark, inputs, root).start()
+        word_pipeline(spark, inputs, root, bronze=True).start()
     for epoch in (3, 2):
         with pytest.raises(
             SnapshotDamagedError,
@@ -258,7 +258,7 @@ def test_damaged_data_files_are_reported_and_refused(spark: SparkSession, tmp_pa
 def test_damaged_delta_log_is_reported_and_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(spark, inputs, root, bronze=True).run()
     version = Snapshots(str(root)).get(3).table_versions[SINK]
     entry = root / "sinks" / "word_counts" / "_delta_log" / f"{version:020d}.json"
     good = entry.read_bytes()
@@ -276,7 +276,7 @@ def test_damaged_delta_log_is_reported_and_refused(spark: SparkSession, tmp_path
     with pytest.raises(
         SnapshotDamagedError, match=refusal.format(3, "The pipeline cannot continue from it.")
     ):
-        word_pipeline(spark, inputs, root).start()
+        word_pipeline(spark, inputs, root, bronze=True).start()
     with pytest.raises(SnapshotDamagedError, match=refusal.format(1, "It cannot be restored.")):
         rollback(str(root), 1)
 
@@ -285,7 +285,7 @@ def test_damaged_delta_log_is_reported_and_refused(spark: SparkSession, tmp_path
     shutil.move(entry, tmp_path / entry.name)
     assert [str(p).split(":")[0] for p in validate(str(root))] == [f"epoch 3, table {SINK}"]
     with pytest.raises(SnapshotDamagedError, match=r"epoch 3 .* is damaged: .* epoch 2 "):
-        word_pipeline(spark, inputs, root).start()
+        word_pipeline(spark, inputs, root, bronze=True).start()
     restored = rollback(str(root), 2)
     assert_same(
         Snapshots(str(root), spark).sink("output", restored.epoch),

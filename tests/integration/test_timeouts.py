@@ -8,11 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, KeyState, Pipeline, SchemaMismatchError, operator, write_state
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSource,
+    KeyState,
+    Pipeline,
+    SchemaMismatchError,
+    operator,
+    write_state,
+)
 from tests.integration.conftest import assert_same
 
 SESSION_DDL = "word string, events long, closed boolean"
@@ -43,24 +53,24 @@ def sessions(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
 
 def test_event_time_timeouts_fire_after_the_watermark(spark: SparkSession, tmp_path: Path) -> None:
     # Event times in seconds; Spark drops events at or below the watermark, which starts at 0.
-    inputs = write_events(
-        tmp_path / "in",
-        [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]],
-    )
-    events = (
-        spark.readStream.schema("word string, ts long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(inputs))
-        .selectExpr("word", "timestamp_seconds(ts) AS ts")
-        .withWatermark("ts", "0 seconds")
-    )
+    events = tmp_path / "events"
+    for batch in [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]:
+        words, seconds = zip(*batch, strict=True)
+        write_deltalake(
+            str(events),
+            pa.table({"word": pa.array(words, pa.string()), "ts": pa.array(seconds, pa.int64())}),
+            mode="append",
+        )
     pipeline = Pipeline(
         "sessions",
-        events,
+        DeltaSource(str(events), max_files_per_trigger=1),
         sessions,
         root=str(tmp_path / "root"),
         sinks=str(tmp_path / "sink"),
         config=AbsConfig(key_groups=4),
+        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
+            "ts", "0 seconds"
+        ),
     )
     pipeline.run()
     snapshots = pipeline.snapshots

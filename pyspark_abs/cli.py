@@ -297,9 +297,17 @@ def _operator(reference: str) -> Operator:
 
 
 def _format_of(path: str) -> str:
-    if DeltaStore().exists(path):
-        return "delta"
-    return "csv" if path.lower().endswith(".csv") else "parquet"
+    name = path.lower().rstrip("/")
+    if name.endswith((".csv", ".parquet")):
+        return name.rsplit(".", 1)[1]
+    return "delta" if _is_delta(path) else "parquet"
+
+
+def _is_delta(path: str) -> bool:
+    try:
+        return DeltaStore().exists(path)
+    except OSError:  # e.g. a file, not a directory
+        return False
 
 
 def _read_state(
@@ -312,10 +320,9 @@ def _read_state(
 
     try:
         if fmt == "delta":
-            store = DeltaStore()
-            if not store.exists(path):
+            if not _is_delta(path):
                 raise ConfigError(f"--from {path!r} is not a Delta table")
-            return load_dataframe(spark, path, store.open(path).version())
+            return load_dataframe(spark, path, DeltaStore().open(path).version())
         if fmt == "parquet":
             return spark.read.parquet(path)
         frame = spark.read.option("header", True).option("inferSchema", True).csv(path)

@@ -48,6 +48,9 @@ from pyspark_abs.errors import (
     StorageError,
     TableSchemaError,
 )
+from pyspark_abs.runtime import require_pyspark
+
+require_pyspark()
 
 if TYPE_CHECKING:
     from pyspark_abs.backedge import BackEdge

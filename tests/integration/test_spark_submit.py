@@ -45,7 +45,10 @@ def test_spark_submit_runs_the_example_job_from_the_wheel(
     ]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # from another working directory: nothing in the command or the conf is relative to it
+    run = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["pyspark_abs"].startswith(str(wheel)), summary

@@ -35,6 +35,7 @@ from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.envelope import Kind
 from pyspark_abs.errors import (
+    AbsError,
     OperatorDefinitionError,
     PipelineMismatchError,
     SchemaMismatchError,
@@ -93,6 +94,23 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
     target = _snapshot(writer.epochs, epoch, root)
     require_rewindable(target, root, f"roll back to epoch {epoch}")
     restore_epoch = _next_epoch(writer.epochs)
+    try:
+        return _roll_back(store, writer, target, restore_epoch, config)
+    except AbsError as err:
+        # name the epoch the user asked for; the restore epoch is an internal number
+        raise type(err)(
+            f"rollback of {root} to epoch {epoch} (restore epoch {restore_epoch}): {err}"
+        ) from None
+
+
+def _roll_back(
+    store: DeltaStore,
+    writer: EpochWriter,
+    target: ManifestEntry,
+    restore_epoch: int,
+    config: AbsConfig,
+) -> SnapshotInfo:
+    """Record and commit ``restore_epoch``, which installs ``target`` in the root again."""
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
     for table, uri in target.tables.items():

@@ -20,8 +20,9 @@ def local_session(
     """Get or create a local SparkSession for pipelines, notebooks and tests.
 
     Python workers run this interpreter (``PYSPARK_PYTHON`` is set to ``sys.executable``),
-    the UI is off, timestamps are in UTC, and the log is quiet: a failed query's stack
-    traces are not printed twice over (see :data:`QUIET_LOGGERS`), its error is raised once.
+    the UI is off, a new session's time zone is UTC (a running session keeps its own), and
+    the log is quiet: a failed query's stack traces are not printed twice over (see
+    :data:`QUIET_LOGGERS`), its error is raised once.
 
     Args:
         app_name: Spark application name.
@@ -40,9 +41,11 @@ def local_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopTimeout", "60s")
     )
+    if SparkSession.getActiveSession() is None:
+        # a running session keeps the time zone its user chose
+        builder = builder.config("spark.sql.session.timeZone", "UTC")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

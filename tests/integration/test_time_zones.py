@@ -24,6 +24,7 @@ from pyspark_abs import (
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
+    local_session,
     rollback,
     vectorized_operator,
 )
@@ -137,3 +138,11 @@ def test_timestamps_round_trip_in_the_session_time_zone(
     pipeline(bronze, root, sink).run()
     assert_sink_equal(root, "output", want_sink)
     assert_state_equal(root, "latest", want_state)
+
+
+@pytest.mark.parametrize("zone", ["Asia/Kolkata"], indirect=True)
+def test_local_session_keeps_the_time_zone_of_the_running_session(
+    spark: SparkSession, zone: str
+) -> None:
+    assert local_session(shuffle_partitions=2) is spark
+    assert spark.conf.get("spark.sql.session.timeZone") == zone

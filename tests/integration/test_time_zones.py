@@ -8,12 +8,13 @@ three are compared with what Spark itself computes from the input in the same zo
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pytest
+from chispa import assert_df_equality
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -24,9 +25,11 @@ from pyspark_abs import (
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
+    Snapshots,
     local_session,
     rollback,
     vectorized_operator,
+    write_state,
 )
 from pyspark_abs.testing import assert_sink_equal, assert_state_equal
 
@@ -67,8 +70,8 @@ def latest(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> Key
     return KeyGroupResult(state=newest, output=output)
 
 
-def write_bronze(path: Path) -> None:
-    for events in EPOCHS:
+def write_bronze(path: Path, epochs: Sequence[Sequence[tuple[str, dt.datetime]]] = EPOCHS) -> None:
+    for events in epochs:
         words, stamps = zip(*events, strict=True)
         table = pa.table(
             {
@@ -146,3 +149,27 @@ def test_local_session_keeps_the_time_zone_of_the_running_session(
 ) -> None:
     assert local_session(shuffle_partitions=2) is spark
     assert spark.conf.get("spark.sql.session.timeZone") == zone
+
+
+@pytest.mark.parametrize("zone", ["UTC"], indirect=True)
+def test_a_restart_and_an_edit_in_another_time_zone_keep_every_instant(
+    spark: SparkSession, tmp_path: Path, zone: str
+) -> None:
+    bronze, root, sink = tmp_path / "bronze", tmp_path / "root", tmp_path / "sink"
+    write_bronze(bronze, EPOCHS[:1])
+    pipeline(bronze, root, sink).run()  # in UTC
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    write_bronze(bronze, EPOCHS[1:])
+    pipeline(bronze, root, sink).run()
+    want_sink, want_state = expected(spark, bronze, len(EPOCHS))
+    snapshots = Snapshots(str(root), spark)
+    assert_df_equality(
+        snapshots.sink("output").drop("local"),
+        want_sink.drop("local"),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert_state_equal(root, "latest", want_state)
+    write_state(snapshots.state("latest"), str(root), latest)  # read and written in New York
+    spark.conf.set("spark.sql.session.timeZone", "Asia/Kolkata")
+    assert_state_equal(root, "latest", want_state)

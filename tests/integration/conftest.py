@@ -28,6 +28,8 @@ from pyspark_abs.manifest import SNAPSHOT_STATUSES
 from tests.conftest import running_counts
 
 STATE_DDL = "word string, count long"
+SESSION_DDL = "word string, events long, closed boolean"
+GAP_MS = 10_000
 
 
 @operator(key="word", state_schema="count long", output_schema=STATE_DDL, name="word_count")
@@ -81,6 +83,48 @@ def bronze_table(input_dir: Path) -> str:
         lines = path.read_text().splitlines()
         write_deltalake(table, pa.table({"value": pa.array(lines, pa.string())}), mode="append")
     return table
+
+
+@operator(key="word", state_schema="events long", output_schema=SESSION_DDL, timeout="event_time")
+def sessions(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    """Sessions per word with an event-time gap of ``GAP_MS``: emitted open and when closed."""
+    if state.has_timed_out:
+        events = state.get()["events"]
+        state.remove()
+        return {"word": key[0], "events": events, "closed": True}
+    events = state.get({"events": 0})["events"] + len(rows)
+    state.update({"events": events})
+    last = int(pd.to_datetime(rows["ts"], utc=True).max().timestamp() * 1000)
+    state.set_timeout_timestamp(last + GAP_MS)
+    return {"word": key[0], "events": events, "closed": False}
+
+
+def event_table(path: Path, batches: Sequence[Sequence[tuple[str, int]]]) -> str:
+    """Append ``(word, seconds)`` events to a Delta table, one version per batch."""
+    for batch in batches:
+        words, seconds = zip(*batch, strict=True)
+        table = pa.table(
+            {"word": pa.array(words, pa.string()), "ts": pa.array(seconds, pa.int64())}
+        )
+        write_deltalake(str(path), table, mode="append")
+    return str(path)
+
+
+def session_pipeline(events: str, root: Path, **config: Any) -> Pipeline:
+    """:func:`sessions` over an :func:`event_table`, one version per epoch, watermark delay 0."""
+    settings: dict[str, Any] = {"key_groups": 4, "commit_mode": "sync"}
+    settings.update(config)
+    return Pipeline(
+        "sessions",
+        DeltaSource(events, max_files_per_trigger=1),
+        sessions,
+        root=str(root),
+        sinks=str(root / "sink"),
+        config=AbsConfig(**settings),
+        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
+            "ts", "0 seconds"
+        ),
+    )
 
 
 def assert_same(actual: DataFrame, expected: DataFrame) -> None:

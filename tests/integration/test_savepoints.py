@@ -38,8 +38,12 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples.wordcount import word_count, words_of
 from tests.conftest import EPOCHS, running_counts, write_epochs
-from tests.integration.conftest import STATE_DDL, assert_same
-from tests.integration.test_timeouts import sessions
+from tests.integration.conftest import (
+    STATE_DDL,
+    assert_same,
+    event_table,
+    session_pipeline,
+)
 
 OP = "word_count"
 
@@ -247,37 +251,17 @@ def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:
 def test_restored_event_time_timeouts_fire_in_the_new_checkpoint(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    events = str(tmp_path / "events")
-    for batch in [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]:
-        words, seconds = zip(*batch, strict=True)
-        write_deltalake(
-            events,
-            pa.table({"word": pa.array(words, pa.string()), "ts": pa.array(seconds, pa.int64())}),
-            mode="append",
-        )
-
-    def session_pipeline(root: Path) -> Pipeline:
-        return Pipeline(
-            "sessions",
-            DeltaSource(events, max_files_per_trigger=1),
-            sessions,
-            root=str(root),
-            sinks=str(root / "sink"),
-            config=AbsConfig(key_groups=4, commit_mode="sync"),
-            transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
-                "ts", "0 seconds"
-            ),
-        )
-
+    batches = [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]
+    events = event_table(tmp_path / "events", batches)
     original = tmp_path / "original"
-    session_pipeline(original).run()
+    session_pipeline(events, original).run()
     reference = Snapshots(str(original), spark)
     copy = tmp_path / "copy"
     restore(str(original), 1, str(copy))
     timeouts = Snapshots(str(copy), spark).state("sessions", 1, with_metadata=True)
     assert sorted(r["_timeout"] for r in timeouts.collect()) == [111_000, 115_000]
 
-    session_pipeline(copy).run()
+    session_pipeline(events, copy).run()
     restored = Snapshots(str(copy), spark)
     closed = restored.sink("output").where("closed")
     assert sorted(r["word"] for r in closed.collect()) == ["a", "b"]

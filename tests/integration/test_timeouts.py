@@ -8,25 +8,25 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
-    DeltaSource,
     KeyState,
     Pipeline,
     SchemaMismatchError,
     operator,
     write_state,
 )
-from tests.integration.conftest import assert_same
-
-SESSION_DDL = "word string, events long, closed boolean"
-GAP_MS = 10_000
+from tests.integration.conftest import (
+    SESSION_DDL,
+    assert_same,
+    event_table,
+    session_pipeline,
+    sessions,
+)
 
 
 def write_events(directory: Path, epochs: list[list[tuple[str, int]]]) -> Path:
@@ -38,40 +38,10 @@ def write_events(directory: Path, epochs: list[list[tuple[str, int]]]) -> Path:
     return directory
 
 
-@operator(key="word", state_schema="events long", output_schema=SESSION_DDL, timeout="event_time")
-def sessions(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
-    if state.has_timed_out:
-        events = state.get()["events"]
-        state.remove()
-        return {"word": key[0], "events": events, "closed": True}
-    events = state.get({"events": 0})["events"] + len(rows)
-    state.update({"events": events})
-    last = int(pd.to_datetime(rows["ts"], utc=True).max().timestamp() * 1000)
-    state.set_timeout_timestamp(last + GAP_MS)
-    return {"word": key[0], "events": events, "closed": False}
-
-
 def test_event_time_timeouts_fire_after_the_watermark(spark: SparkSession, tmp_path: Path) -> None:
     # Event times in seconds; Spark drops events at or below the watermark, which starts at 0.
-    events = tmp_path / "events"
-    for batch in [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]:
-        words, seconds = zip(*batch, strict=True)
-        write_deltalake(
-            str(events),
-            pa.table({"word": pa.array(words, pa.string()), "ts": pa.array(seconds, pa.int64())}),
-            mode="append",
-        )
-    pipeline = Pipeline(
-        "sessions",
-        DeltaSource(str(events), max_files_per_trigger=1),
-        sessions,
-        root=str(tmp_path / "root"),
-        sinks=str(tmp_path / "sink"),
-        config=AbsConfig(key_groups=4),
-        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
-            "ts", "0 seconds"
-        ),
-    )
+    batches = [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]
+    pipeline = session_pipeline(event_table(tmp_path / "events", batches), tmp_path / "root")
     pipeline.run()
     snapshots = pipeline.snapshots
     open_at_2 = snapshots.state("sessions", 2, with_metadata=True).select(

@@ -7,71 +7,19 @@ row that the original run dropped as late would reopen its session after a rollb
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
-import pyarrow as pa
 from chispa import assert_df_equality
-from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
-    DeltaSource,
-    KeyState,
-    Pipeline,
-    SnapshotInfo,
-    Snapshots,
-    operator,
-    restore,
-    rollback,
-    write_state,
-)
+from pyspark_abs import SnapshotInfo, Snapshots, restore, rollback, write_state
 from pyspark_abs.testing import assert_sink_equal
+from tests.integration.conftest import event_table, session_pipeline, sessions
 
-GAP_MS = 10_000
-SESSION_DDL = "word string, events long, closed boolean"
 # Event times in seconds, one Delta version (one micro-batch) per list.
 FIRST_RUN = [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)]]
 # After the first run the watermark is 130 s: a@102 and b@125 are late, e@131 is not.
 SECOND_RUN = [[("a", 102), ("e", 131), ("b", 125)], [("d", 150)]]
-
-
-@operator(key="word", state_schema="events long", output_schema=SESSION_DDL, timeout="event_time")
-def sessions(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
-    if state.has_timed_out:
-        events = state.get()["events"]
-        state.remove()
-        return {"word": key[0], "events": events, "closed": True}
-    events = state.get({"events": 0})["events"] + len(rows)
-    state.update({"events": events})
-    state.set_timeout_timestamp(rows["ts"].max() + pd.Timedelta(milliseconds=GAP_MS))
-    return {"word": key[0], "events": events, "closed": False}
-
-
-def append(bronze: Path, batches: Sequence[Sequence[tuple[str, int]]]) -> None:
-    for batch in batches:
-        words, seconds = zip(*batch, strict=True)
-        table = pa.table(
-            {"word": pa.array(words, pa.string()), "ts": pa.array(seconds, pa.int64())}
-        )
-        write_deltalake(str(bronze), table, mode="append")
-
-
-def pipeline(bronze: Path, root: Path) -> Pipeline:
-    return Pipeline(
-        "sessions",
-        DeltaSource(str(bronze), max_files_per_trigger=1),
-        sessions,
-        root=str(root),
-        sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
-        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
-            "ts", "0 seconds"
-        ),
-    )
 
 
 def latest(root: Path, spark: SparkSession) -> SnapshotInfo:
@@ -97,26 +45,26 @@ def test_rollback_restore_and_write_state_keep_the_watermark(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     bronze = tmp_path / "bronze"
-    append(bronze, FIRST_RUN)
+    events = event_table(bronze, FIRST_RUN)
     reference, rolled = tmp_path / "reference", tmp_path / "rolled"
-    pipeline(bronze, reference).run()
-    pipeline(bronze, rolled).run()
+    session_pipeline(events, reference).run()
+    session_pipeline(events, rolled).run()
     end_of_first_run = latest(reference, spark)
     assert end_of_first_run.watermark_ms == 130_000
-    append(bronze, SECOND_RUN)
-    pipeline(bronze, reference).run()
+    event_table(bronze, SECOND_RUN)
+    session_pipeline(events, reference).run()
     want = Snapshots(str(reference), spark)
 
-    pipeline(bronze, rolled).run()
+    session_pipeline(events, rolled).run()
     rollback(str(rolled), end_of_first_run.epoch)
-    pipeline(bronze, rolled).run()
+    session_pipeline(events, rolled).run()
     assert_same_sessions(rolled, reference, spark)
     assert_sink_equal(rolled, "output", want.sink("output"))
     assert latest(rolled, spark).watermark_ms == latest(reference, spark).watermark_ms
 
     copy = tmp_path / "copy"
     restore(str(reference), end_of_first_run.epoch, str(copy))
-    pipeline(bronze, copy).run()
+    session_pipeline(events, copy).run()
     assert_same_sessions(copy, reference, spark)
     second_run = want.sink("output").subtract(want.sink("output", end_of_first_run.epoch))
     assert_sink_equal(copy, "output", second_run)
@@ -127,5 +75,5 @@ def test_rollback_restore_and_write_state_keep_the_watermark(
     write_state(
         Snapshots(str(edited), spark).state("sessions", with_metadata=True), str(edited), sessions
     )
-    pipeline(bronze, edited).run()
+    session_pipeline(events, edited).run()
     assert_same_sessions(edited, reference, spark)

@@ -72,6 +72,16 @@ def test_event_time_timeouts_fire_after_the_watermark(spark: SparkSession, tmp_p
     )
     edited = snapshots.state("sessions", with_metadata=True).select("word", "events", "_timeout")
     assert_same(edited, timers)
+    # ... and the edited sessions still close when the watermark passes their timers.
+    event_table(tmp_path / "events", [[("e", 200)]])
+    pipeline.run()
+    closed = snapshots.sink("output").where("closed")
+    assert_same(
+        closed,
+        spark.createDataFrame(
+            [("a", 2, True), ("b", 1, True), ("c", 11, True), ("d", 11, True)], SESSION_DDL
+        ),
+    )
     with pytest.raises(SchemaMismatchError, match=r"no '_timeout' column, but the operator"):
         write_state(snapshots.state("sessions", 3), root, sessions)
     write_state(read, root, sessions, clear_timeouts=True)

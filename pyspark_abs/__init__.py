@@ -53,16 +53,16 @@ from pyspark_abs.runtime import require_pyspark
 require_pyspark()
 
 if TYPE_CHECKING:
-    from pyspark_abs.backedge import BackEdge
+    from pyspark_abs.admin.savepoints import restore, rollback, write_state
     from pyspark_abs.config import AbsConfig
     from pyspark_abs.faults import (
         Fault,
         FaultAction,
         FaultStep,
     )
-    from pyspark_abs.manifest import EpochStatus
-    from pyspark_abs.metrics import SnapshotListener
-    from pyspark_abs.operators import (
+    from pyspark_abs.manifest.entries import EpochStatus
+    from pyspark_abs.manifest.info import SnapshotInfo
+    from pyspark_abs.operators.contract import (
         Clock,
         KeyGroupContext,
         KeyGroupResult,
@@ -72,52 +72,41 @@ if TYPE_CHECKING:
         operator,
         vectorized_operator,
     )
-    from pyspark_abs.pipeline import (
-        DeltaSink,
-        Pipeline,
-        PipelineQuery,
-        Quiescence,
-    )
-    from pyspark_abs.savepoints import (
-        restore,
-        rollback,
-        write_state,
-    )
+    from pyspark_abs.pipeline.backedge import BackEdge
+    from pyspark_abs.pipeline.declaration import DeltaSink, Pipeline, PipelineQuery, Quiescence
+    from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
-    from pyspark_abs.snapshots import (
-        SnapshotInfo,
-        Snapshots,
-    )
+    from pyspark_abs.snapshots.reading import Snapshots
     from pyspark_abs.sources import DeltaSource, FileSource, KafkaSource
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "BackEdge": "pyspark_abs.backedge",
+    "BackEdge": "pyspark_abs.pipeline.backedge",
     "AbsConfig": "pyspark_abs.config",
     "Fault": "pyspark_abs.faults",
     "FaultAction": "pyspark_abs.faults",
     "FaultStep": "pyspark_abs.faults",
-    "EpochStatus": "pyspark_abs.manifest",
-    "SnapshotListener": "pyspark_abs.metrics",
-    "Clock": "pyspark_abs.operators",
-    "KeyGroupContext": "pyspark_abs.operators",
-    "KeyGroupResult": "pyspark_abs.operators",
-    "KeyState": "pyspark_abs.operators",
-    "Operator": "pyspark_abs.operators",
-    "TimeoutMode": "pyspark_abs.operators",
-    "operator": "pyspark_abs.operators",
-    "vectorized_operator": "pyspark_abs.operators",
-    "DeltaSink": "pyspark_abs.pipeline",
-    "Pipeline": "pyspark_abs.pipeline",
-    "PipelineQuery": "pyspark_abs.pipeline",
-    "Quiescence": "pyspark_abs.pipeline",
-    "restore": "pyspark_abs.savepoints",
-    "rollback": "pyspark_abs.savepoints",
-    "write_state": "pyspark_abs.savepoints",
+    "EpochStatus": "pyspark_abs.manifest.entries",
+    "SnapshotListener": "pyspark_abs.protocol.listeners",
+    "Clock": "pyspark_abs.operators.contract",
+    "KeyGroupContext": "pyspark_abs.operators.contract",
+    "KeyGroupResult": "pyspark_abs.operators.contract",
+    "KeyState": "pyspark_abs.operators.contract",
+    "Operator": "pyspark_abs.operators.contract",
+    "TimeoutMode": "pyspark_abs.operators.contract",
+    "operator": "pyspark_abs.operators.contract",
+    "vectorized_operator": "pyspark_abs.operators.contract",
+    "DeltaSink": "pyspark_abs.pipeline.declaration",
+    "Pipeline": "pyspark_abs.pipeline.declaration",
+    "PipelineQuery": "pyspark_abs.pipeline.declaration",
+    "Quiescence": "pyspark_abs.pipeline.declaration",
+    "restore": "pyspark_abs.admin.savepoints",
+    "rollback": "pyspark_abs.admin.savepoints",
+    "write_state": "pyspark_abs.admin.savepoints",
     "local_session": "pyspark_abs.session",
-    "SnapshotInfo": "pyspark_abs.snapshots",
-    "Snapshots": "pyspark_abs.snapshots",
+    "SnapshotInfo": "pyspark_abs.manifest.info",
+    "Snapshots": "pyspark_abs.snapshots.reading",
     "DeltaSource": "pyspark_abs.sources",
     "FileSource": "pyspark_abs.sources",
     "KafkaSource": "pyspark_abs.sources",

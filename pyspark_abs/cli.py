@@ -19,14 +19,16 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from pyspark_abs.backedge import BACKEDGE_PREFIX
+from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.retention import vacuum
+from pyspark_abs.admin.savepoints import restore, rollback, write_state
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.errors import AbsError, ConfigError
-from pyspark_abs.maintenance import compact, vacuum, validate
-from pyspark_abs.manifest import SNAPSHOT_STATUSES, EpochStatus
-from pyspark_abs.operators import Operator
-from pyspark_abs.savepoints import restore, rollback, write_state
-from pyspark_abs.snapshots import Snapshots
-from pyspark_abs.store import DeltaStore, normalize_uri
+from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES, EpochStatus
+from pyspark_abs.operators.contract import Operator
+from pyspark_abs.snapshots.reading import Snapshots
+from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -316,7 +318,7 @@ def _read_state(
     """The state at ``path``; CSV columns are cast to the types of the root's state table."""
     from pyspark.errors import AnalysisException
 
-    from pyspark_abs.store import load_dataframe
+    from pyspark_abs.storage.store import load_dataframe
 
     try:
         if fmt == "delta":
@@ -333,8 +335,8 @@ def _read_state(
         return frame
     from pyspark.sql import functions as F
 
-    from pyspark_abs.schema import to_spark
-    from pyspark_abs.store import arrow_schema
+    from pyspark_abs.operators.schema import to_spark
+    from pyspark_abs.storage.store import arrow_schema
 
     types = {f.name: f.dataType for f in to_spark(arrow_schema(DeltaStore().open(table))).fields}
     return frame.select(

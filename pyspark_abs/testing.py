@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.session import local_session
-from pyspark_abs.snapshots import Snapshots
+from pyspark_abs.snapshots.reading import Snapshots
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -39,8 +39,8 @@ from pyspark_abs import (
     local_session,
     vectorized_operator,
 )
-from pyspark_abs.schema import EPOCH, KEY_GROUP
-from pyspark_abs.state_codec import BatchCodec
+from pyspark_abs.operators.schema import EPOCH, KEY_GROUP
+from pyspark_abs.operators.state_codec import BatchCodec
 
 if TYPE_CHECKING:
     import argparse

@@ -32,7 +32,9 @@ from pyspark_abs import (
     restore,
     rollback,
 )
-from pyspark_abs.maintenance import compact, vacuum, validate
+from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.retention import vacuum
+from pyspark_abs.admin.validation import validate
 
 
 def table_size(uri: str) -> dict[str, int]:

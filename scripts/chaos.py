@@ -47,11 +47,11 @@ from typing import Any, cast
 import pyarrow as pa
 
 from pyspark_abs import EpochStatus, SnapshotNotFoundError, Snapshots
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples.wordcount import input_files, words_in
 from pyspark_abs.faults import FaultStep
-from pyspark_abs.maintenance import validate
-from pyspark_abs.recovery import manifest_owner, open_manifest
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.table import manifest_owner, open_manifest
+from pyspark_abs.storage.store import DeltaStore
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER_STEPS = [s for s in FaultStep if s is not FaultStep.PRECOMMIT_TASK]

@@ -792,7 +792,8 @@ class Nemesis:
         return "done"
 
     def op_maintenance(self) -> str:
-        from pyspark_abs.maintenance import compact, vacuum
+        from pyspark_abs.admin.compaction import compact
+        from pyspark_abs.admin.retention import vacuum
 
         root = self.current
         extra = self.run_args(root)
@@ -842,7 +843,7 @@ class Nemesis:
         return "failed"
 
     def op_zombie(self) -> str:
-        from pyspark_abs.lease import break_lease
+        from pyspark_abs.protocol.lease import break_lease
 
         root = self.current
         extra = [*self.run_args(root), "--pause", self.pause_at(root)]
@@ -883,7 +884,7 @@ class Nemesis:
 
     def check_one(self, model: Model, root: Path) -> tuple[Counter[str], list[str]]:
         """Check one root against the model, and validate it."""
-        from pyspark_abs.maintenance import validate
+        from pyspark_abs.admin.validation import validate
 
         try:
             counts, notes = check_root(model, root)

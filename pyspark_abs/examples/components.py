@@ -30,13 +30,13 @@ import pyarrow.csv as pacsv
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs.backedge import BackEdge
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import SourceError
-from pyspark_abs.operators import KeyGroupContext, KeyGroupResult, vectorized_operator
-from pyspark_abs.pipeline import Pipeline
+from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
+from pyspark_abs.pipeline.backedge import BackEdge
+from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session
-from pyspark_abs.snapshots import Snapshots
+from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import DeltaSource
 
 EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64())])

@@ -25,12 +25,12 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs.backedge import BackEdge
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.operators import KeyState, Operator, operator
-from pyspark_abs.pipeline import Pipeline
+from pyspark_abs.operators.contract import KeyState, Operator, operator
+from pyspark_abs.pipeline.backedge import BackEdge
+from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session
-from pyspark_abs.snapshots import Snapshots
+from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import DeltaSource
 
 _JOB_FIELDS: list[pa.Field[Any]] = [

@@ -24,8 +24,13 @@ from pyspark.sql import functions as F
 
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
-from pyspark_abs.operators import KeyGroupContext, KeyGroupResult, Operator, vectorized_operator
-from pyspark_abs.pipeline import Pipeline
+from pyspark_abs.operators.contract import (
+    KeyGroupContext,
+    KeyGroupResult,
+    Operator,
+    vectorized_operator,
+)
+from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session
 
 

@@ -557,7 +557,7 @@ def _delta_schema(schema_json: str) -> StructType:
     """The Spark schema of a Delta ``schemaString``, converted as the stream converts it."""
     from deltalake import Schema
 
-    from pyspark_abs.schema import to_spark
+    from pyspark_abs.operators.schema import to_spark
 
     exported: Any = Schema.from_json(schema_json).to_arrow()
     return to_spark(pa.schema(exported))
@@ -882,7 +882,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows as record batches with the stream's Arrow schema."""
-        from pyspark_abs.schema import to_arrow
+        from pyspark_abs.operators.schema import to_arrow
 
         if not isinstance(partition, DeltaFilePartition):
             raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
@@ -1019,8 +1019,8 @@ class DeltaSource:
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
-        from pyspark_abs.schema import to_spark
-        from pyspark_abs.store import arrow_schema, normalize_uri
+        from pyspark_abs.operators.schema import to_spark
+        from pyspark_abs.storage.store import arrow_schema, normalize_uri
 
         uri = normalize_uri(self.path)
         try:

@@ -321,7 +321,7 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The file's rows as record batches with the stream's Arrow schema."""
-        from pyspark_abs.schema import to_arrow
+        from pyspark_abs.operators.schema import to_arrow
 
         if not isinstance(partition, _FilePartition):
             raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
@@ -406,7 +406,7 @@ class FileSource:
         Raises:
             OperatorDefinitionError: ``schema`` is not a valid DDL schema.
         """
-        from pyspark_abs.schema import resolve_struct, to_spark
+        from pyspark_abs.operators.schema import resolve_struct, to_spark
 
         if self.schema is None:  # text
             schema = to_spark(TEXT_SCHEMA)

@@ -10,7 +10,7 @@ instead of leaving a root whose next start fails.
 from __future__ import annotations
 
 from pyspark_abs.errors import ConfigError, SourceError
-from pyspark_abs.manifest import ManifestEntry
+from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.files import FileSource
 from pyspark_abs.sources.kafka import KafkaSource

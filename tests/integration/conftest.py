@@ -24,7 +24,7 @@ from pyspark_abs import (
     operator,
 )
 from pyspark_abs.examples import wordcount
-from pyspark_abs.manifest import SNAPSHOT_STATUSES
+from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from tests.conftest import running_counts
 
 STATE_DDL = "word string, count long"

@@ -44,7 +44,7 @@ from pyspark_abs import (
     operator,
     vectorized_operator,
 )
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore
 from tests.integration.conftest import assert_same
 
 OUTPUT = "word string, total long"

@@ -18,7 +18,7 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from pyspark_abs import FencingError, Snapshots
-from pyspark_abs.lease import Lease, read_lease
+from pyspark_abs.protocol.lease import Lease, read_lease
 from tests.conftest import EPOCHS
 from tests.integration.conftest import assert_same, expected_state
 

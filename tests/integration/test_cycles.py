@@ -31,8 +31,9 @@ from pyspark_abs import (
     rollback,
     testing,
 )
+from pyspark_abs.admin.retention import vacuum
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples import components, retry
-from pyspark_abs.maintenance import vacuum, validate
 from pyspark_abs.sources import DeltaSource
 from tests.integration.conftest import assert_same
 

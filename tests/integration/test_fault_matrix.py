@@ -25,9 +25,11 @@ from pyspark_abs import (
     restore,
     rollback,
 )
+from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.retention import vacuum
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.faults import EXIT_CODE
-from pyspark_abs.maintenance import compact, vacuum, validate
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import (
     assert_same,

@@ -13,9 +13,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pyspark_abs import EpochStatus, FencingError, Snapshots, rollback
-from pyspark_abs.lease import break_lease, read_lease
-from pyspark_abs.maintenance import validate
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.admin.validation import validate
+from pyspark_abs.protocol.lease import break_lease, read_lease
+from pyspark_abs.storage.store import DeltaStore
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import assert_word_counts, word_pipeline
 

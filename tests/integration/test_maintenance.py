@@ -26,11 +26,14 @@ from pyspark_abs import (
     operator,
     rollback,
 )
-from pyspark_abs.changelog import latest_per_key
+from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.retention import vacuum
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
-from pyspark_abs.maintenance import _load, compact, vacuum, validate
-from pyspark_abs.precommit import root_tag
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.table import open_root
+from pyspark_abs.operators.changelog import latest_per_key
+from pyspark_abs.protocol.precommit import root_tag
+from pyspark_abs.storage.store import DeltaStore
 from tests.conftest import EPOCHS, race, write_epochs
 from tests.integration.conftest import (
     STATE_DDL,
@@ -163,7 +166,7 @@ def live_state(root: Path, epoch: int | None = None) -> dict[str, int]:
     uri = str(root / STATE)
     version = None
     if epoch is not None:
-        entry = _load(store, str(root)).latest(epoch)
+        entry = open_root(store, str(root)).latest(epoch)
         assert entry is not None
         version = entry.table_versions[STATE]
     live = latest_per_key(store.read(uri, version), ["word"], epoch)
@@ -176,7 +179,7 @@ def paused_compaction(root: Path) -> subprocess.Popen[bytes]:
     script = (
         "import sys; from pyspark_abs import AbsConfig; "
         "from pyspark_abs.faults import Fault, FaultAction, FaultStep; "
-        "from pyspark_abs.maintenance import compact; "
+        "from pyspark_abs.admin.retention import compact; "
         f"compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
         f"action={fault.action.value!r}),)))"
     )

@@ -20,7 +20,7 @@ from pyspark_abs import (
     vectorized_operator,
 )
 from pyspark_abs.examples import wordcount
-from pyspark_abs.store import DeltaStore, load_dataframe
+from pyspark_abs.storage.store import DeltaStore, load_dataframe
 from tests.conftest import EPOCHS, write_epochs
 from tests.integration.conftest import (
     assert_same,

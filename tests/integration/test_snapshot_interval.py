@@ -33,13 +33,14 @@ from pyspark_abs import (
     cli,
     rollback,
 )
-from pyspark_abs.barrier import FileEntry
+from pyspark_abs.admin.retention import vacuum
+from pyspark_abs.admin.validation import require_intact, validate
 from pyspark_abs.examples import retry, wordcount
-from pyspark_abs.maintenance import require_intact, vacuum, validate
-from pyspark_abs.manifest import EpochLog
-from pyspark_abs.recovery import manifest_root_id, open_manifest
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.store import EPOCH_KEY, DeltaStore, app_id, load_dataframe
+from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.store import EPOCH_KEY, DeltaStore, app_id, load_dataframe
 from tests.conftest import write_epochs
 from tests.integration.conftest import (
     assert_same,

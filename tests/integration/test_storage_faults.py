@@ -33,9 +33,9 @@ from pyspark_abs import (
     operator,
     rollback,
 )
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples import wordcount
-from pyspark_abs.maintenance import validate
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore
 from tests.conftest import EPOCHS, running_counts, write_epochs
 from tests.integration.conftest import (
     STATE_DDL,

@@ -1,8 +1,9 @@
 import pytest
 
-from pyspark_abs.alignment import align, check_files
-from pyspark_abs.barrier import BarrierMarker, FileEntry
 from pyspark_abs.errors import AlignmentError, PrecommitFileError
+from pyspark_abs.protocol.alignment import align, check_files
+from pyspark_abs.protocol.barrier import BarrierMarker
+from pyspark_abs.storage.files import FileEntry
 
 
 def marker(partition: int, epoch: int = 3, files: int = 1, delta: int = 2) -> BarrierMarker:

@@ -10,17 +10,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pyspark_abs.backedge import (
-    BackEdge,
-    check_back_edges,
-    check_loop_schema,
-    consumed_before,
-    split_offsets,
-)
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.examples import components
-from pyspark_abs.manifest import EpochStatus, ManifestEntry
-from pyspark_abs.operators import Clock, KeyGroupContext
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.operators.contract import Clock, KeyGroupContext
+from pyspark_abs.pipeline.backedge import BackEdge, check_back_edges, check_loop_schema
+from pyspark_abs.sources.backedge_log import consumed_before, split_offsets
 from pyspark_abs.sources.delta import Offset
 from tests.conftest import arrow_schema
 

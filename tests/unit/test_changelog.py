@@ -1,6 +1,6 @@
 import pyarrow as pa
 
-from pyspark_abs.changelog import duplicate_changes, latest_per_key
+from pyspark_abs.operators.changelog import duplicate_changes, latest_per_key
 
 
 def changelog(rows: list[tuple[str | None, int, int, bool]]) -> pa.Table:

@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from pyspark_abs import CommitError, InjectedFault
-from pyspark_abs.committer import Group, OrderedCommitter
-from pyspark_abs.manifest import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.protocol.committer import Group, OrderedCommitter
 
 
 def prepared(*epochs: int) -> Group:

@@ -1,4 +1,4 @@
-from pyspark_abs.maintenance import CompactionPolicy
+from pyspark_abs.protocol.compaction import CompactionPolicy
 
 
 def test_every_n_epochs() -> None:

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_abs import AbsConfig, ConfigError
-from pyspark_abs.connect import require_supported
+from pyspark_abs.pipeline.connect import require_supported
 
 
 def test_defaults() -> None:

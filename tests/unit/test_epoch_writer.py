@@ -9,16 +9,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pyspark_abs.barrier import FileEntry
-from pyspark_abs.checkpoint import ArrowFiles, CheckpointReader
-from pyspark_abs.commit import EpochWriter, now
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.errors import CommitError, InjectedFault, ManifestError
 from pyspark_abs.faults import Fault, FaultInjector, FaultStep
-from pyspark_abs.manifest import EpochStatus, ManifestEntry
-from pyspark_abs.recovery import open_manifest
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
+from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.store import DeltaStore
 
 PIPELINE = "p"
 SINK = "sink/out"

@@ -20,15 +20,14 @@ from pyspark_abs import (
     StateTooLargeError,
     TimeoutMode,
 )
-from pyspark_abs.execution import (
-    DecidedReplay,
+from pyspark_abs.operators.execution import (
     KeyGroupOutcome,
-    OperatorPlan,
     apply_changes,
     decided_changes,
     encode_state,
     run_key_group,
 )
+from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
 from tests.conftest import arrow_schema
 
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))

@@ -1,6 +1,6 @@
 import pyarrow as pa
 
-from pyspark_abs.keys import contains, key_arrays, positions, repeated
+from pyspark_abs.operators.keys import contains, key_arrays, positions, repeated
 
 
 def test_single_column_keys_match_nulls_and_nan() -> None:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import pyspark_abs.lease as lease_module
+import pyspark_abs.protocol.lease as lease_module
 from pyspark_abs import FencingError
-from pyspark_abs.commit import EpochWriter, now
-from pyspark_abs.lease import (
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.lease import (
     LEASE_DIR,
     LEASE_FILE,
     LEASE_SECONDS,
@@ -21,9 +23,7 @@ from pyspark_abs.lease import (
     read_lease,
     require_no_live_holder,
 )
-from pyspark_abs.manifest import EpochStatus, ManifestEntry
-from pyspark_abs.recovery import open_manifest
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore
 
 
 def plant(root: Path, **changes: object) -> LeaseRecord:

@@ -5,23 +5,25 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pyspark_abs.barrier import FileEntry
 from pyspark_abs.errors import ManifestError, SnapshotNotFoundError
-from pyspark_abs.manifest import (
+from pyspark_abs.manifest.entries import (
     MANIFEST_SCHEMA,
     EpochDecision,
-    EpochLog,
     EpochStatus,
     ManifestEntry,
-    check_group,
     check_transition,
-    closes_group,
     entries_to_table,
+)
+from pyspark_abs.manifest.log import (
+    EpochLog,
+    check_group,
+    closes_group,
     epoch_ranges,
     recovery_groups,
 )
-from pyspark_abs.recovery import manifest_spec, open_manifest
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.table import manifest_spec, open_manifest
+from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.store import DeltaStore
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pyspark_abs.commit import EpochWriter
+from pyspark_abs.admin.retention import expire
 from pyspark_abs.errors import ManifestError
-from pyspark_abs.maintenance import expire
-from pyspark_abs.manifest import EpochStatus, ManifestEntry, entries_to_table
-from pyspark_abs.recovery import open_manifest
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
+from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.storage.store import DeltaStore
 from tests.conftest import race
 from tests.unit.test_epoch_writer import PIPELINE, make_root, prepared, writer_of
 

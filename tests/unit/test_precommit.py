@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import pyspark_abs.precommit as precommit
-from pyspark_abs.envelope import Kind, envelope_frame
-from pyspark_abs.precommit import PrecommitPlan, TableTarget, write_partition
-from pyspark_abs.state_codec import BatchCodec
+import pyspark_abs.protocol.precommit as precommit
+from pyspark_abs.operators.envelope import Kind, envelope_frame
+from pyspark_abs.operators.state_codec import BatchCodec
+from pyspark_abs.protocol.precommit import PrecommitPlan, TableTarget, write_partition
 from tests.conftest import arrow_schema
 
 CHANGES = arrow_schema(

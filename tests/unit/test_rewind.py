@@ -5,8 +5,8 @@ import json
 import pytest
 
 from pyspark_abs import SourceError
-from pyspark_abs.commit import now
-from pyspark_abs.manifest import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.protocol.epoch_writer import now
 from pyspark_abs.sources.rewind import require_rewindable, unrewindable
 
 DELTA = json.dumps({"source": "pyspark_abs_delta", "version": 3, "index": 0})

@@ -9,11 +9,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
-from pyspark_abs.barrier import FileEntry
-from pyspark_abs.envelope import Kind
 from pyspark_abs.errors import CommitError
-from pyspark_abs.precommit import TableTarget, file_prefix, write_files
-from pyspark_abs.store import KEEP_LOG, DeltaStore, TableSpec, log_entries, remove_log_below
+from pyspark_abs.operators.envelope import Kind
+from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.store import KEEP_LOG, DeltaStore, TableSpec, log_entries, remove_log_below
 from tests.conftest import arrow_schema
 
 SCHEMA = arrow_schema(("word", pa.string()), ("count", pa.int64()))

@@ -38,12 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from pyspark_abs.alignment import align, check_files
-from pyspark_abs.backedge import BACKEDGE_PREFIX
-from pyspark_abs.barrier import MARKER_DDL, BarrierMarker, FileEntry
-from pyspark_abs.checkpoint import BatchOffsets, CheckpointReader
-from pyspark_abs.commit import EpochWriter, now
-from pyspark_abs.committer import Group, OrderedCommitter
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
@@ -54,13 +48,21 @@ from pyspark_abs.errors import (
     rebuild_from_text,
 )
 from pyspark_abs.faults import FaultStep
-from pyspark_abs.maintenance import CompactionPolicy, compact_snapshot
-from pyspark_abs.manifest import EpochDecision, EpochStatus, ManifestEntry, closes_group
-from pyspark_abs.metrics import SnapshotListener, notify
-from pyspark_abs.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
-from pyspark_abs.schema import KEY_GROUP
-from pyspark_abs.snapshots import SnapshotInfo
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.entries import EpochDecision, EpochStatus, ManifestEntry
+from pyspark_abs.manifest.info import SnapshotInfo
+from pyspark_abs.manifest.log import closes_group
+from pyspark_abs.operators.schema import KEY_GROUP
+from pyspark_abs.protocol.alignment import align, check_files
+from pyspark_abs.protocol.barrier import MARKER_DDL, BarrierMarker
+from pyspark_abs.protocol.committer import Group, OrderedCommitter
+from pyspark_abs.protocol.compaction import CompactionPolicy, compact_snapshot
+from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.listeners import SnapshotListener, notify
+from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
+from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
+from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -386,7 +388,7 @@ class EpochCoordinator:
         """Run a replay of a decided epoch, so Spark's state store takes the decided state.
 
         The operator's tasks install the epoch's decided state changes instead of calling
-        the function (see :class:`~pyspark_abs.execution.DecidedReplay`) and name each key
+        the function (see :class:`~pyspark_abs.operators.execution.DecidedReplay`) and name each key
         group they installed changes for. A key group the replay does not reach (its input
         changed since) would keep stale state, so the run stops instead.
 

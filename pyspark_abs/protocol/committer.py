@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from pyspark_abs.errors import AbsError, CommitError
-from pyspark_abs.manifest import ManifestEntry
+from pyspark_abs.manifest.entries import ManifestEntry
 
 Group = Sequence[ManifestEntry]
 """PREPARED epochs committed together, oldest first; the last one becomes the snapshot."""

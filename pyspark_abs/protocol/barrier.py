@@ -7,25 +7,13 @@ coordinator aligns the markers of all partitions before it records the epoch as 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-FILE_TYPE = pa.struct(
-    [
-        pa.field("table", pa.string()),
-        pa.field("path", pa.string()),
-        pa.field("size_bytes", pa.int64()),
-        pa.field("num_rows", pa.int64()),
-        pa.field("crc32", pa.int64()),
-        pa.field("partition_values", pa.string()),
-        pa.field("stats", pa.string()),
-    ]
-)
-"""Arrow type of one pre-committed file, in markers and in the manifest."""
+from pyspark_abs.storage.files import FILE_TYPE, FileEntry
 
 _MARKER_FIELDS: list[pa.Field[Any]] = [
     pa.field("operator", pa.string()),
@@ -46,44 +34,6 @@ MARKER_DDL = (
     "size_bytes:bigint, num_rows:bigint, crc32:bigint, partition_values:string, stats:string>>"
 )
 """Spark schema of a marker row (the same as MARKER_SCHEMA)."""
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """A data file written by a pre-commit task, not yet in any Delta log.
-
-    Attributes:
-        table: Table id, e.g. ``state/word_count`` or ``sink/output``.
-        path: Path relative to the table's root.
-        size_bytes: File size.
-        num_rows: Rows in the file.
-        crc32: CRC-32 of the file's bytes.
-        partition_values: Hive partition values as JSON (``{}`` when unpartitioned).
-        stats: Delta statistics JSON for the add action.
-    """
-
-    table: str
-    path: str
-    size_bytes: int
-    num_rows: int
-    crc32: int
-    partition_values: str = "{}"
-    stats: str = "{}"
-
-    @property
-    def partitions(self) -> dict[str, str | None]:
-        """Partition values as a dict."""
-        values: dict[str, str | None] = json.loads(self.partition_values)
-        return values
-
-    @classmethod
-    def from_dict(cls, row: Mapping[str, Any]) -> FileEntry:
-        """Build an entry from a row dict (Spark Row.asDict() or Arrow to_pylist())."""
-        return cls(**{k: row[k] for k in FILE_TYPE.names})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The entry as a row dict."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ class Lease:
                 f"pipeline {pipeline!r} cannot start: snapshot root {root} is held by "
                 f"{current.describe(now)}. Stop that run first; if it is gone, start again "
                 f"after its lease expires ({LEASE_SECONDS:.0f} s after its last renewal) or "
-                f"free the root with pyspark_abs.lease.break_lease({root!r})"
+                f"free the root with pyspark_abs.protocol.lease.break_lease({root!r})"
             )
         record = LeaseRecord(
             run_id, pipeline, socket.gethostname(), os.getpid(), now, now, generation + 1
@@ -376,7 +376,7 @@ def _parse(data: bytes, location: str, root: str, generation: int) -> LeaseRecor
     except (ValueError, TypeError, AttributeError) as err:
         raise SnapshotRootError(
             f"the lease {location} is damaged ({err}); if no pipeline runs on {root}, remove "
-            f"it with pyspark_abs.lease.break_lease({root!r})"
+            f"it with pyspark_abs.protocol.lease.break_lease({root!r})"
         ) from None
 
 

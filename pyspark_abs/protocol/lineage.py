@@ -1,106 +1,24 @@
 """Recovery on start: load the manifest and check that root and checkpoint belong together.
 
 After these checks every epoch left PREPARED by an earlier run is committed, in the groups
-of its snapshot interval (:meth:`~pyspark_abs.commit.EpochWriter.recover`), the checkpoint's
-micro-batches are mapped onto epochs (:func:`resolve_lineage`), and Spark replays the
-micro-batches it had not committed; the coordinator discards replays of decided epochs.
+of its snapshot interval (:meth:`~pyspark_abs.protocol.epoch_writer.EpochWriter.recover`),
+the checkpoint's micro-batches are mapped onto epochs (:func:`resolve_lineage`), and Spark
+replays the micro-batches it had not committed; the coordinator discards replays of decided epochs.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark_abs.checkpoint import CheckpointReader
-from pyspark_abs.errors import ManifestError, PipelineMismatchError
-from pyspark_abs.manifest import (
-    FORMAT_VERSION,
-    MANIFEST_SCHEMA,
-    EpochLog,
-    EpochStatus,
-    ManifestEntry,
-)
-from pyspark_abs.store import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, DeltaStore, TableSpec, app_id
+from pyspark_abs.errors import PipelineMismatchError
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
+from pyspark_abs.storage.store import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, DeltaStore, app_id
 
 log = logging.getLogger("pyspark_abs")
-
-
-def manifest_spec(root: str, pipeline: str) -> TableSpec:
-    """The ``_manifest`` table of a snapshot root, with a new root id if it is created."""
-    return TableSpec(
-        table="_manifest",
-        uri=f"{root}/_manifest",
-        schema=MANIFEST_SCHEMA,
-        description=json.dumps(
-            {"pipeline": pipeline, "format_version": FORMAT_VERSION, "root_id": uuid.uuid4().hex}
-        ),
-    )
-
-
-def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
-    """Create the root's manifest, or load it after checking it belongs to ``pipeline``.
-
-    A manifest written by an older pyspark-abs first gets the columns added since (null in
-    its existing rows).
-
-    Raises:
-        PipelineMismatchError: The root belongs to another pipeline.
-        ManifestError: The manifest cannot be read or breaks the epoch state machine.
-    """
-    spec = manifest_spec(root, pipeline)
-    if store.exists(spec.uri):
-        owner = manifest_owner(store, root)
-        if owner != pipeline:
-            raise PipelineMismatchError(
-                f"snapshot root {root} belongs to pipeline {owner!r}, not {pipeline!r}; give "
-                f"this pipeline its own snapshot root"
-            )
-        added = store.add_missing_columns(spec)
-        if added:
-            log.info("manifest at %s: added column(s) %s", spec.uri, ", ".join(added))
-    store.ensure_table(spec)
-    return load_epoch_log(store, spec.uri)
-
-
-def load_epoch_log(store: DeltaStore, uri: str) -> EpochLog:
-    """The manifest table at ``uri`` as an :class:`EpochLog`, with the version it was read at.
-
-    Raises:
-        ManifestError: The manifest cannot be read or breaks the epoch state machine.
-    """
-    try:
-        rows, version = store.read_versioned(uri)
-        return EpochLog((ManifestEntry.from_row(r) for r in rows.to_pylist()), version)
-    except ManifestError:
-        raise
-    except Exception as err:
-        raise ManifestError(f"cannot read the manifest at {uri}: {err}") from err
-
-
-def manifest_owner(store: DeltaStore, root: str) -> str | None:
-    """The pipeline a snapshot root belongs to, from its manifest's description."""
-    return _described(store, root, "pipeline")
-
-
-def manifest_root_id(store: DeltaStore, root: str) -> str | None:
-    """The id a snapshot root was created with (None: created before root ids existed).
-
-    Every Delta transaction the root commits to a table carries it (see
-    :func:`~pyspark_abs.commit.app_id`), so two roots never take each other's epochs for
-    their own.
-    """
-    return _described(store, root, "root_id")
-
-
-def _described(store: DeltaStore, root: str, key: str) -> str | None:
-    try:
-        value = json.loads(store.description(f"{root}/_manifest") or "{}").get(key)
-    except json.JSONDecodeError:
-        value = None
-    return value if isinstance(value, str) else None
 
 
 def require_own_sinks(

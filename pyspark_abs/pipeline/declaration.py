@@ -8,7 +8,7 @@
                                    (once per group of ``snapshot_interval`` epochs)
 
 With back-edges, the input is the source plus a loop head per back-edge, which reads the
-records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.backedge`).
+records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.pipeline.backedge`).
 """
 
 from __future__ import annotations
@@ -24,21 +24,8 @@ import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from pyspark_abs.backedge import (
-    BACKEDGE_PREFIX,
-    BackEdge,
-    check_back_edges,
-    check_loop_schema,
-    in_flight_count,
-    loop_head,
-    split_offsets,
-)
-from pyspark_abs.checkpoint import CheckpointReader
-from pyspark_abs.commit import EpochWriter
+from pyspark_abs.admin.validation import require_sound_start
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.connect import ConnectRun, RemoteCoordinator, is_connect, require_supported
-from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
-from pyspark_abs.envelope import ENVELOPE_DDL, STATE_DDL, Kind
 from pyspark_abs.errors import (
     AbsError,
     ConfigError,
@@ -46,29 +33,42 @@ from pyspark_abs.errors import (
     SourceError,
     rebuild_from_text,
 )
-from pyspark_abs.execution import DecidedReplay, KeyGroupTask, OperatorPlan
 from pyspark_abs.faults import FaultInjector
-from pyspark_abs.keygroups import key_group_column
-from pyspark_abs.lease import Lease
-from pyspark_abs.maintenance import require_sound_start
-from pyspark_abs.manifest import EpochLog, ManifestEntry
-from pyspark_abs.metrics import SnapshotListener
-from pyspark_abs.operators import Operator, TimeoutMode
-from pyspark_abs.precommit import TableTarget
-from pyspark_abs.recovery import Lineage, open_manifest, require_own_sinks, resolve_lineage
-from pyspark_abs.schema import (
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.operators.contract import Operator, TimeoutMode
+from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL, Kind
+from pyspark_abs.operators.execution import KeyGroupTask
+from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan, resolve_plan
+from pyspark_abs.operators.schema import (
     KEY_GROUP,
-    RESERVED_COLUMNS,
     RESTORE,
     TIMEOUT,
     instant_columns,
-    resolve_struct,
     to_arrow,
     to_spark,
 )
-from pyspark_abs.snapshots import Snapshots, state_table_description
+from pyspark_abs.pipeline.backedge import BackEdge, check_back_edges, check_loop_schema, loop_head
+from pyspark_abs.pipeline.connect import (
+    ConnectRun,
+    RemoteCoordinator,
+    is_connect,
+    require_supported,
+)
+from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.lease import Lease
+from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
+from pyspark_abs.protocol.listeners import SnapshotListener
+from pyspark_abs.protocol.precommit import TableTarget
+from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
+from pyspark_abs.snapshots.reading import Snapshots, state_table_description
 from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
-from pyspark_abs.store import DeltaStore, TableSpec, normalize_uri
+from pyspark_abs.sources.backedge_log import in_flight_count, split_offsets
+from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -170,9 +170,9 @@ class Pipeline:
             transform: Applied to the source's DataFrame before the operator, e.g. to
                 parse columns or set a watermark on a DeltaSource.
             back_edges: Outputs whose rows return as the operator's input in a later epoch
-                (see :class:`~pyspark_abs.backedge.BackEdge`).
+                (see :class:`~pyspark_abs.pipeline.backedge.BackEdge`).
             listeners: Receive each epoch's metrics as it is committed or aborted (see
-                :class:`~pyspark_abs.metrics.SnapshotListener`).
+                :class:`~pyspark_abs.snapshots.metrics.SnapshotListener`).
 
         Raises:
             OperatorDefinitionError: The source, operator, sinks and back-edges do not fit
@@ -762,14 +762,11 @@ def decided_replays(
     return tuple(replays)
 
 
-# Spark's field metadata key marking the column a watermark is defined on.
-EVENT_TIME_MARK = "spark.watermarkDelayMs"
-
-
 def as_micros(frame: DataFrame) -> DataFrame:
     """``frame`` with its top-level ``timestamp`` columns as microseconds since the Unix epoch.
 
-    So they reach the operator as exact instants (see :func:`~pyspark_abs.schema.localize`).
+    So they reach the operator as exact instants (see
+    :func:`~pyspark_abs.operators.schema.localize`).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampType
@@ -784,64 +781,6 @@ def as_micros(frame: DataFrame) -> DataFrame:
             else frame[f.name]
             for f in frame.schema.fields
         )
-    )
-
-
-def resolve_plan(
-    name: str,
-    source: DataFrame,
-    operator: Operator,
-    snapshots: bool,
-    *,
-    max_state_bytes: int | None = None,
-) -> OperatorPlan:
-    """Resolve an operator against its input DataFrame.
-
-    ``max_state_bytes`` bounds the encoded state of one key group (None: no bound).
-
-    Raises:
-        OperatorDefinitionError: Source and operator do not fit together.
-    """
-    columns = source.columns
-    reserved = (*RESERVED_COLUMNS, RESTORE)
-    clashes = [c for c in columns if c in reserved]
-    if clashes:
-        raise OperatorDefinitionError(
-            f"pipeline {name!r}: source column(s) {clashes} use names reserved by "
-            f"pyspark-abs {list(reserved)}; rename them"
-        )
-    missing = [k for k in operator.key if k not in columns]
-    if missing:
-        raise OperatorDefinitionError(
-            f"pipeline {name!r}: key column(s) {missing} of operator {operator.name!r} are not "
-            f"in the source, which has {columns}"
-        )
-    state = resolve_struct(operator.state_schema, f"operator {operator.name!r} state_schema")
-    state_names = [f.name for f in state.fields]
-    overlap = [c for c in state_names if c in operator.key or c in RESERVED_COLUMNS]
-    if overlap or not state_names:
-        raise OperatorDefinitionError(
-            f"operator {operator.name!r}: state_schema must declare at least one column and "
-            f"no key or reserved column, got {state_names}"
-        )
-    outputs = tuple(
-        (out, to_arrow(resolve_struct(schema, f"operator {operator.name!r} output {out!r}")))
-        for out, schema in operator.outputs
-    )
-    return OperatorPlan(
-        name=operator.name,
-        key_columns=operator.key,
-        input_schema=to_arrow(source.schema),
-        state_schema=to_arrow(state, nullable=True),
-        outputs=outputs,
-        timeout=operator.timeout,
-        per_key=operator.per_key,
-        vectorized=operator.vectorized,
-        snapshots=snapshots,
-        max_state_bytes=max_state_bytes,
-        event_time=next(
-            (f.name for f in source.schema.fields if EVENT_TIME_MARK in f.metadata), None
-        ),
     )
 
 

@@ -4,14 +4,14 @@ Under Spark Connect (Databricks serverless and shared clusters), a ``foreachBatc
 does not run in the client: Spark pickles it and calls it in a Python process next to the
 server's driver, with a Connect session of its own. The coordinator therefore cannot be an
 object in the client. Instead the client sends a :class:`RemoteCoordinator`, which builds the
-:class:`~pyspark_abs.coordinator.EpochCoordinator` in the server process on the first
+:class:`~pyspark_abs.protocol.coordinator.EpochCoordinator` in the server process on the first
 micro-batch. The client acquires the root's lease when it starts the run (refusing a second
 start), and the server-side run adopts it on its first micro-batch
-(:meth:`~pyspark_abs.lease.Lease.adopt`): the lease then names the process that writes and is
-renewed there, so a dead client's root is not taken over while its query still commits. The
-client reads progress from the manifest (:class:`ConnectRun`) and releases the lease when the
-query has stopped, which also ends the server-side renewals. Checkpoints are read with
-pyarrow's file systems there.
+(:meth:`~pyspark_abs.protocol.lease.Lease.adopt`): the lease then names the process that
+writes and is renewed there, so a dead client's root is not taken over while its query still
+commits. The client reads progress from the manifest (:class:`ConnectRun`) and releases the
+lease when the query has stopped, which also ends the server-side renewals.
+Checkpoints are read with pyarrow's file systems there.
 
 What needs the client to see the coordinator cannot work and is refused with a
 :class:`~pyspark_abs.errors.ConfigError`: the asynchronous committer (nobody could drain it
@@ -25,17 +25,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyspark_abs.checkpoint import ArrowFiles, CheckpointReader
-from pyspark_abs.commit import EpochWriter
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.faults import FaultInjector
-from pyspark_abs.lease import Lease, LeaseRecord
-from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
-from pyspark_abs.metrics import SnapshotListener
-from pyspark_abs.recovery import open_manifest
-from pyspark_abs.store import DeltaStore
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.lease import Lease, LeaseRecord
+from pyspark_abs.protocol.listeners import SnapshotListener
+from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

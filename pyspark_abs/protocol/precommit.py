@@ -26,12 +26,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pyspark_abs.barrier import BarrierMarker, FileEntry
-from pyspark_abs.envelope import Kind
 from pyspark_abs.errors import StorageError
 from pyspark_abs.faults import Fault, FaultAction, crash_or_raise, task_fault
-from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP
-from pyspark_abs.state_codec import BatchCodec
+from pyspark_abs.operators.envelope import Kind
+from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
+from pyspark_abs.operators.state_codec import BatchCodec
+from pyspark_abs.protocol.barrier import BarrierMarker
+from pyspark_abs.storage.files import FileEntry
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _ESCAPED = set("\"#%'*/:=?\\{[]^\x7f") | {chr(c) for c in range(0x20)}

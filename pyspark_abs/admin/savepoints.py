@@ -28,12 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pyspark_abs.backedge import BACKEDGE_PREFIX, in_flight
-from pyspark_abs.barrier import FileEntry
-from pyspark_abs.changelog import latest_per_key
-from pyspark_abs.commit import EpochWriter, now
+from pyspark_abs.admin.validation import require_intact
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.envelope import Kind
 from pyspark_abs.errors import (
     AbsError,
     OperatorDefinitionError,
@@ -44,21 +40,28 @@ from pyspark_abs.errors import (
     SnapshotRootError,
 )
 from pyspark_abs.faults import FaultInjector, FaultStep
-from pyspark_abs.keygroups import key_group_column
-from pyspark_abs.keys import key_arrays, repeated
-from pyspark_abs.maintenance import require_intact
-from pyspark_abs.manifest import EpochLog, EpochStatus, ManifestEntry
-from pyspark_abs.precommit import TableTarget, file_prefix, write_files
-from pyspark_abs.recovery import manifest_owner, open_manifest
-from pyspark_abs.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
-from pyspark_abs.snapshots import SnapshotInfo, state_table_description
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.info import SnapshotInfo
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import manifest_owner, open_manifest
+from pyspark_abs.operators.changelog import latest_per_key
+from pyspark_abs.operators.envelope import Kind
+from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.keys import key_arrays, repeated
+from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
+from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.snapshots.reading import state_table_description
+from pyspark_abs.sources.backedge_log import in_flight
 from pyspark_abs.sources.rewind import require_rewindable
-from pyspark_abs.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
+from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pyspark_abs.operators import Operator
+    from pyspark_abs.operators.contract import Operator
 
 
 def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> SnapshotInfo:
@@ -285,8 +288,8 @@ def write_state(
     """
     from pyspark.sql import functions as F
 
-    from pyspark_abs.operators import TimeoutMode
-    from pyspark_abs.pipeline import resolve_plan
+    from pyspark_abs.operators.contract import TimeoutMode
+    from pyspark_abs.operators.plan import resolve_plan
 
     root = normalize_uri(root)
     store = DeltaStore()

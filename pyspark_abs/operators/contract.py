@@ -28,7 +28,7 @@ from pyspark_abs.errors import (
     SchemaMismatchError,
     StateNotSetError,
 )
-from pyspark_abs.schema import RESERVED_COLUMNS, SchemaLike
+from pyspark_abs.operators.schema import RESERVED_COLUMNS, SchemaLike
 
 DEFAULT_OUTPUT = "output"
 """Name of the output of an operator declared with ``output_schema=``."""

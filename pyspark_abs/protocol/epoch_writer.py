@@ -18,18 +18,11 @@ from functools import cached_property
 
 from pyspark_abs.errors import ConcurrentWriteError, ManifestError, SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
-from pyspark_abs.lease import Lease, require_no_live_holder
-from pyspark_abs.manifest import (
-    EpochLog,
-    EpochStatus,
-    ManifestEntry,
-    check_group,
-    entries_to_table,
-    epoch_ranges,
-    recovery_groups,
-)
-from pyspark_abs.recovery import load_epoch_log, manifest_root_id
-from pyspark_abs.store import DeltaStore, app_id, brief_error
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
+from pyspark_abs.manifest.log import EpochLog, check_group, epoch_ranges, recovery_groups
+from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id
+from pyspark_abs.protocol.lease import Lease, require_no_live_holder
+from pyspark_abs.storage.store import DeltaStore, app_id, brief_error
 
 log = logging.getLogger("pyspark_abs")
 
@@ -203,7 +196,7 @@ class EpochWriter:
         return retry
 
     def fence(self, what: str) -> None:
-        """Make sure this writer may write ``what`` to the root (see :mod:`pyspark_abs.lease`).
+        """Make sure this writer may write ``what`` to the root (see :mod:`.lease`).
 
         Raises:
             FencingError: This run lost the root's lease, or a writer without a lease meets a
@@ -223,7 +216,7 @@ class EpochWriter:
         """Commit every PREPARED epoch that has no outcome yet; return their epochs.
 
         The epochs are committed in the groups their run would have closed, the rest as one
-        last group (see :func:`~pyspark_abs.manifest.recovery_groups`), so the last
+        last group (see :func:`~pyspark_abs.manifest.entries.recovery_groups`), so the last
         pending epoch becomes a snapshot.
         """
         snapshots = self.epochs.snapshots()
@@ -256,7 +249,7 @@ class EpochWriter:
 
         Args:
             group: PREPARED entries, oldest first (see
-                :func:`~pyspark_abs.manifest.check_group`).
+                :func:`~pyspark_abs.manifest.entries.check_group`).
 
         Returns:
             The COMMITTED (or RESTORED) entry of the group's last epoch.

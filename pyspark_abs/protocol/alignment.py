@@ -11,8 +11,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyspark_abs.barrier import BarrierMarker, FileEntry
 from pyspark_abs.errors import AlignmentError, PrecommitFileError
+from pyspark_abs.protocol.barrier import BarrierMarker
+from pyspark_abs.storage.files import FileEntry
 
 
 @dataclass(frozen=True)

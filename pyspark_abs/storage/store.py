@@ -27,7 +27,6 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.schema import Field
 from deltalake.transaction import AddAction, RemoveAction
 
-from pyspark_abs.barrier import FileEntry
 from pyspark_abs.errors import (
     CommitError,
     ConcurrentWriteError,
@@ -35,6 +34,7 @@ from pyspark_abs.errors import (
     SnapshotRootError,
     TableSchemaError,
 )
+from pyspark_abs.storage.files import FileEntry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,7 +60,7 @@ KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
 """Table properties that stop Delta from deleting log entries older than
 ``delta.logRetentionDuration`` (30 days by default) when it writes a checkpoint. The tables
 of a snapshot root keep the log of every retained snapshot's version; vacuum removes the
-log below the oldest one (see :func:`~pyspark_abs.maintenance.vacuum`). A property, not a
+log below the oldest one (see :func:`~pyspark_abs.admin.retention.vacuum`). A property, not a
 table feature: delta-spark reads such tables and honours it."""
 
 _LOG_ENTRY = re.compile(r"^(\d{20})\.(json|checkpoint(?:\.\d+\.\d+)?\.parquet|crc)$")
@@ -636,7 +636,7 @@ def load_dataframe(spark: SparkSession, uri: str, version: int) -> DataFrame:
     """A Delta table at ``version`` as a Spark DataFrame, with or without Delta's jars."""
     if spark_reads_delta(spark):
         return spark.read.format("delta").option("versionAsOf", version).load(uri)
-    from pyspark_abs.schema import to_spark
+    from pyspark_abs.operators.schema import to_spark
 
     table = DeltaTable(uri, version=version)
     schema = to_spark(arrow_schema(table))

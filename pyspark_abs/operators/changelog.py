@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pyspark_abs.keys import key_arrays
-from pyspark_abs.schema import DELETED, EPOCH
+from pyspark_abs.operators.keys import key_arrays
+from pyspark_abs.operators.schema import DELETED, EPOCH
 
 
 def latest_per_key(

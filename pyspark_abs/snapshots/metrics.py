@@ -8,16 +8,14 @@ Spark's query id and batch id so the two can be joined.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from pyspark_abs.snapshots import SnapshotInfo
+    from pyspark_abs.manifest.info import SnapshotInfo
 
-log = logging.getLogger("pyspark_abs")
 
 _INT_MAP = pa.map_(pa.string(), pa.int64())
 
@@ -42,7 +40,7 @@ _METRICS_FIELDS: list[pa.Field[Any]] = [
     pa.field("pending_epochs", pa.int32()),
 ]
 METRICS_SCHEMA = pa.schema(_METRICS_FIELDS)
-"""Columns of :meth:`Snapshots.metrics <pyspark_abs.snapshots.Snapshots.metrics>`.
+"""Columns of :meth:`Snapshots.metrics <pyspark_abs.snapshots.reading.Snapshots.metrics>`.
 
 ``rows`` and ``bytes`` are totals over the epoch's tables; ``rows_by_table`` and
 ``bytes_by_table`` map each table id (``state/<operator>``, ``sink/<output>``,
@@ -81,48 +79,3 @@ def metrics_table(infos: Sequence[SnapshotInfo]) -> pa.Table:
         for i in infos
     ]
     return pa.Table.from_pylist(rows, schema=METRICS_SCHEMA)
-
-
-class SnapshotListener:
-    """Receives a pipeline's epochs as they end, like Spark's ``StreamingQueryListener``.
-
-    Subclass it, override what you need, and pass instances to ``Pipeline(listeners=...)``.
-    In async mode the callbacks run on the background committer's thread. A callback that
-    raises is logged and ignored: it cannot fail or delay the commit beyond its own run time.
-    With ``snapshot_interval`` > 1, :meth:`on_epoch_committed` is called once per snapshot
-    (with the group's last epoch); the epochs merged into it are in
-    :meth:`Snapshots.metrics() <pyspark_abs.snapshots.Snapshots.metrics>`.
-
-    Example::
-
-        class ToMetrics(SnapshotListener):
-            def on_epoch_committed(self, info):
-                statsd.timing("abs.commit_ms", info.commit_ms)
-    """
-
-    def on_epoch_committed(self, info: SnapshotInfo) -> None:
-        """Epoch ``info.epoch`` is COMMITTED: its state, outputs and logs are visible.
-
-        With ``snapshot_interval`` > 1 so are those of the epochs merged into it.
-        """
-
-    def on_epoch_aborted(self, info: SnapshotInfo) -> None:
-        """Epoch ``info.epoch`` was ABORTED (``info.error`` says why); nothing of it is visible."""
-
-
-def notify(listeners: Sequence[SnapshotListener], info: SnapshotInfo, *, committed: bool) -> None:
-    """Call each listener's callback for ``info``, logging (not raising) their failures."""
-    for listener in listeners:
-        try:
-            if committed:
-                listener.on_epoch_committed(info)
-            else:
-                listener.on_epoch_aborted(info)
-        except Exception as err:  # a listener must not break the protocol
-            log.warning(
-                "snapshot listener %s failed on epoch %d: %s: %s",
-                type(listener).__name__,
-                info.epoch,
-                type(err).__name__,
-                err,
-            )

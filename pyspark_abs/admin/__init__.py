@@ -1,0 +1,1 @@
+"""The admin layer: savepoints (rollback, restore, written state), compaction, retention, checks."""

@@ -1,0 +1,261 @@
+"""The manifest: the durable log of epoch transitions, and its state machine.
+
+The manifest is a Delta table (``_manifest`` under the snapshot root) with one row per
+transition of an epoch. Appending PREPARED is the decision point of the two-phase commit:
+from then on the epoch will be committed, at the latest by recovery. COMMITTED records the
+Delta version of every table, which together form the consistent cut of the epoch.
+
+Allowed transitions of one epoch::
+
+    (none) ──► PREPARED ──► COMMITTED ──► EXPIRED
+       │          ▲     ├─► RESTORED ──┤
+       └► ABORTED ┘     └─► MERGED ────┘
+                      (an aborted epoch is replayed by Spark and may be prepared again)
+
+With a snapshot interval N (``AbsConfig.snapshot_interval``), PREPARED epochs are committed
+in *groups*: epoch s closes a group when ``s - last >= N`` (:func:`closes_group`), where
+``last`` is the newest snapshot (or group end). One Delta transaction per table, with
+application transaction version s, commits the files of every epoch of the group; then one
+manifest append records COMMITTED for s, whose table versions are the snapshot, and MERGED
+for each earlier epoch of the group, with ``snapshot_epoch`` = s. A MERGED epoch is neither a
+snapshot nor pending, and Spark's replay of it is discarded. With N = 1 every group is one
+epoch and no epoch is MERGED.
+
+A restore epoch (rollback, restore into another root, written state) is PREPARED with the
+state to install and the table versions to go back to, and ends RESTORED; it is always
+committed alone. COMMITTED and RESTORED epochs are snapshots; retention marks the ones it no
+longer keeps EXPIRED, together with the epochs merged into them, before vacuum deletes their
+files.
+
+Appends are compare-and-swap: an :class:`EpochLog` knows the manifest version it reflects,
+and :meth:`~pyspark_abs.protocol.epoch_writer.EpochWriter.record_all` commits against that
+version with no conflict retries, so a writer that lost a race to another (a second vacuum, a second
+rollback, a zombie run) reloads the manifest and re-checks its transitions instead of
+appending a duplicate. Duplicates written before this rule are ignored on load.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+import pyarrow as pa
+
+from pyspark_abs.errors import ManifestError
+from pyspark_abs.storage.files import FILE_TYPE, FileEntry
+
+FORMAT_VERSION = 1
+"""Version of the manifest's layout, stored in the table description."""
+
+
+class EpochStatus(str, Enum):
+    """Status of an epoch in the manifest (prints as its value, e.g. ``COMMITTED``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+    RESTORED = "RESTORED"
+    MERGED = "MERGED"
+    EXPIRED = "EXPIRED"
+
+
+SNAPSHOT_STATUSES = frozenset({EpochStatus.COMMITTED, EpochStatus.RESTORED})
+"""Statuses of epochs whose snapshot can be read and restored."""
+
+
+class EpochDecision(str, Enum):
+    """What the coordinator does with a micro-batch, given the manifest."""
+
+    PROCESS = "process"
+    """A new epoch: pre-commit, align, prepare, commit."""
+    FINISH_REPLAY = "finish_replay"
+    """Spark replays a PREPARED epoch: the decision stands; commit it, discard the replay."""
+    SKIP_REPLAY = "skip_replay"
+    """Spark replays a committed (or merged, or expired) epoch: discard the replay."""
+
+
+_ALLOWED: dict[EpochStatus | None, frozenset[EpochStatus]] = {
+    None: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
+    EpochStatus.ABORTED: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
+    EpochStatus.PREPARED: frozenset(
+        {EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.MERGED}
+    ),
+    EpochStatus.COMMITTED: frozenset({EpochStatus.EXPIRED}),
+    EpochStatus.RESTORED: frozenset({EpochStatus.EXPIRED}),
+    EpochStatus.MERGED: frozenset({EpochStatus.EXPIRED}),
+    EpochStatus.EXPIRED: frozenset(),
+}
+
+_INT_MAP = pa.map_(pa.string(), pa.int64())
+_STR_MAP = pa.map_(pa.string(), pa.string())
+
+_MANIFEST_FIELDS: list[pa.Field[Any]] = [
+    pa.field("pipeline", pa.string()),
+    pa.field("epoch", pa.int64()),
+    pa.field("status", pa.string()),
+    pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+    pa.field("run_id", pa.string()),
+    pa.field("query_id", pa.string()),
+    pa.field("batch_id", pa.int64()),
+    pa.field("commit_mode", pa.string()),
+    pa.field("num_partitions", pa.int32()),
+    pa.field("key_groups", pa.int32()),
+    pa.field("tables", _STR_MAP),
+    pa.field("files", pa.list_(FILE_TYPE)),
+    pa.field("table_versions", _INT_MAP),
+    pa.field("rows", _INT_MAP),
+    pa.field("bytes", _INT_MAP),
+    pa.field("state_keys", pa.int64()),
+    pa.field("source_offsets", pa.string()),
+    pa.field("watermark_ms", pa.int64()),
+    pa.field("batch_ms", pa.float64()),
+    pa.field("precommit_ms", pa.float64()),
+    pa.field("align_wait_ms", pa.float64()),
+    pa.field("align_ms", pa.float64()),
+    pa.field("prepare_ms", pa.float64()),
+    pa.field("commit_ms", pa.float64()),
+    pa.field("pending_epochs", pa.int32()),
+    pa.field("error", pa.string()),
+    pa.field("checkpoint", pa.string()),
+    pa.field("restored_from", pa.int64()),
+    pa.field("restore_versions", _INT_MAP),
+    pa.field("origin", pa.string()),
+    pa.field("snapshot_interval", pa.int32()),
+    pa.field("snapshot_epoch", pa.int64()),
+]
+MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
+"""Schema of the ``_manifest`` table."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One transition of one epoch.
+
+    Attributes:
+        pipeline: The pipeline's name.
+        epoch: The epoch.
+        status: The status the epoch enters.
+        recorded_at: When the transition was recorded.
+        run_id: The pipeline run (process) that recorded it.
+        query_id: Spark's id of the checkpoint that produced the epoch.
+        batch_id: Spark's micro-batch id.
+        commit_mode: ``sync`` or ``async``.
+        num_partitions: Partitions that acknowledged the epoch.
+        key_groups: Key groups the operator used.
+        tables: Table id to table URI, for every table of the pipeline.
+        files: Pre-committed files (PREPARED).
+        table_versions: Delta version of each table as of this epoch (COMMITTED).
+        rows: Rows pre-committed per table.
+        bytes: Bytes pre-committed per table.
+        state_keys: Live keys in the operator's state after the epoch.
+        source_offsets: The source offsets Spark recorded for the micro-batch.
+        watermark_ms: The micro-batch's event-time watermark.
+        batch_ms: Wall time of processing plus pre-commit.
+        precommit_ms: The slowest task's time writing files.
+        align_wait_ms: Time between the first and the last partition's barrier marker.
+        align_ms: Time to align markers and verify files.
+        prepare_ms: Time to record PREPARED.
+        commit_ms: Time to commit all tables.
+        pending_epochs: Earlier epochs PREPARED and not committed yet when this one was
+            PREPARED: waiting for the background committer (async mode) or for their
+            group to close (``snapshot_interval`` > 1).
+        error: Why the epoch was aborted (ABORTED).
+        checkpoint: The Spark checkpoint location of the run.
+        restored_from: Restore epochs: the epoch whose snapshot they install.
+        restore_versions: Restore epochs: the Delta version each sink table goes back to.
+        origin: Restore epochs: what installed them, for people reading the manifest.
+        snapshot_interval: Micro-batch epochs: the run's ``snapshot_interval``, which
+            recovery uses to close the groups the run would have closed.
+        snapshot_epoch: The snapshot whose commit made the epoch's files visible: the
+            epoch itself when COMMITTED or RESTORED, the end of its group when MERGED
+            (kept when the epoch is EXPIRED); None before the commit.
+    """
+
+    pipeline: str
+    epoch: int
+    status: EpochStatus
+    recorded_at: dt.datetime
+    run_id: str
+    query_id: str | None = None
+    batch_id: int | None = None
+    commit_mode: str | None = None
+    num_partitions: int | None = None
+    key_groups: int | None = None
+    tables: Mapping[str, str] = field(default_factory=dict)
+    files: tuple[FileEntry, ...] = ()
+    table_versions: Mapping[str, int] = field(default_factory=dict)
+    rows: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    state_keys: int | None = None
+    source_offsets: str | None = None
+    watermark_ms: int | None = None
+    batch_ms: float | None = None
+    precommit_ms: float | None = None
+    align_wait_ms: float | None = None
+    align_ms: float | None = None
+    prepare_ms: float | None = None
+    commit_ms: float | None = None
+    pending_epochs: int | None = None
+    error: str | None = None
+    checkpoint: str | None = None
+    restored_from: int | None = None
+    restore_versions: Mapping[str, int] = field(default_factory=dict)
+    origin: str | None = None
+    snapshot_interval: int | None = None
+    snapshot_epoch: int | None = None
+
+    @property
+    def is_restore(self) -> bool:
+        """Whether this is a restore epoch, which installs a snapshot instead of a batch."""
+        return self.origin is not None
+
+    def to_row(self) -> dict[str, Any]:
+        """The entry as a row of MANIFEST_SCHEMA."""
+        row = {name: getattr(self, name) for name in MANIFEST_SCHEMA.names}
+        row["status"] = self.status.value
+        row["files"] = [f.to_dict() for f in self.files]
+        for name in _MAP_FIELDS:
+            row[name] = list(row[name].items())
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ManifestEntry:
+        """Build an entry from a row of MANIFEST_SCHEMA (``Table.to_pylist()``)."""
+        values = dict(row)
+        values["status"] = EpochStatus(values["status"])
+        values["files"] = tuple(FileEntry.from_dict(f) for f in values["files"] or ())
+        for name in _MAP_FIELDS:
+            values[name] = dict(values[name] or ())
+        return cls(**values)
+
+    def transition(self, status: EpochStatus, **changes: Any) -> ManifestEntry:
+        """A copy of this entry for the next transition, recorded now."""
+        return replace(self, status=status, recorded_at=dt.datetime.now(dt.timezone.utc), **changes)
+
+
+_MAP_FIELDS = ("tables", "table_versions", "rows", "bytes", "restore_versions")
+
+
+def entries_to_table(entries: Iterable[ManifestEntry]) -> pa.Table:
+    """Manifest rows as an Arrow table."""
+    return pa.Table.from_pylist([e.to_row() for e in entries], schema=MANIFEST_SCHEMA)
+
+
+def check_transition(epoch: int, current: EpochStatus | None, new: EpochStatus) -> None:
+    """Raise if an epoch may not move from ``current`` to ``new``.
+
+    Raises:
+        ManifestError: The transition is not allowed.
+    """
+    if new not in _ALLOWED[current]:
+        shown = current.value if current else "no entry"
+        raise ManifestError(
+            f"epoch {epoch} cannot go from {shown} to {new.value}; the manifest was changed "
+            f"by another writer or is damaged. Run validate on the snapshot root"
+        )

@@ -1,0 +1,247 @@
+"""The plan of an operator: what it reads, keeps and writes, resolved against its input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pyarrow as pa
+
+from pyspark_abs.errors import OperatorDefinitionError
+from pyspark_abs.operators.contract import (
+    KeyGroupFunction,
+    Operator,
+    PerKeyFunction,
+    TimeoutMode,
+)
+from pyspark_abs.operators.schema import (
+    DELETED,
+    EPOCH,
+    KEY_GROUP,
+    RESERVED_COLUMNS,
+    RESTORE,
+    TIMEOUT,
+    frame_to_arrow,
+    instant_columns,
+    localize,
+    resolve_struct,
+    to_arrow,
+)
+from pyspark_abs.operators.state_codec import BatchCodec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass(frozen=True)
+class DecidedReplay:
+    """A micro-batch that Spark will replay although its epoch is already decided.
+
+    Attributes:
+        batch_id: Spark's micro-batch id.
+        epoch: The decided epoch.
+        files: The epoch's pre-committed state-change files (absolute locations).
+    """
+
+    batch_id: int
+    epoch: int
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OperatorPlan:
+    """An operator resolved against its input: everything the tasks need, picklable.
+
+    Attributes:
+        name: Operator id.
+        key_columns: Key column names.
+        input_schema: Columns of the input rows the function sees.
+        state_schema: Declared state columns, all nullable.
+        outputs: Output names and schemas, in declaration order.
+        timeout: The clock of key timeouts.
+        per_key: The per-key function, or None.
+        vectorized: The key-group function, or None.
+        snapshots: Whether state changes are emitted for the snapshot.
+        max_state_bytes: The largest encoded state of one key group (None: no bound).
+        replays: Micro-batches of decided epochs that this run's Spark will replay: their
+            key groups install the decided state changes instead of running the function.
+        time_zone: The session time zone: the function sees instants as datetimes aware of
+            it, and naive datetimes it returns are wall-clock times there.
+        event_time: The input column the query's watermark is defined on, if any.
+        watermark_floor_ms: The watermark of the snapshot this run continues from. A
+            restore starts Spark's watermark afresh at 0; with the floor, late rows are
+            dropped and timeouts fire as in a run that never restarted.
+    """
+
+    name: str
+    key_columns: tuple[str, ...]
+    input_schema: pa.Schema
+    state_schema: pa.Schema
+    outputs: tuple[tuple[str, pa.Schema], ...]
+    timeout: TimeoutMode
+    per_key: PerKeyFunction | None
+    vectorized: KeyGroupFunction | None
+    snapshots: bool = True
+    max_state_bytes: int | None = None
+    replays: tuple[DecidedReplay, ...] = ()
+    time_zone: str = "UTC"
+    event_time: str | None = None
+    watermark_floor_ms: int = 0
+
+    def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
+        """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
+        return next((r for r in self.replays if r.batch_id == batch_id), None)
+
+    @cached_property
+    def key_schema(self) -> pa.Schema:
+        """The key columns with their input types (nullable)."""
+        return pa.schema([self.input_schema.field(k).with_nullable(True) for k in self.key_columns])
+
+    @cached_property
+    def input_instants(self) -> tuple[str, ...]:
+        """Input columns holding instants, which reach the function zone-aware."""
+        return instant_columns(self.input_schema)
+
+    @cached_property
+    def no_keys(self) -> pd.DataFrame:
+        """An empty frame of the key columns."""
+        return self.frame(self.key_schema.empty_table())
+
+    def without_late_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """``rows`` (instants still in microseconds) without those older than the floor.
+
+        Spark drops rows older than its own watermark before the function, for event-time
+        timeouts only; this drops those older than the floor, which Spark's fresh
+        watermark may not have reached yet. Restore rows have no event time and stay.
+        """
+        column = self.event_time
+        if self.timeout is not TimeoutMode.EVENT_TIME or column is None or not len(rows):
+            return rows
+        late = rows[column] < self.watermark_floor_ms * 1000
+        return rows[~late] if late.any() else rows
+
+    def watermark(self, spark_watermark_ms: int | None) -> int | None:
+        """The watermark the function sees: Spark's, never below the floor."""
+        if spark_watermark_ms is None:
+            return None
+        return max(spark_watermark_ms, self.watermark_floor_ms)
+
+    def frame(self, table: pa.Table) -> pd.DataFrame:
+        """An Arrow table as the function sees it: instants aware of the session time zone."""
+        frame = table.to_pandas(use_threads=False)
+        return localize(frame, instant_columns(table.schema), self.time_zone)
+
+    def to_arrow(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+        """A frame the function returned, checked and converted (see :func:`frame_to_arrow`)."""
+        return frame_to_arrow(frame, schema, what, self.time_zone)
+
+    @cached_property
+    def blob_schema(self) -> pa.Schema:
+        """A key group's state: key columns, state columns and ``_timeout``."""
+        return pa.schema([*self.key_schema, *self.state_schema, pa.field(TIMEOUT, pa.int64())])
+
+    @cached_property
+    def upsert_schema(self) -> pa.Schema:
+        """New state a function returns: key and state columns (``_timeout`` optional)."""
+        return pa.schema([*self.key_schema, *self.state_schema])
+
+    @cached_property
+    def change_schema(self) -> pa.Schema:
+        """A key group's state changes: the blob schema plus ``_deleted``."""
+        return self.blob_schema.append(pa.field(DELETED, pa.bool_()))
+
+    @cached_property
+    def state_table_schema(self) -> pa.Schema:
+        """The state table: key and state columns, then the reserved columns."""
+        return pa.schema(
+            [
+                *self.key_schema,
+                *self.state_schema,
+                pa.field(KEY_GROUP, pa.int32()),
+                pa.field(EPOCH, pa.int64()),
+                pa.field(DELETED, pa.bool_()),
+                pa.field(TIMEOUT, pa.int64()),
+            ]
+        )
+
+    @cached_property
+    def state_codec(self) -> BatchCodec:
+        """Codec of the key-group state blob."""
+        return BatchCodec(self.blob_schema, f"state of operator {self.name!r}", compress=True)
+
+    @cached_property
+    def change_codec(self) -> BatchCodec:
+        """Codec of state-change payloads."""
+        return BatchCodec(self.change_schema, f"state changes of operator {self.name!r}")
+
+    @cached_property
+    def output_codecs(self) -> tuple[BatchCodec, ...]:
+        """Codecs of output payloads, by output index."""
+        return tuple(
+            BatchCodec(schema, f"output {name!r} of operator {self.name!r}")
+            for name, schema in self.outputs
+        )
+
+
+# Spark's field metadata key marking the column a watermark is defined on.
+EVENT_TIME_MARK = "spark.watermarkDelayMs"
+
+
+def resolve_plan(
+    name: str,
+    source: DataFrame,
+    operator: Operator,
+    snapshots: bool,
+    *,
+    max_state_bytes: int | None = None,
+) -> OperatorPlan:
+    """Resolve an operator against its input DataFrame.
+
+    ``max_state_bytes`` bounds the encoded state of one key group (None: no bound).
+
+    Raises:
+        OperatorDefinitionError: Source and operator do not fit together.
+    """
+    columns = source.columns
+    reserved = (*RESERVED_COLUMNS, RESTORE)
+    clashes = [c for c in columns if c in reserved]
+    if clashes:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: source column(s) {clashes} use names reserved by "
+            f"pyspark-abs {list(reserved)}; rename them"
+        )
+    missing = [k for k in operator.key if k not in columns]
+    if missing:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: key column(s) {missing} of operator {operator.name!r} are not "
+            f"in the source, which has {columns}"
+        )
+    state = resolve_struct(operator.state_schema, f"operator {operator.name!r} state_schema")
+    state_names = [f.name for f in state.fields]
+    overlap = [c for c in state_names if c in operator.key or c in RESERVED_COLUMNS]
+    if overlap or not state_names:
+        raise OperatorDefinitionError(
+            f"operator {operator.name!r}: state_schema must declare at least one column and "
+            f"no key or reserved column, got {state_names}"
+        )
+    outputs = tuple(
+        (out, to_arrow(resolve_struct(schema, f"operator {operator.name!r} output {out!r}")))
+        for out, schema in operator.outputs
+    )
+    return OperatorPlan(
+        name=operator.name,
+        key_columns=operator.key,
+        input_schema=to_arrow(source.schema),
+        state_schema=to_arrow(state, nullable=True),
+        outputs=outputs,
+        timeout=operator.timeout,
+        per_key=operator.per_key,
+        vectorized=operator.vectorized,
+        snapshots=snapshots,
+        max_state_bytes=max_state_bytes,
+        event_time=next(
+            (f.name for f in source.schema.fields if EVENT_TIME_MARK in f.metadata), None
+        ),
+    )

@@ -1,0 +1,339 @@
+"""Compaction: the latest row per key as of a snapshot, in one Delta commit beside the run.
+
+The coordinator compacts in the background after a snapshot when the policy says so, and
+:func:`pyspark_abs.admin.compaction.compact` compacts on demand; both commit through here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction
+
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import (
+    CommitError,
+    FencingError,
+)
+from pyspark_abs.faults import FaultInjector, FaultStep
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.operators.changelog import latest_per_key
+from pyspark_abs.operators.envelope import Kind
+from pyspark_abs.protocol.precommit import (
+    TableTarget,
+    compaction_prefix,
+    write_files,
+)
+from pyspark_abs.sources.backedge_log import consumed_before
+from pyspark_abs.storage.files import add_actions
+from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.store import (
+    DeltaStore,
+    arrow_schema,
+)
+
+log = logging.getLogger("pyspark_abs")
+
+
+Actions = list[AddAction | RemoveAction]
+"""The actions of one Delta commit."""
+
+
+Progress = Callable[[str], None]
+"""Receives one line per step of a long operation."""
+
+
+_CONFLICT_RETRIES = 10
+
+
+def quiet(_: str) -> None:
+    """A :data:`Progress` that reports nothing."""
+    return None
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The outcome of compacting one state table or truncating one back-edge log.
+
+    Attributes:
+        table: The table id.
+        as_of_epoch: The snapshot whose latest row per key was written, or whose consumed
+            records were removed from the log.
+        version: The table version of the compaction commit (None if nothing was done).
+        files_before: Files the compaction replaced or removed.
+        rows_before: Rows in those files.
+        rows_after: Live keys written (0 for a back-edge log).
+        skipped: Why nothing was committed although there was work: another compaction or
+            a rollback changed the table since the snapshot (None otherwise).
+    """
+
+    table: str
+    as_of_epoch: int
+    version: int | None
+    files_before: int
+    rows_before: int
+    rows_after: int
+    skipped: str | None = None
+
+
+class CompactionPolicy:
+    """When a running pipeline compacts its state table (see :class:`AbsConfig`).
+
+    Compaction is due every ``every_epochs`` epochs, or once the changelog has grown to
+    ``ratio`` times the live state (rows written since the last compaction plus live keys,
+    over live keys). Zero turns a trigger off.
+    """
+
+    def __init__(self, every_epochs: int, ratio: float) -> None:
+        self.every_epochs = every_epochs
+        self.ratio = ratio
+        self._epochs = 0
+        self._rows = 0
+
+    def observe(self, changed_rows: int, live_keys: int, epochs: int = 1) -> bool:
+        """Count committed epochs; return whether compaction is due (and reset if so).
+
+        Args:
+            changed_rows: State rows the epochs wrote.
+            live_keys: Live keys after them.
+            epochs: How many epochs one commit made visible (a snapshot interval's group).
+        """
+        self._epochs += epochs
+        self._rows += changed_rows
+        due = (self.every_epochs and self._epochs >= self.every_epochs) or (
+            self.ratio and self._rows + live_keys > self.ratio * max(live_keys, 1)
+        )
+        if due:
+            self._epochs = self._rows = 0
+        return bool(due)
+
+
+Fence = Callable[[str], None]
+"""Raises :class:`~pyspark_abs.errors.FencingError` when the caller may no longer write
+what it names (a pipeline run that lost its lease on the root)."""
+
+
+def _unfenced(_: str) -> None:
+    return None
+
+
+def compact_snapshot(
+    store: DeltaStore,
+    snapshot: ManifestEntry,
+    faults: FaultInjector,
+    progress: Progress = quiet,
+    fence: Fence = _unfenced,
+) -> list[Compaction]:
+    """Compact the state tables and truncate the back-edge logs of a snapshot's root.
+
+    ``fence`` is called before every commit attempt: a pipeline run's background compaction
+    stops there once the run has lost the root (on-demand compaction needs no lease).
+
+    Raises:
+        CommitError: Delta kept reporting conflicts.
+        FencingError: ``fence`` refused a commit.
+    """
+    results = []
+    for table, uri in snapshot.tables.items():
+        if table.startswith("state/"):
+            progress(f"compacting {table} as of epoch {snapshot.epoch}")
+            results.append(compact_table(store, table, uri, snapshot, faults, fence))
+        elif table.startswith(BACKEDGE_PREFIX):
+            progress(f"truncating {table} as of epoch {snapshot.epoch}")
+            results.append(truncate_log(store, table, uri, snapshot, fence))
+    return results
+
+
+def compact_table(
+    store: DeltaStore,
+    table: str,
+    uri: str,
+    snapshot: ManifestEntry,
+    faults: FaultInjector,
+    fence: Fence = _unfenced,
+) -> Compaction:
+    """Rewrite one state table's latest row per key as of ``snapshot`` in one commit.
+
+    The commit removes the files of the snapshot's table version. It is made only if every
+    one of them is still in the table and the table was not restored or overwritten since
+    that version (a rollback, restore or restore epoch); otherwise another compaction or a
+    rollback got there first, the written files are deleted and nothing is committed
+    (``skipped`` says why). The check and the commit are one: the commit is made exactly on
+    the version checked, and checked again on a conflict.
+
+    Raises:
+        CommitError: Delta kept reporting conflicts.
+    """
+    version = snapshot.table_versions[table]
+    keys: list[str] = json.loads(store.description(uri) or "{}")["key"]
+    at_version = DeltaTable(uri, version=version)
+    files = add_actions(at_version)
+    changes = store.read(uri, version)
+    live = latest_per_key(changes, keys)
+    if len(files) <= 1 and live.num_rows == changes.num_rows:
+        return Compaction(table, snapshot.epoch, None, len(files), changes.num_rows, live.num_rows)
+    schema = arrow_schema(at_version)
+    target = TableTarget(table, uri, Kind.STATE, 0, schema, schema)
+    prefix = compaction_prefix(snapshot.epoch)
+    written = write_files(target, live, prefix, AbsConfig().target_file_bytes)
+    faults.at(FaultStep.DURING_COMPACTION, snapshot.epoch)
+    replaced = [(str(f["path"]), int(f["size_bytes"])) for f in files]
+
+    what = f"compacting {table} at {uri} as of epoch {snapshot.epoch}"
+
+    def actions(current: DeltaTable) -> Actions:
+        fence(what)
+        reason = superseded(current, version, [path for path, _ in replaced])
+        if reason is not None:
+            raise _Superseded(reason)
+        now_ms = int(time.time() * 1000)
+        todo: Actions = [RemoveAction(path, False, now_ms, size, {}) for path, size in replaced]
+        todo += [AddAction(w.path, w.size_bytes, {}, now_ms, False, w.stats) for w in written]
+        return todo
+
+    try:
+        committed, _ = _commit_retrying(store, uri, actions, what, "run compact again later")
+    except _Superseded as skip:
+        store.delete_files(uri, [w.path for w in written])
+        log.info("%s: nothing committed, %s", what, skip.reason)
+        return Compaction(
+            table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, skip.reason
+        )
+    except (CommitError, FencingError):
+        store.delete_files(uri, [w.path for w in written])
+        raise
+    return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
+
+
+def superseded(current: DeltaTable, since: int, removing: Iterable[str]) -> str | None:
+    """Why removes planned at table version ``since`` must not be committed on ``current``.
+
+    They must not when a file to remove is no longer in the table (another compaction or a
+    rollback removed it: its rows may live on elsewhere, or be meant gone) or when the table
+    was restored or overwritten after ``since`` (a rollback, restore or restore epoch
+    replaced the state the plan was made from). None when they may be committed.
+    """
+    present = {str(a["path"]) for a in add_actions(current)}
+    gone = [path for path in removing if path not in present]
+    if gone:
+        return (
+            f"file {unquote(gone[0])} of version {since} is no longer in the table "
+            f"(version {current.version()}; {len(gone)} such file(s)): another compaction or "
+            f"a rollback replaced it"
+        )
+    replaced = _replacing_commit(current, since)
+    if replaced is not None:
+        return f"the table was {replaced} after version {since}: a rollback or restore replaced it"
+    return None
+
+
+def _replacing_commit(current: DeltaTable, since: int) -> str | None:
+    """The first commit after version ``since`` that restored or overwrote the table."""
+    newer = int(current.version()) - since
+    if newer <= 0:
+        return None
+    for commit in sorted(current.history(limit=newer), key=lambda c: int(c["version"])):
+        if int(commit["version"]) <= since:
+            continue
+        operation = str(commit.get("operation", "")).upper()
+        mode = str((commit.get("operationParameters") or {}).get("mode", "")).lower()
+        if operation == "RESTORE" or mode == "overwrite":
+            return f"{'restored' if operation == 'RESTORE' else 'overwritten'} at version " + str(
+                commit["version"]
+            )
+    return None
+
+
+class _Superseded(Exception):
+    """A compaction's plan no longer fits the table: commit nothing."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def truncate_log(
+    store: DeltaStore, table: str, uri: str, snapshot: ManifestEntry, fence: Fence = _unfenced
+) -> Compaction:
+    """Remove from a back-edge log the records a snapshot has consumed, in one commit.
+
+    A run continuing from the snapshot, or from a later one, reads the log only from where
+    the snapshot's loop head stopped (see :func:`~pyspark_abs.pipeline.backedge.consumed_before`).
+    Older snapshots' records in flight stay readable, and restorable: their table versions
+    still reference the removed files, so vacuum keeps the files until they expire. The
+    removes carry ``dataChange=false``, as compaction's do, so the pipeline's commits to the
+    log never conflict with this one and the loop head skips it.
+
+    Raises:
+        CommitError: Delta kept reporting conflicts.
+    """
+    before = consumed_before(snapshot, table.removeprefix(BACKEDGE_PREFIX))
+    at_before = add_actions(DeltaTable(uri, version=before - 1)) if before else []
+    consumed = {a["path"]: int(a.get("num_records") or 0) for a in at_before}
+
+    what = f"truncating {table} at {uri} as of epoch {snapshot.epoch}"
+
+    def removals(current: DeltaTable) -> Actions:
+        fence(what)
+        reason = superseded(current, snapshot.table_versions[table], ())
+        if reason is not None:
+            raise _Superseded(reason)
+        now_ms = int(time.time() * 1000)
+        return [
+            RemoveAction(a["path"], False, now_ms, int(a["size_bytes"]), {})
+            for a in add_actions(current)
+            if a["path"] in consumed
+        ]
+
+    try:
+        version, removed = _commit_retrying(store, uri, removals, what, "run compact again later")
+    except _Superseded as skip:
+        log.info("%s: nothing committed, %s", what, skip.reason)
+        return Compaction(table, snapshot.epoch, None, 0, 0, 0, skip.reason)
+    rows = sum(consumed[action.path] for action in removed)
+    return Compaction(table, snapshot.epoch, version, len(removed), rows, 0)
+
+
+def _commit_retrying(
+    store: DeltaStore,
+    uri: str,
+    actions: Callable[[DeltaTable], Actions],
+    what: str,
+    again: str,
+) -> tuple[int | None, Actions]:
+    """Commit actions computed against the table's current version, again on a conflict.
+
+    The commit is made exactly on the version the actions were computed against (Delta's
+    own retry would rebase it onto newer commits unchecked: delta-rs accepts removes of
+    files a concurrent commit already removed). Returns the committed version and actions
+    (None and [] if there was nothing to do).
+
+    Raises:
+        CommitError: The commit failed, or conflicted with other writers every time.
+    """
+    for attempt in range(_CONFLICT_RETRIES):
+        current = store.open(uri)
+        todo = actions(current)
+        if not todo:
+            return None, []
+        try:
+            current.create_write_transaction(
+                todo,
+                mode="append",
+                schema=current.schema(),
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
+            current.update_incremental()
+            return int(current.version()), todo
+        except CommitFailedError as err:
+            log.info("%s conflicted (attempt %d): %s", what, attempt + 1, err)
+        except DeltaError as err:
+            raise CommitError(f"{what} failed: {err}") from err
+    raise CommitError(f"{what} conflicted {_CONFLICT_RETRIES} times with other writers; {again}")

@@ -1,0 +1,1 @@
+"""The snapshots layer: reading a root's epochs, state, sinks and metrics."""

@@ -1,0 +1,109 @@
+"""Data files of Delta tables: entries tasks write, and files a table adds, removes, holds."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+FILE_TYPE = pa.struct(
+    [
+        pa.field("table", pa.string()),
+        pa.field("path", pa.string()),
+        pa.field("size_bytes", pa.int64()),
+        pa.field("num_rows", pa.int64()),
+        pa.field("crc32", pa.int64()),
+        pa.field("partition_values", pa.string()),
+        pa.field("stats", pa.string()),
+    ]
+)
+"""Arrow type of one pre-committed file, in markers and in the manifest."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A data file written by a pre-commit task, not yet in any Delta log.
+
+    Attributes:
+        table: Table id, e.g. ``state/word_count`` or ``sink/output``.
+        path: Path relative to the table's root.
+        size_bytes: File size.
+        num_rows: Rows in the file.
+        crc32: CRC-32 of the file's bytes.
+        partition_values: Hive partition values as JSON (``{}`` when unpartitioned).
+        stats: Delta statistics JSON for the add action.
+    """
+
+    table: str
+    path: str
+    size_bytes: int
+    num_rows: int
+    crc32: int
+    partition_values: str = "{}"
+    stats: str = "{}"
+
+    @property
+    def partitions(self) -> dict[str, str | None]:
+        """Partition values as a dict."""
+        values: dict[str, str | None] = json.loads(self.partition_values)
+        return values
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> FileEntry:
+        """Build an entry from a row dict (Spark Row.asDict() or Arrow to_pylist())."""
+        return cls(**{k: row[k] for k in FILE_TYPE.names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as a row dict."""
+        return asdict(self)
+
+
+def add_actions(table: DeltaTable) -> list[dict[str, Any]]:
+    """The add actions of a table version: path, size_bytes, ..."""
+    actions: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    return actions
+
+
+def removed_paths(uri: str) -> set[str]:
+    """Files the table's JSON log entries remove (committed once, replaced since)."""
+    fs, base = pafs.FileSystem.from_uri(uri)
+    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
+    removed: set[str] = set()
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                lines = stream.read().decode().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue  # a damaged or vanished entry: keep its files
+        for line in lines:
+            try:
+                action = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(action, dict) and isinstance(action.get("remove"), dict):
+                removed.add(unquote(str(action["remove"].get("path", ""))))
+    return removed
+
+
+def data_files(uri: str) -> Iterable[tuple[str, float]]:
+    """Data files under a table root (not its log): relative path and age in seconds."""
+    fs, base = pafs.FileSystem.from_uri(uri)
+    now = time.time()
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    for info in fs.get_file_info(selector):
+        relative = info.path[len(base) :].lstrip("/")
+        if info.type != pafs.FileType.File or relative.startswith("_delta_log"):
+            continue
+        if not relative.endswith(".parquet"):
+            continue
+        modified = info.mtime.timestamp() if info.mtime is not None else now
+        yield relative, now - modified

@@ -15,7 +15,7 @@ from pyspark_abs.manifest.entries import (
     check_transition,
 )
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 
 class EpochLog:

@@ -19,7 +19,7 @@ from pyspark_abs.storage.store import (
     TableSpec,
 )
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 
 def manifest_spec(root: str, pipeline: str) -> TableSpec:

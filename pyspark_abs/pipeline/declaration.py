@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 _TIMEOUT_CONF = {
     TimeoutMode.NONE: GroupStateTimeout.NoTimeout,

@@ -39,7 +39,7 @@ from pyspark_abs.storage.store import (
     arrow_schema,
 )
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 
 Actions = list[AddAction | RemoveAction]

@@ -67,7 +67,7 @@ from pyspark_abs.storage.store import DeltaStore
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

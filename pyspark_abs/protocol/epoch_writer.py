@@ -24,7 +24,7 @@ from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id
 from pyspark_abs.protocol.lease import Lease, require_no_live_holder
 from pyspark_abs.storage.store import DeltaStore, app_id, brief_error
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 MANIFEST_RETRIES = 8
 """How often a manifest append is retried after other writers appended first."""

@@ -18,7 +18,7 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.storage.store import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, DeltaStore, app_id
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 
 def require_own_sinks(

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from pyspark_abs.manifest.info import SnapshotInfo
 
 
-log = logging.getLogger("pyspark_abs")
+log = logging.getLogger(__name__)
 
 
 class SnapshotListener:

@@ -4,13 +4,14 @@ Stateful pandas operators whose state and outputs are snapshotted every micro-ba
 (or every N epochs, ``AbsConfig.snapshot_interval``) and committed to Delta Lake tables
 through a two-phase commit, exactly once.
 
-The lifecycle, module by module: ``operators`` (what you write) → ``keygroups`` and
-``execution`` (running it per key group) → ``envelope`` → ``precommit`` (tasks write files)
-→ ``barrier`` (markers) → ``alignment`` → ``manifest`` (PREPARED, COMMITTED) → ``store``
-(Delta) → ``coordinator``, ``commit`` and ``committer`` (phase 2) → ``recovery`` →
-``snapshots`` (read) → ``savepoints`` (rollback, restore, written state) with ``sources``
-(replayable Delta source) → ``maintenance`` (compaction, retention, vacuum, validate).
-``backedge`` closes feedback loops: back-edge logs in each snapshot, loop heads, quiescence.
+The folders are the layers, lowest first; each imports only from those before it:
+``operators`` (the contract you write, its plan, key groups, state codec) → ``storage``
+(Delta tables and files, the root's layout) → ``manifest`` (entries, epoch log, table) →
+``sources`` (replayable Delta, file and Kafka sources, back-edge logs) → ``protocol``
+(barriers, pre-commit, alignment, coordinator, epoch writer, recovery, lease) →
+``snapshots`` (reading, metrics) → ``admin`` (savepoints, compaction, retention,
+validation) → ``pipeline`` (declaration, wiring, back-edges, Connect), beside the
+top-level ``errors``, ``config`` and ``faults`` below them and ``cli`` and ``testing`` above.
 
 Importing the package is cheap: the errors are imported at once, every other public name on
 first use, so Spark's Python workers that unpickle one class (say the Delta source) do not
@@ -22,32 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from pyspark_abs.errors import (
-    AbsError,
-    AlignmentError,
-    CommitError,
-    ConfigError,
-    FencingError,
-    InjectedFault,
-    InvalidTimeoutError,
-    ManifestError,
-    OperatorDefinitionError,
-    OperatorError,
-    PipelineMismatchError,
-    PrecommitFileError,
-    QuiescenceError,
-    ReplayDivergedError,
-    SchemaMismatchError,
-    SnapshotDamagedError,
-    SnapshotNotFoundError,
-    SnapshotRootError,
-    SourceError,
-    StateEncodingError,
-    StateNotSetError,
-    StateTooLargeError,
-    StorageError,
-    TableSchemaError,
-)
+from pyspark_abs.errors import error_classes
 from pyspark_abs.runtime import require_pyspark
 
 require_pyspark()
@@ -55,11 +31,39 @@ require_pyspark()
 if TYPE_CHECKING:
     from pyspark_abs.admin.savepoints import restore, rollback, write_state
     from pyspark_abs.config import AbsConfig
-    from pyspark_abs.faults import (
-        Fault,
-        FaultAction,
-        FaultStep,
+    from pyspark_abs.errors import (
+        AbsError,
+        AlignmentError,
+        CommitError,
+        ConcurrentWriteError,
+        ConfigError,
+        DefinitionError,
+        FencingError,
+        InjectedFault,
+        InvalidTimeoutError,
+        ManifestError,
+        OperatorDefinitionError,
+        OperatorError,
+        PipelineMismatchError,
+        PrecommitFileError,
+        ProtocolError,
+        QuiescenceError,
+        ReplayDivergedError,
+        SchemaMismatchError,
+        SnapshotDamagedError,
+        SnapshotError,
+        SnapshotNotFoundError,
+        SnapshotRootError,
+        SourceError,
+        StateEncodingError,
+        StateNotSetError,
+        StateTooLargeError,
+        StorageError,
+        StorageIOError,
+        TableSchemaError,
+        UserCodeError,
     )
+    from pyspark_abs.faults import Fault, FaultAction, FaultStep
     from pyspark_abs.manifest.entries import EpochStatus
     from pyspark_abs.manifest.info import SnapshotInfo
     from pyspark_abs.operators.contract import (
@@ -81,36 +85,38 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "BackEdge": "pyspark_abs.pipeline.backedge",
-    "AbsConfig": "pyspark_abs.config",
-    "Fault": "pyspark_abs.faults",
-    "FaultAction": "pyspark_abs.faults",
-    "FaultStep": "pyspark_abs.faults",
-    "EpochStatus": "pyspark_abs.manifest.entries",
-    "SnapshotListener": "pyspark_abs.protocol.listeners",
-    "Clock": "pyspark_abs.operators.contract",
-    "KeyGroupContext": "pyspark_abs.operators.contract",
-    "KeyGroupResult": "pyspark_abs.operators.contract",
-    "KeyState": "pyspark_abs.operators.contract",
-    "Operator": "pyspark_abs.operators.contract",
-    "TimeoutMode": "pyspark_abs.operators.contract",
-    "operator": "pyspark_abs.operators.contract",
-    "vectorized_operator": "pyspark_abs.operators.contract",
-    "DeltaSink": "pyspark_abs.pipeline.declaration",
-    "Pipeline": "pyspark_abs.pipeline.declaration",
-    "PipelineQuery": "pyspark_abs.pipeline.declaration",
-    "Quiescence": "pyspark_abs.pipeline.declaration",
-    "restore": "pyspark_abs.admin.savepoints",
-    "rollback": "pyspark_abs.admin.savepoints",
-    "write_state": "pyspark_abs.admin.savepoints",
-    "local_session": "pyspark_abs.session",
-    "SnapshotInfo": "pyspark_abs.manifest.info",
-    "Snapshots": "pyspark_abs.snapshots.reading",
-    "DeltaSource": "pyspark_abs.sources",
-    "FileSource": "pyspark_abs.sources",
-    "KafkaSource": "pyspark_abs.sources",
+_PUBLIC: dict[str, tuple[str, ...]] = {
+    "pyspark_abs.admin.savepoints": ("restore", "rollback", "write_state"),
+    "pyspark_abs.config": ("AbsConfig",),
+    "pyspark_abs.faults": ("Fault", "FaultAction", "FaultStep"),
+    "pyspark_abs.manifest.entries": ("EpochStatus",),
+    "pyspark_abs.manifest.info": ("SnapshotInfo",),
+    "pyspark_abs.operators.contract": (
+        "Clock",
+        "KeyGroupContext",
+        "KeyGroupResult",
+        "KeyState",
+        "Operator",
+        "TimeoutMode",
+        "operator",
+        "vectorized_operator",
+    ),
+    "pyspark_abs.pipeline.backedge": ("BackEdge",),
+    "pyspark_abs.pipeline.declaration": ("DeltaSink", "Pipeline", "PipelineQuery", "Quiescence"),
+    "pyspark_abs.protocol.listeners": ("SnapshotListener",),
+    "pyspark_abs.session": ("local_session",),
+    "pyspark_abs.snapshots.reading": ("Snapshots",),
+    "pyspark_abs.sources": ("DeltaSource", "FileSource", "KafkaSource"),
 }
+"""The public names imported on first use, by the module that defines them.
+
+The ``TYPE_CHECKING`` imports above say the same for type checkers; a unit test keeps
+the two equal.
+"""
+
+_LAZY = {name: module for module, names in _PUBLIC.items() for name in names}
+
+globals().update({cls.__name__: cls for cls in error_classes()})
 
 
 def __getattr__(name: str) -> Any:
@@ -122,57 +128,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [
-    "AbsConfig",
-    "AbsError",
-    "AlignmentError",
-    "BackEdge",
-    "Clock",
-    "CommitError",
-    "ConfigError",
-    "DeltaSink",
-    "DeltaSource",
-    "EpochStatus",
-    "Fault",
-    "FaultAction",
-    "FaultStep",
-    "FencingError",
-    "FileSource",
-    "InjectedFault",
-    "InvalidTimeoutError",
-    "KafkaSource",
-    "KeyGroupContext",
-    "KeyGroupResult",
-    "KeyState",
-    "ManifestError",
-    "Operator",
-    "OperatorDefinitionError",
-    "OperatorError",
-    "Pipeline",
-    "PipelineMismatchError",
-    "PipelineQuery",
-    "PrecommitFileError",
-    "Quiescence",
-    "QuiescenceError",
-    "ReplayDivergedError",
-    "SchemaMismatchError",
-    "SnapshotDamagedError",
-    "SnapshotInfo",
-    "SnapshotListener",
-    "SnapshotNotFoundError",
-    "SnapshotRootError",
-    "Snapshots",
-    "SourceError",
-    "StateEncodingError",
-    "StateNotSetError",
-    "StateTooLargeError",
-    "StorageError",
-    "TableSchemaError",
-    "TimeoutMode",
-    "local_session",
-    "operator",
-    "restore",
-    "rollback",
-    "vectorized_operator",
-    "write_state",
-]
+__all__ = sorted([*(cls.__name__ for cls in error_classes()), *_LAZY])

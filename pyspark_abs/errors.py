@@ -1,6 +1,24 @@
 """Errors raised by pyspark-abs.
 
-Every error derives from :class:`AbsError`. Messages name the epoch, operator, table or key
+Every error derives from :class:`AbsError`, through one of five families that say whose
+move it is:
+
+- :class:`DefinitionError`: the pipeline, operator, configuration or root is declared
+  wrongly; fix the declaration (``ConfigError``, ``OperatorDefinitionError``,
+  ``PipelineMismatchError``, ``TableSchemaError``).
+- :class:`UserCodeError`: the operator function broke its contract at run time
+  (``OperatorError``, ``SchemaMismatchError``, ``InvalidTimeoutError``,
+  ``StateNotSetError``, ``StateEncodingError``, ``StateTooLargeError``).
+- :class:`ProtocolError`: an epoch could not complete the snapshot protocol; nothing of it
+  is visible and a restart recovers (``AlignmentError``, ``PrecommitFileError``,
+  ``CommitError``, ``FencingError``, ``ManifestError``, ``QuiescenceError``,
+  ``ReplayDivergedError``, ``InjectedFault``).
+- :class:`SnapshotError`: a snapshot that was asked for is missing or damaged
+  (``SnapshotNotFoundError``, ``SnapshotDamagedError``).
+- :class:`StorageIOError`: a table, file or log cannot be read or written
+  (``SnapshotRootError``, ``ConcurrentWriteError``, ``StorageError``, ``SourceError``).
+
+Messages name the epoch, operator, table or key
 involved and say what to do. Each class takes a single message, so an error raised inside a
 Spark task can be rebuilt on the driver from the text Spark reports (see
 :func:`rebuild_from_text`).
@@ -15,39 +33,59 @@ class AbsError(Exception):
     """Root of every error raised by pyspark-abs."""
 
 
-class ConfigError(AbsError, ValueError):
+class DefinitionError(AbsError):
+    """Family: something is declared wrongly; fix the declaration and start again."""
+
+
+class UserCodeError(AbsError):
+    """Family: the user's operator function broke its contract at run time."""
+
+
+class ProtocolError(AbsError):
+    """Family: an epoch could not complete the snapshot protocol; a restart recovers."""
+
+
+class SnapshotError(AbsError):
+    """Family: a snapshot that was asked for is missing or damaged."""
+
+
+class StorageIOError(AbsError):
+    """Family: a table, file or log cannot be read or written."""
+
+
+class ConfigError(DefinitionError, ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
-class OperatorDefinitionError(AbsError, ValueError):
+class OperatorDefinitionError(DefinitionError, ValueError):
     """An operator or pipeline is declared inconsistently (keys, schemas, sinks, timeouts)."""
 
 
-class OperatorError(AbsError):
+class OperatorError(UserCodeError):
     """The user's operator function raised; the message names operator, epoch and key."""
 
 
-class SchemaMismatchError(AbsError, TypeError):
+class SchemaMismatchError(UserCodeError, TypeError):
     """A frame returned by the operator does not match its declared output or state schema."""
 
 
-class InvalidTimeoutError(AbsError, ValueError):
+class InvalidTimeoutError(UserCodeError, ValueError):
     """A key's timeout is not allowed (wrong timeout mode, or already in the past)."""
 
 
-class StateNotSetError(AbsError, LookupError):
+class StateNotSetError(UserCodeError, LookupError):
     """A per-key function read the state of a key that has none."""
 
 
-class StateEncodingError(AbsError):
+class StateEncodingError(UserCodeError):
     """A key group's state blob cannot be encoded or decoded."""
 
 
-class StateTooLargeError(AbsError):
+class StateTooLargeError(UserCodeError):
     """A key group's encoded state outgrew ``AbsConfig.max_key_group_state_bytes``."""
 
 
-class AlignmentError(AbsError):
+class AlignmentError(ProtocolError):
     """The barrier markers of an epoch do not cover every partition exactly once."""
 
 
@@ -55,7 +93,7 @@ class PrecommitFileError(AlignmentError):
     """A pre-committed file listed in a barrier marker is missing or has the wrong size."""
 
 
-class SnapshotRootError(AbsError):
+class SnapshotRootError(StorageIOError):
     """The snapshot root cannot be created, read or written."""
 
 
@@ -63,83 +101,65 @@ class ConcurrentWriteError(SnapshotRootError):
     """Another writer committed to a table after this one read it (a lost compare-and-swap)."""
 
 
-class StorageError(AbsError):
+class StorageError(StorageIOError):
     """A table's files cannot be written (disk full, read-only or unwritable storage)."""
 
 
-class SnapshotDamagedError(AbsError):
+class SnapshotDamagedError(SnapshotError):
     """A committed snapshot's files or Delta log are missing, cut short or unreadable."""
 
 
-class FencingError(AbsError):
+class FencingError(ProtocolError):
     """Another live run holds the snapshot root, or took it over from this run."""
 
 
-class PipelineMismatchError(AbsError):
+class PipelineMismatchError(DefinitionError):
     """The snapshot root or checkpoint belongs to another pipeline or another checkpoint."""
 
 
-class TableSchemaError(AbsError):
+class TableSchemaError(DefinitionError):
     """An existing state or sink table has a schema that differs from the declared one."""
 
 
-class ManifestError(AbsError):
+class ManifestError(ProtocolError):
     """The manifest is unreadable or an epoch transition is not allowed."""
 
 
-class CommitError(AbsError):
+class CommitError(ProtocolError):
     """Committing an epoch's files to a Delta table failed."""
 
 
-class SnapshotNotFoundError(AbsError, LookupError):
+class SnapshotNotFoundError(SnapshotError, LookupError):
     """The requested epoch, operator or table is not in the snapshot root."""
 
 
-class SourceError(AbsError):
+class SourceError(StorageIOError):
     """A streaming source cannot read its table (missing table or log, unreadable change)."""
 
 
-class QuiescenceError(AbsError):
+class QuiescenceError(ProtocolError):
     """A pipeline did not reach quiescence within its bound on epochs."""
 
 
-class ReplayDivergedError(AbsError):
+class ReplayDivergedError(ProtocolError):
     """Spark's replay of a decided epoch could not reach every key group the epoch changed."""
 
 
-class InjectedFault(AbsError):
+class InjectedFault(ProtocolError):
     """A fault injected on purpose at a named protocol step (testing only)."""
 
 
-_ALL: dict[str, type[AbsError]] = {
-    cls.__name__: cls
-    for cls in (
-        AbsError,
-        ConfigError,
-        OperatorDefinitionError,
-        OperatorError,
-        SchemaMismatchError,
-        InvalidTimeoutError,
-        StateNotSetError,
-        StateEncodingError,
-        StateTooLargeError,
-        AlignmentError,
-        PrecommitFileError,
-        SnapshotRootError,
-        StorageError,
-        SnapshotDamagedError,
-        FencingError,
-        PipelineMismatchError,
-        TableSchemaError,
-        ManifestError,
-        CommitError,
-        SnapshotNotFoundError,
-        SourceError,
-        QuiescenceError,
-        ReplayDivergedError,
-        InjectedFault,
-    )
-}
+def error_classes() -> list[type[AbsError]]:
+    """:class:`AbsError` and every class of this module below it, each after its base."""
+    found: list[type[AbsError]] = [AbsError]
+    for cls in found:
+        found.extend(
+            sub for sub in cls.__subclasses__() if sub.__module__ == __name__ and sub not in found
+        )
+    return found
+
+
+_ALL: dict[str, type[AbsError]] = {cls.__name__: cls for cls in error_classes()}
 
 _IN_TEXT = re.compile(r"pyspark_abs\.errors\.(\w+): (.+)")
 

@@ -1,0 +1,140 @@
+"""The public API: derived names, error families, and a cheap import for Spark's workers."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pyspark_abs
+from pyspark_abs import errors
+
+INIT = Path(pyspark_abs.__file__)
+
+FAMILIES = (
+    errors.DefinitionError,
+    errors.UserCodeError,
+    errors.ProtocolError,
+    errors.SnapshotError,
+    errors.StorageIOError,
+)
+
+NAMES_BEFORE_THE_FAMILIES = [
+    "AbsConfig",
+    "AbsError",
+    "AlignmentError",
+    "BackEdge",
+    "Clock",
+    "CommitError",
+    "ConfigError",
+    "DeltaSink",
+    "DeltaSource",
+    "EpochStatus",
+    "Fault",
+    "FaultAction",
+    "FaultStep",
+    "FencingError",
+    "FileSource",
+    "InjectedFault",
+    "InvalidTimeoutError",
+    "KafkaSource",
+    "KeyGroupContext",
+    "KeyGroupResult",
+    "KeyState",
+    "ManifestError",
+    "Operator",
+    "OperatorDefinitionError",
+    "OperatorError",
+    "Pipeline",
+    "PipelineMismatchError",
+    "PipelineQuery",
+    "PrecommitFileError",
+    "Quiescence",
+    "QuiescenceError",
+    "ReplayDivergedError",
+    "SchemaMismatchError",
+    "SnapshotDamagedError",
+    "SnapshotInfo",
+    "SnapshotListener",
+    "SnapshotNotFoundError",
+    "SnapshotRootError",
+    "Snapshots",
+    "SourceError",
+    "StateEncodingError",
+    "StateNotSetError",
+    "StateTooLargeError",
+    "StorageError",
+    "TableSchemaError",
+    "TimeoutMode",
+    "local_session",
+    "operator",
+    "restore",
+    "rollback",
+    "vectorized_operator",
+    "write_state",
+]
+"""``pyspark_abs.__all__`` as it was listed by hand: every name must stay importable."""
+
+
+def _type_checking_imports() -> dict[str, set[str]]:
+    tree = ast.parse(INIT.read_text())
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    found: dict[str, set[str]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        assert node.module is not None
+        found.setdefault(node.module, set()).update(alias.name for alias in node.names)
+    return found
+
+
+def test_type_checkers_see_the_names_the_package_exports() -> None:
+    declared = _type_checking_imports()
+    assert declared.pop("pyspark_abs.errors") == {c.__name__ for c in errors.error_classes()}
+    assert declared == {module: set(names) for module, names in pyspark_abs._PUBLIC.items()}
+
+
+def test_every_exported_name_resolves() -> None:
+    assert set(NAMES_BEFORE_THE_FAMILIES) <= set(pyspark_abs.__all__)
+    for name in pyspark_abs.__all__:
+        assert getattr(pyspark_abs, name) is not None
+        if name in pyspark_abs._LAZY:
+            module = __import__(pyspark_abs._LAZY[name], fromlist=[name])
+            assert getattr(pyspark_abs, name) is getattr(module, name)
+
+
+@pytest.mark.parametrize("cls", errors.error_classes()[1:], ids=lambda c: c.__name__)
+def test_every_error_belongs_to_one_family(cls: type[errors.AbsError]) -> None:
+    if cls in FAMILIES:
+        assert cls.__bases__ == (errors.AbsError,)
+    else:
+        assert len([f for f in FAMILIES if issubclass(cls, f)]) == 1
+
+
+def test_errors_keep_their_builtin_bases() -> None:
+    assert issubclass(errors.ConfigError, ValueError)
+    assert issubclass(errors.OperatorDefinitionError, ValueError)
+    assert issubclass(errors.InvalidTimeoutError, ValueError)
+    assert issubclass(errors.SchemaMismatchError, TypeError)
+    assert issubclass(errors.StateNotSetError, LookupError)
+    assert issubclass(errors.SnapshotNotFoundError, LookupError)
+    assert issubclass(errors.PrecommitFileError, errors.AlignmentError)
+    assert issubclass(errors.ConcurrentWriteError, errors.SnapshotRootError)
+
+
+def test_importing_the_sources_does_not_load_pandas() -> None:
+    probe = "import sys, pyspark_abs.sources; print('pandas' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=INIT.parents[1],
+    )
+    assert result.stdout.strip() == "False"

@@ -1,23 +1,14 @@
-"""Shared fixtures: one local SparkSession for the whole run, and word-count inputs."""
+"""Shared fixtures: one local SparkSession for the whole run (helpers are in tests/support)."""
 
 from __future__ import annotations
 
-import os
-import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
 from pyspark_abs import testing
-
-
-def arrow_schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
-    """An Arrow schema from (name, type) pairs."""
-    return pa.schema([pa.field(name, kind) for name, kind in fields])
 
 
 @pytest.fixture(scope="session")
@@ -29,57 +20,3 @@ def spark() -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
-
-
-def race(*calls: Callable[[], object]) -> list[BaseException | None]:
-    """Run the calls in threads released together; return what each raised."""
-    start = threading.Barrier(len(calls))
-    outcomes: list[BaseException | None] = [None] * len(calls)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            calls[i]()
-        except BaseException as err:
-            outcomes[i] = err
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
-
-
-def write_epochs(directory: Path, epochs: Sequence[str]) -> Path:
-    """Write one text file per epoch, with increasing modification times.
-
-    Spark's file source with ``maxFilesPerTrigger=1`` takes the oldest file first, so file i
-    is processed in epoch i.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    for i, text in enumerate(epochs):
-        path = directory / f"part-{i:04d}.txt"
-        path.write_text(text)
-        os.utime(path, (1_700_000_000 + i * 10, 1_700_000_000 + i * 10))
-    return directory
-
-
-def running_counts(epochs: Sequence[str]) -> tuple[dict[str, int], list[tuple[str, int]]]:
-    """Final word counts, and the sink rows a word count emits (word, count after epoch)."""
-    counts: Counter[str] = Counter()
-    emitted: list[tuple[str, int]] = []
-    for text in epochs:
-        words = text.split()
-        counts.update(words)
-        emitted.extend((w, counts[w]) for w in dict.fromkeys(words))
-    return dict(counts), emitted
-
-
-EPOCHS = (
-    "a b c a",
-    "b d e",
-    "a f a g h",
-    "i b c j k",
-)
-"""Four epochs of words: keys are added, changed and left alone across epochs."""

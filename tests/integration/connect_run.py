@@ -36,8 +36,8 @@ from pyspark_abs import (
     rollback,
 )
 from pyspark_abs.examples.wordcount import word_count
-from tests.conftest import EPOCHS
-from tests.integration.test_savepoints import word_table
+from tests.support.inputs import EPOCHS
+from tests.support.pipelines import word_table
 
 
 def pipeline(words: str, root: Path, **config: object) -> Pipeline:

@@ -17,8 +17,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from pyspark_abs import Fault, FaultStep, InjectedFault
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import assert_word_counts, word_pipeline
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import assert_word_counts, word_pipeline
 
 
 def main(workdir: str) -> int:

@@ -45,7 +45,7 @@ from pyspark_abs import (
     vectorized_operator,
 )
 from pyspark_abs.storage.store import DeltaStore
-from tests.integration.conftest import assert_same
+from tests.support.pipelines import assert_same
 
 OUTPUT = "word string, total long"
 BAD = "bad"

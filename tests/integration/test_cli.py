@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import Snapshots
 from pyspark_abs.cli import main
-from tests.conftest import EPOCHS, running_counts, write_epochs
-from tests.integration.conftest import assert_same, word_pipeline
+from tests.support.inputs import EPOCHS, running_counts, write_epochs
+from tests.support.pipelines import assert_same, word_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import FencingError, Snapshots
 from pyspark_abs.protocol.lease import Lease, read_lease
-from tests.conftest import EPOCHS
-from tests.integration.conftest import assert_same, expected_state
+from tests.support.inputs import EPOCHS
+from tests.support.pipelines import assert_same, expected_state
 
 REPO = Path(__file__).parents[2]
 

@@ -35,7 +35,7 @@ from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples import components, retry
 from pyspark_abs.sources import DeltaSource
-from tests.integration.conftest import assert_same
+from tests.support.pipelines import assert_same
 
 
 def expected_components(spark: SparkSession, edges: pa.Table) -> DataFrame:

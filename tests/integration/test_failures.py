@@ -30,8 +30,8 @@ from pyspark_abs import (
     operator,
 )
 from pyspark_abs.examples import wordcount
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import STATE_DDL, assert_word_counts, word_pipeline
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import STATE_DDL, assert_word_counts, word_pipeline
 
 
 def failing_on(word: str, error: type[Exception] = ValueError) -> Any:

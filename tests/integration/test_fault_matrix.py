@@ -30,13 +30,8 @@ from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.storage.store import DeltaStore
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import (
-    assert_same,
-    assert_word_counts,
-    state_history,
-    word_pipeline,
-)
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import assert_same, assert_word_counts, state_history, word_pipeline
 
 FAULTS = [
     Fault(FaultStep.PRECOMMIT_TASK, epoch=1),

@@ -16,8 +16,8 @@ from pyspark_abs import EpochStatus, FencingError, Snapshots, rollback
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import assert_word_counts, word_pipeline
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import assert_word_counts, word_pipeline
 
 REPO = Path(__file__).parents[2]
 

@@ -11,8 +11,8 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import AbsConfig, FileSource, Pipeline, Snapshots, rollback
 from pyspark_abs.examples.wordcount import word_count
-from tests.conftest import EPOCHS
-from tests.integration.conftest import assert_same, expected_sink, expected_state
+from tests.support.inputs import EPOCHS
+from tests.support.pipelines import assert_same, expected_sink, expected_state
 
 
 def land(directory: Path, texts: Sequence[str], first: int = 0) -> None:

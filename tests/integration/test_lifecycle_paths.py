@@ -35,9 +35,16 @@ from pyspark_abs import (
     write_state,
 )
 from pyspark_abs.examples.wordcount import word_count
-from tests.conftest import EPOCHS, running_counts, write_epochs
-from tests.integration.conftest import STATE_DDL, assert_same, expected_sink, word_pipeline
-from tests.integration.test_savepoints import OP, counts_df, word_table
+from tests.support.inputs import EPOCHS, running_counts, write_epochs
+from tests.support.pipelines import (
+    OP,
+    STATE_DDL,
+    assert_same,
+    counts_df,
+    expected_sink,
+    word_pipeline,
+    word_table,
+)
 
 
 def weighted_count(weight: int) -> Operator:

@@ -34,8 +34,8 @@ from pyspark_abs.manifest.table import open_root
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.protocol.precommit import root_tag
 from pyspark_abs.storage.store import DeltaStore
-from tests.conftest import EPOCHS, race, write_epochs
-from tests.integration.conftest import (
+from tests.support.inputs import EPOCHS, race, write_epochs
+from tests.support.pipelines import (
     STATE_DDL,
     assert_same,
     assert_word_counts,

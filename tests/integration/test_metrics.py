@@ -23,7 +23,7 @@ from pyspark_abs import (
 )
 from pyspark_abs.cli import main as cli
 from pyspark_abs.examples import wordcount
-from tests.conftest import EPOCHS, write_epochs
+from tests.support.inputs import EPOCHS, write_epochs
 
 
 class Recorder(SnapshotListener):

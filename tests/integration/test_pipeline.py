@@ -21,8 +21,8 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.storage.store import DeltaStore, load_dataframe
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import (
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import (
     assert_same,
     assert_word_counts,
     expected_sink,

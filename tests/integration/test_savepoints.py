@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from pyspark_abs import (
@@ -37,15 +34,16 @@ from pyspark_abs import (
     write_state,
 )
 from pyspark_abs.examples.wordcount import word_count, words_of
-from tests.conftest import EPOCHS, running_counts, write_epochs
-from tests.integration.conftest import (
+from tests.support.inputs import EPOCHS, running_counts, write_epochs
+from tests.support.pipelines import (
+    OP,
     STATE_DDL,
     assert_same,
+    counts_df,
     event_table,
     session_pipeline,
+    word_table,
 )
-
-OP = "word_count"
 
 
 @vectorized_operator(key="word", state_schema="count long", output_schema=STATE_DDL, name=OP)
@@ -57,15 +55,6 @@ def buggy_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -
     merged["count"] = merged["count"].fillna(0).astype("int64") + weight * merged["seen"]
     updated = merged[["word", "count"]]
     return KeyGroupResult(state=updated, output=updated)
-
-
-def word_table(path: Path, epochs: Sequence[str]) -> str:
-    """A Delta table of words with one append (version) per epoch's text."""
-    for text in epochs:
-        write_deltalake(
-            str(path), pa.table({"word": pa.array(text.split(), pa.string())}), mode="append"
-        )
-    return str(path)
 
 
 def pipeline(
@@ -84,12 +73,6 @@ def pipeline(
         sinks={"output": str(sink or root / "sink")},
         config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
     )
-
-
-def counts_df(spark: SparkSession, texts: Sequence[str], extra: Counter[str] | None = None):  # type: ignore[no-untyped-def]
-    counts = Counter(running_counts(texts)[0])
-    counts.update(extra or {})
-    return spark.createDataFrame(sorted(counts.items()), STATE_DDL)
 
 
 def test_rollback_then_fixed_code_equals_a_clean_run(spark: SparkSession, tmp_path: Path) -> None:

@@ -41,8 +41,8 @@ from pyspark_abs.manifest.table import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.store import EPOCH_KEY, DeltaStore, app_id, load_dataframe
-from tests.conftest import write_epochs
-from tests.integration.conftest import (
+from tests.support.inputs import write_epochs
+from tests.support.pipelines import (
     assert_same,
     bronze_table,
     expected_sink,

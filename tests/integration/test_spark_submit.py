@@ -11,8 +11,8 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from tests.conftest import EPOCHS, write_epochs
-from tests.integration.conftest import assert_word_counts
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import assert_word_counts
 
 REPO = Path(__file__).parents[2]
 

@@ -36,8 +36,8 @@ from pyspark_abs import (
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples import wordcount
 from pyspark_abs.storage.store import DeltaStore
-from tests.conftest import EPOCHS, running_counts, write_epochs
-from tests.integration.conftest import (
+from tests.support.inputs import EPOCHS, running_counts, write_epochs
+from tests.support.pipelines import (
     STATE_DDL,
     assert_same,
     assert_word_counts,

@@ -20,7 +20,7 @@ from pyspark_abs import (
     operator,
     write_state,
 )
-from tests.integration.conftest import (
+from tests.support.pipelines import (
     SESSION_DDL,
     assert_same,
     event_table,

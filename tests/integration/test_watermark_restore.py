@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_abs import SnapshotInfo, Snapshots, restore, rollback, write_state
 from pyspark_abs.testing import assert_sink_equal
-from tests.integration.conftest import event_table, session_pipeline, sessions
+from tests.support.pipelines import event_table, session_pipeline, sessions
 
 # Event times in seconds, one Delta version (one micro-batch) per list.
 FIRST_RUN = [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)]]

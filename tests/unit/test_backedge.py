@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import numpy as np
@@ -17,7 +16,8 @@ from pyspark_abs.operators.contract import Clock, KeyGroupContext
 from pyspark_abs.pipeline.backedge import BackEdge, check_back_edges, check_loop_schema
 from pyspark_abs.sources.backedge_log import consumed_before, split_offsets
 from pyspark_abs.sources.delta import Offset
-from tests.conftest import arrow_schema
+from tests.support.inputs import arrow_schema
+from tests.support.manifest import entry
 
 
 def test_loop_head_offsets_carry_their_tag_but_compare_by_position() -> None:
@@ -55,12 +55,9 @@ def snapshot(
     epoch: int, log_version: int | None, *offsets: Offset, origin: str | None = None
 ) -> ManifestEntry:
     """A COMMITTED (or, with an origin, RESTORED) epoch whose loop heads read ``offsets``."""
-    return ManifestEntry(
-        pipeline="p",
-        epoch=epoch,
-        status=EpochStatus.RESTORED if origin else EpochStatus.COMMITTED,
-        recorded_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-        run_id="r",
+    return entry(
+        epoch,
+        EpochStatus.RESTORED if origin else EpochStatus.COMMITTED,
         table_versions={} if log_version is None else {"backedge/offers": log_version},
         source_offsets="\n".join(json.dumps(o.to_dict()) for o in offsets),
         origin=origin,

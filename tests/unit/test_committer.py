@@ -6,14 +6,14 @@ import threading
 import pytest
 
 from pyspark_abs import CommitError, InjectedFault
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.protocol.committer import Group, OrderedCommitter
+from tests.support.manifest import entry
 
 
 def prepared(*epochs: int) -> Group:
     """A group of PREPARED epochs."""
     now = dt.datetime.now(dt.timezone.utc)
-    return tuple(ManifestEntry("p", e, EpochStatus.PREPARED, now, "r") for e in epochs)
+    return tuple(entry(e, recorded_at=now) for e in epochs)
 
 
 def test_commits_in_submission_order_and_drains() -> None:

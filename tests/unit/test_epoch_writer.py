@@ -5,55 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import CommitError, InjectedFault, ManifestError
-from pyspark_abs.faults import Fault, FaultInjector, FaultStep
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
-from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
-from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.store import DeltaStore
-
-PIPELINE = "p"
-SINK = "sink/out"
-
-
-def make_root(tmp_path: Path) -> tuple[str, str]:
-    """A snapshot root with an empty manifest, and a sink table outside it."""
-    root, sink = str(tmp_path / "root"), str(tmp_path / "sink")
-    store = DeltaStore()
-    store.ensure_root(root)
-    open_manifest(store, root, PIPELINE)
-    DeltaTable.create(sink, pa.schema([pa.field("word", pa.string())]))
-    return root, sink
-
-
-def writer_of(root: str, run_id: str = "run", faults: tuple[Fault, ...] = ()) -> EpochWriter:
-    store = DeltaStore()
-    epochs = open_manifest(store, root, PIPELINE)
-    return EpochWriter(PIPELINE, root, store, epochs, run_id, FaultInjector(faults))
-
-
-def prepared(epoch: int, sink: str, interval: int = 2, run_id: str = "run") -> ManifestEntry:
-    """A PREPARED epoch with one pre-committed sink file, which is written."""
-    (Path(sink) / f"abs-e{epoch:012d}.parquet").write_bytes(b"0123456789")
-    return ManifestEntry(
-        pipeline=PIPELINE,
-        epoch=epoch,
-        status=EpochStatus.PREPARED,
-        recorded_at=now(),
-        run_id=run_id,
-        batch_id=epoch,
-        tables={SINK: sink},
-        files=(FileEntry(SINK, f"abs-e{epoch:012d}.parquet", 10, 1, 0),),
-        snapshot_interval=interval,
-    )
+from tests.support.roots import PIPELINE, SINK, make_root, prepared, writer_of
 
 
 def statuses(root: str) -> list[tuple[int, str]]:

@@ -28,7 +28,7 @@ from pyspark_abs.operators.execution import (
     run_key_group,
 )
 from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
-from tests.conftest import arrow_schema
+from tests.support.inputs import arrow_schema
 
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
 STATE = arrow_schema(("count", pa.int64()))

@@ -12,7 +12,6 @@ import pytest
 from deltalake import DeltaTable
 
 from pyspark_abs.config import AbsConfig, CommitMode
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.envelope import Kind
 from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
@@ -21,6 +20,7 @@ from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.store import DeltaStore
+from tests.support.manifest import entry
 
 EPOCHS = 24
 SCHEMA = pa.schema([pa.field("word", pa.string())])
@@ -49,18 +49,16 @@ def test_drains_during_micro_batches_commit_every_epoch_once_in_order(
         for epoch in range(EPOCHS):
             # phase 2 commits only files that are there, at their recorded size
             Path(sink, f"e{epoch}.parquet").write_bytes(b"0123456789")
-            entry = ManifestEntry(
-                "p",
+            prepared = entry(
                 epoch,
-                EpochStatus.PREPARED,
-                now(),
-                "run",
+                recorded_at=now(),
+                run_id="run",
                 tables={"sink/out": sink},
                 files=(FileEntry("sink/out", f"e{epoch}.parquet", 10, 1, 0),),
                 snapshot_interval=5,
             )
-            writer.record(entry)
-            coordinator._join_group(entry)
+            writer.record(prepared)
+            coordinator._join_group(prepared)
         done.set()
 
     thread = threading.Thread(target=micro_batches)

@@ -138,3 +138,19 @@ def test_the_walk_sees_deferred_and_type_only_imports(tmp_path: Path) -> None:
     assert graph["pkg.low.b"] == {"pkg.low.a"}
     assert graph["pkg.high"] == {"pkg.low.a"}
     assert cycles(graph) == [["pkg.high", "pkg.low.a", "pkg.low.b"]]
+
+
+def test_test_modules_import_only_the_test_support() -> None:
+    tests = ROOT.parent / "tests"
+    graph = {
+        module: targets
+        for module, targets in import_graph(tests).items()
+        if not module.startswith("tests.support")
+    }
+    crossing = [
+        f"{module} imports {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if not target.startswith("tests.support") and target != "tests"
+    ]
+    assert crossing == []

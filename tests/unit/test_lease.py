@@ -10,7 +10,6 @@ import pytest
 
 import pyspark_abs.protocol.lease as lease_module
 from pyspark_abs import FencingError
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.lease import (
@@ -24,6 +23,7 @@ from pyspark_abs.protocol.lease import (
     require_no_live_holder,
 )
 from pyspark_abs.storage.store import DeltaStore
+from tests.support.manifest import entry
 
 
 def plant(root: Path, **changes: object) -> LeaseRecord:
@@ -156,9 +156,9 @@ def test_a_lease_whose_renewals_lapsed_fences_its_run(
     writer = EpochWriter(
         "wc", str(tmp_path), store, open_manifest(store, str(tmp_path), "wc"), "mine", lease=lease
     )
-    entry = ManifestEntry("wc", 0, EpochStatus.PREPARED, now(), "mine")
+    prepared = entry(0, pipeline="wc", recorded_at=now(), run_id="mine")
     with pytest.raises(FencingError, match="epoch 0 PREPARED is not written"):
-        writer.record(entry)
+        writer.record(prepared)
     assert open_manifest(store, str(tmp_path), "wc").entries == []
     Lease.acquire(str(tmp_path), "wc", "next").release()  # the root can be taken over
     lease.release()

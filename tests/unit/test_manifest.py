@@ -24,19 +24,7 @@ from pyspark_abs.manifest.log import (
 from pyspark_abs.manifest.table import manifest_spec, open_manifest
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.store import DeltaStore
-
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def entry(epoch: int, status: EpochStatus, **kw: object) -> ManifestEntry:
-    return ManifestEntry(
-        pipeline="p",
-        epoch=epoch,
-        status=status,
-        recorded_at=T0,
-        run_id="r",
-        **kw,  # type: ignore[arg-type]
-    )
+from tests.support.manifest import T0, entry
 
 
 @pytest.mark.parametrize(
@@ -118,8 +106,8 @@ def test_undecided_epoch_older_than_a_decided_one_is_refused() -> None:
 
 def test_log_replays_entries_in_protocol_order_whatever_the_clock() -> None:
     late = T0 + dt.timedelta(seconds=5)
-    committed = ManifestEntry("p", 0, EpochStatus.COMMITTED, T0, "r")
-    prepared = ManifestEntry("p", 0, EpochStatus.PREPARED, late, "r")
+    committed = entry(0, EpochStatus.COMMITTED)
+    prepared = entry(0, recorded_at=late)
     log = EpochLog([committed, prepared])
     assert log.status(0) is EpochStatus.COMMITTED
 

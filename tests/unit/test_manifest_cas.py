@@ -20,8 +20,8 @@ from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.store import DeltaStore
-from tests.conftest import race
-from tests.unit.test_epoch_writer import PIPELINE, make_root, prepared, writer_of
+from tests.support.inputs import race
+from tests.support.roots import PIPELINE, make_root, prepared, writer_of
 
 
 def known(entry: ManifestEntry | None) -> ManifestEntry:

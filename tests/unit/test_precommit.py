@@ -11,7 +11,7 @@ import pyspark_abs.protocol.precommit as precommit
 from pyspark_abs.operators.envelope import Kind, envelope_frame
 from pyspark_abs.operators.state_codec import BatchCodec
 from pyspark_abs.protocol.precommit import PrecommitPlan, TableTarget, write_partition
-from tests.conftest import arrow_schema
+from tests.support.inputs import arrow_schema
 
 CHANGES = arrow_schema(
     ("k", pa.string()),

@@ -5,9 +5,10 @@ import json
 import pytest
 
 from pyspark_abs import SourceError
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.protocol.epoch_writer import now
 from pyspark_abs.sources.rewind import require_rewindable, unrewindable
+from tests.support.manifest import entry
 
 DELTA = json.dumps({"source": "pyspark_abs_delta", "version": 3, "index": 0})
 LOOP = json.dumps({"source": "pyspark_abs_delta", "version": 1, "index": 2, "tag": "edge"})
@@ -22,8 +23,13 @@ def test_delta_loop_heads_and_kafka_rewind_files_and_others_do_not() -> None:
 
 
 def test_the_refusal_names_the_epoch_the_offset_and_what_to_do() -> None:
-    entry = ManifestEntry(
-        "words", 5, EpochStatus.COMMITTED, now(), "run", source_offsets=f"{FILES}\n{LOOP}"
+    snapshot = entry(
+        5,
+        EpochStatus.COMMITTED,
+        pipeline="words",
+        recorded_at=now(),
+        run_id="run",
+        source_offsets=f"{FILES}\n{LOOP}",
     )
     with pytest.raises(
         SourceError,
@@ -31,5 +37,6 @@ def test_the_refusal_names_the_epoch_the_offset_and_what_to_do() -> None:
         r'be rewound \(its recorded offset is \{"logOffset": 4\}.*Nothing was changed.*land '
         r"the input in a bronze Delta table",
     ):
-        require_rewindable(entry, "/r", "roll back to epoch 5")
-    require_rewindable(ManifestEntry("words", 5, EpochStatus.COMMITTED, now(), "run"), "/r", "x")
+        require_rewindable(snapshot, "/r", "roll back to epoch 5")
+    plain = entry(5, EpochStatus.COMMITTED, pipeline="words", recorded_at=now(), run_id="run")
+    require_rewindable(plain, "/r", "x")

@@ -3,7 +3,7 @@ import pytest
 
 from pyspark_abs.errors import StateEncodingError
 from pyspark_abs.operators.state_codec import BatchCodec
-from tests.conftest import arrow_schema
+from tests.support.inputs import arrow_schema
 
 SCHEMA = arrow_schema(("k", pa.string()), ("n", pa.int64()), ("tags", pa.list_(pa.string())))
 

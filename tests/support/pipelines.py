@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from functools import reduce
 from pathlib import Path
@@ -25,7 +26,7 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
-from tests.conftest import running_counts
+from tests.support.inputs import running_counts
 
 STATE_DDL = "word string, count long"
 SESSION_DDL = "word string, events long, closed boolean"
@@ -165,3 +166,21 @@ def assert_word_counts(spark: SparkSession, root: Path, epochs: Sequence[str]) -
     assert [s.epoch for s in snapshots.list()] == list(range(len(epochs)))
     assert_same(state_history(snapshots), expected_history(spark, epochs))
     assert_same(snapshots.sink("output"), expected_sink(spark, epochs))
+
+
+OP = "word_count"
+
+
+def word_table(path: Path, epochs: Sequence[str]) -> str:
+    """A Delta table of words with one append (version) per epoch's text."""
+    for text in epochs:
+        write_deltalake(
+            str(path), pa.table({"word": pa.array(text.split(), pa.string())}), mode="append"
+        )
+    return str(path)
+
+
+def counts_df(spark: SparkSession, texts: Sequence[str], extra: Counter[str] | None = None):  # type: ignore[no-untyped-def]
+    counts = Counter(running_counts(texts)[0])
+    counts.update(extra or {})
+    return spark.createDataFrame(sorted(counts.items()), STATE_DDL)

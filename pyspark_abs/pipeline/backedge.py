@@ -25,10 +25,8 @@ import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.manifest.entries import ManifestEntry
-from pyspark_abs.sources.delta import (
-    DeltaSource,
-    Offset,
-)
+from pyspark_abs.sources.delta import DeltaSource
+from pyspark_abs.sources.delta_offsets import Offset
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
 from pyspark_abs.storage.store import DeltaStore
 

@@ -388,7 +388,7 @@ class EpochCoordinator:
         """Run a replay of a decided epoch, so Spark's state store takes the decided state.
 
         The operator's tasks install the epoch's decided state changes instead of calling
-        the function (see :class:`~pyspark_abs.operators.execution.DecidedReplay`) and name each key
+        the function (see :class:`~pyspark_abs.operators.task.DecidedReplay`) and name each key
         group they installed changes for. A key group the replay does not reach (its input
         changed since) would keep stale state, so the run stops instead.
 

@@ -7,15 +7,8 @@ import json
 import pyarrow as pa
 
 from pyspark_abs.manifest.entries import ManifestEntry
-from pyspark_abs.sources.delta import (
-    SOURCE_NAME,
-    DeltaFilePartition,
-    DeltaLog,
-    Offset,
-    ReadSchema,
-    plan_slices,
-    read_slice,
-)
+from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
+from pyspark_abs.sources.delta_offsets import SOURCE_NAME, Offset, plan_slices
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
 from pyspark_abs.storage.store import DeltaStore, arrow_schema
 

@@ -12,12 +12,12 @@ import pytest
 
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.sources.delta import (
+from pyspark_abs.sources.delta_log import partition_array
+from pyspark_abs.sources.delta_offsets import (
     Offset,
     Planned,
     RowSlice,
     VersionRows,
-    partition_array,
     plan_next,
     plan_slices,
 )

@@ -20,14 +20,10 @@ from pyspark_abs import (
     StateTooLargeError,
     TimeoutMode,
 )
-from pyspark_abs.operators.execution import (
-    KeyGroupOutcome,
-    apply_changes,
-    decided_changes,
-    encode_state,
-    run_key_group,
-)
+from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
+from pyspark_abs.operators.state_diff import KeyGroupOutcome, encode_state
+from pyspark_abs.operators.task import apply_changes, decided_changes
 from tests.support.inputs import arrow_schema
 
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))

@@ -1,0 +1,338 @@
+"""The state diff of one key group: what the operator changed, as upserts and tombstones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_abs.errors import (
+    InvalidTimeoutError,
+    OperatorError,
+    SchemaMismatchError,
+    StateTooLargeError,
+)
+from pyspark_abs.operators.contract import (
+    Clock,
+    KeyGroupResult,
+    TimeoutMode,
+)
+from pyspark_abs.operators.keys import (
+    BoolArray,
+    KeyArray,
+    contains,
+    key_arrays,
+    positions,
+    repeated,
+)
+from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import (
+    DELETED,
+    TIMEOUT,
+    check_columns,
+    frame_to_arrow,
+)
+
+
+@dataclass(frozen=True)
+class KeyGroupOutcome:
+    """The result of one key group in one epoch.
+
+    Attributes:
+        state: The key group's complete new state (blob schema).
+        changes: Upserts and tombstones of the keys whose state changed (change schema).
+        outputs: Output rows, by output index.
+        keys_delta: Keys added minus keys removed.
+        next_timeout_ms: The earliest timeout among the key group's keys, if any.
+    """
+
+    state: pa.Table
+    changes: pa.Table
+    outputs: tuple[pa.Table, ...]
+    keys_delta: int
+    next_timeout_ms: int | None
+
+
+class Converted:
+    """Frames a function returned, converted to Arrow once even when returned twice.
+
+    A vectorized operator often returns one frame as both new state and output (say, the
+    new counts); when the schemas agree, the second conversion is free.
+    """
+
+    def __init__(self, time_zone: str) -> None:
+        self.time_zone = time_zone
+        self._done: dict[int, tuple[pd.DataFrame, pa.Schema, pa.Table]] = {}
+
+    def __call__(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+        """``frame_to_arrow(frame, schema, what, time_zone)``, reusing an earlier conversion."""
+        done = self._done.get(id(frame))
+        if done is not None and done[0] is frame and done[1].equals(schema):
+            return done[2]
+        table = frame_to_arrow(frame, schema, what, self.time_zone)
+        self._done[id(frame)] = (frame, schema, table)
+        return table
+
+
+def apply_state(
+    plan: OperatorPlan,
+    state: pa.Table,
+    row_keys: pa.Table,
+    keys: tuple[KeyArray, KeyArray],
+    called: BoolArray,
+    result: KeyGroupResult,
+    outputs: tuple[pa.Table, ...],
+    clock: Clock,
+    where: str,
+    converted: Converted,
+) -> KeyGroupOutcome:
+    """Check the returned state, diff it against the current state, and build the outcome.
+
+    Args:
+        plan: The operator.
+        state: The key group's state before the call.
+        row_keys: Key columns of the call's input rows.
+        keys: Keys of ``state`` and ``row_keys`` (see :func:`key_arrays`).
+        called: For each key in ``state``, whether the function was called for it.
+        result: What the function returned.
+        outputs: The call's output tables.
+        clock: The epoch's clocks.
+        where: Operator, epoch and key group, for messages.
+        converted: Converts returned frames to Arrow.
+    """
+    columns = plan.key_columns
+    upserts = _upsert_table(plan, result.state, where, converted)
+    removed = _removed_table(plan, result.removed, where)
+    state_keys, input_keys, up_keys, rm_keys = _joint_keys(
+        plan, state, row_keys, keys, [upserts, removed]
+    )
+    twice = repeated(up_keys)
+    if twice.any():
+        raise SchemaMismatchError(
+            f"{where}: returned state holds key(s) {_few(upserts, twice, columns)} more than once"
+        )
+    both = contains(up_keys, rm_keys)
+    if both.any():
+        raise SchemaMismatchError(
+            f"{where}: key(s) {_few(upserts, both, columns)} are both updated and removed; do "
+            f"one or the other"
+        )
+    found = positions(up_keys, state_keys)
+    gone_at = positions(rm_keys, state_keys)
+    for table, keys_, at in ((upserts, up_keys, found), (removed, rm_keys, gone_at)):
+        foreign = at < 0
+        if foreign.any():
+            foreign[foreign] = ~contains(keys_.filter(foreign), input_keys)
+        if foreign.any():
+            raise OperatorError(
+                f"{where}: returned state for key(s) {_few(table, foreign, columns)} that have "
+                f"neither rows nor state in this key group; an operator may only change keys "
+                f"it was called for"
+            )
+    _check_timeouts(plan, upserts, clock, where)
+
+    # Keys the function was called for keep no timeout unless it set one again.
+    reset = (
+        called
+        & ~contains(state_keys, up_keys)
+        & ~contains(state_keys, rm_keys)
+        & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
+        if has_timeouts(state)
+        else no_keys(state)
+    )
+    if reset.any():
+        carried = state.filter(reset)
+        carried = carried.set_column(
+            carried.schema.get_field_index(TIMEOUT),
+            TIMEOUT,
+            pa.nulls(carried.num_rows, pa.int64()),
+        )
+        upserts = pa.concat_tables([upserts, carried])
+        found = np.concatenate([found, np.flatnonzero(reset)])
+
+    existing = found >= 0
+    changed = ~existing
+    if existing.any():
+        values = [*plan.state_schema.names, TIMEOUT]
+        before = state.select(values).take(found[existing])
+        after = upserts.select(values).filter(existing)
+        changed[existing] = ~_rows_equal(before, after)
+    gone = gone_at >= 0
+
+    keep = np.ones(state.num_rows, dtype=bool)
+    keep[found[existing & changed]] = False
+    keep[gone_at[gone]] = False
+    written = upserts.filter(changed)
+    new_state = pa.concat_tables([state.filter(keep), written])
+
+    tombstones = _tombstones(plan, removed.filter(gone))
+    changes = pa.concat_tables(
+        [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), tombstones]
+    )
+    return KeyGroupOutcome(
+        state=new_state,
+        changes=changes,
+        outputs=outputs,
+        keys_delta=int((~existing).sum()) - int(gone.sum()),
+        next_timeout_ms=earliest_timeout(new_state),
+    )
+
+
+def encode_state(plan: OperatorPlan, state: pa.Table, key_group: int, epoch: int | None) -> bytes:
+    """Encode a key group's state as the blob kept in Spark's state store.
+
+    Raises:
+        StateTooLargeError: The state, as Arrow before compression (what a Python worker
+            holds in memory), is larger than the plan's ``max_state_bytes``.
+    """
+    message = plan.state_codec.message(state)
+    bound = plan.max_state_bytes
+    if bound is not None and message.size > bound:
+        raise StateTooLargeError(
+            f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: the key group's "
+            f"state is {message.size:,} bytes encoded ({state.num_rows:,} keys), above "
+            f"max_key_group_state_bytes={bound:,}; the epoch is not committed. Spread the "
+            f"keys over more key groups (raise key_groups; on an existing checkpoint roll "
+            f"back to the latest epoch first) or raise max_key_group_state_bytes"
+        )
+    return plan.state_codec.frame(message)
+
+
+def earliest_timeout(state: pa.Table) -> int | None:
+    """The earliest ``_timeout`` of a key group's state, if any key has one."""
+    earliest: int | None = pc.min(state[TIMEOUT]).as_py() if has_timeouts(state) else None
+    return earliest
+
+
+def has_timeouts(state: pa.Table) -> bool:
+    """Whether any key of a key group's state (or of its changes) has a ``_timeout``."""
+    return state[TIMEOUT].null_count < state.num_rows
+
+
+def no_keys(state: pa.Table) -> BoolArray:
+    """A mask selecting no row of ``state``."""
+    return np.zeros(state.num_rows, dtype=bool)
+
+
+def _joint_keys(
+    plan: OperatorPlan,
+    state: pa.Table,
+    row_keys: pa.Table,
+    keys: tuple[KeyArray, KeyArray],
+    returned: list[pa.Table],
+) -> list[KeyArray]:
+    """Keys of the state, the input rows and the returned tables, comparable with each other.
+
+    ``keys`` are those of ``state`` and ``row_keys``. Keys of one column compare as they
+    are; keys of several columns are coded again, jointly over all the tables (see
+    :func:`key_arrays`).
+    """
+    if len(plan.key_columns) == 1:
+        return [*keys, *key_arrays(returned, plan.key_columns)]
+    return key_arrays([state, row_keys, *returned], plan.key_columns)
+
+
+def _upsert_table(
+    plan: OperatorPlan, frame: pd.DataFrame | None, where: str, converted: Converted
+) -> pa.Table:
+    if frame is None:
+        return plan.blob_schema.empty_table()
+    what = f"{where}: returned state"
+    check_columns(frame, plan.upsert_schema.names, what, optional=[TIMEOUT])
+    if TIMEOUT in frame.columns:
+        return converted(frame, plan.blob_schema, what)
+    table = converted(frame, plan.upsert_schema, what)
+    return table.append_column(plan.blob_schema.field(TIMEOUT), pa.nulls(len(frame), pa.int64()))
+
+
+def _removed_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
+    if frame is None:
+        return plan.key_schema.empty_table()
+    what = f"{where}: removed keys"
+    check_columns(frame, plan.key_columns, what)
+    return plan.to_arrow(frame, plan.key_schema, what)
+
+
+def _tombstones(plan: OperatorPlan, keys: pa.Table) -> pa.Table:
+    n = keys.num_rows
+    arrays: list[Any] = [keys[k] for k in plan.key_columns]
+    arrays += [pa.nulls(n, f.type) for f in plan.state_schema]
+    arrays += [pa.nulls(n, pa.int64()), pa.array(np.ones(n, dtype=bool))]
+    return pa.Table.from_arrays(arrays, schema=plan.change_schema)
+
+
+def _check_timeouts(plan: OperatorPlan, upserts: pa.Table, clock: Clock, where: str) -> None:
+    if not has_timeouts(upserts):
+        return
+    set_ = upserts.filter(pc.is_valid(upserts[TIMEOUT]))
+    if plan.timeout is TimeoutMode.NONE:
+        raise InvalidTimeoutError(
+            f"{where}: returned state sets _timeout, but the operator was declared without "
+            f"a timeout; declare timeout='processing_time' or 'event_time'"
+        )
+    earliest = pc.min(set_[TIMEOUT]).as_py()
+    if plan.timeout is TimeoutMode.EVENT_TIME:
+        if clock.watermark_ms is not None and earliest < clock.watermark_ms:
+            raise InvalidTimeoutError(
+                f"{where}: a key's _timeout {earliest} is older than the watermark "
+                f"{clock.watermark_ms}; event-time timeouts must not be in the past"
+            )
+    elif earliest <= clock.processing_time_ms:
+        raise InvalidTimeoutError(
+            f"{where}: a key's _timeout {earliest} is not after the processing time "
+            f"{clock.processing_time_ms}; processing-time timeouts must be in the future"
+        )
+
+
+def expired(plan: OperatorPlan, state: pa.Table, has_rows: BoolArray, clock: Clock) -> BoolArray:
+    """Keys whose timeout fires now: set, below the threshold, and without rows."""
+    none = np.zeros(state.num_rows, dtype=bool)
+    if plan.timeout is TimeoutMode.NONE or not state.num_rows:
+        return none
+    threshold = (
+        clock.watermark_ms if plan.timeout is TimeoutMode.EVENT_TIME else clock.processing_time_ms
+    )
+    if threshold is None:
+        return none
+    timeouts = state[TIMEOUT].to_numpy()
+    due = np.nan_to_num(timeouts, nan=np.inf) < threshold
+    return np.asarray(due, dtype=bool) & ~has_rows
+
+
+def _rows_equal(before: pa.Table, after: pa.Table) -> BoolArray:
+    """Row-wise equality of two tables of the same schema; nulls equal nulls, NaN equals NaN."""
+    same = np.ones(before.num_rows, dtype=bool)
+    for name in before.column_names:
+        a = before[name].combine_chunks()
+        b = after[name].combine_chunks()
+        same &= _column_equal(a, b)
+    return same
+
+
+def _column_equal(a: Any, b: Any) -> BoolArray:
+    if a.null_count == len(a) and b.null_count == len(b):
+        return np.ones(len(a), dtype=bool)
+    kind = a.type
+    if (pa.types.is_integer(kind) or pa.types.is_boolean(kind)) and not (
+        a.null_count or b.null_count
+    ):
+        return np.asarray(a.to_numpy(zero_copy_only=False) == b.to_numpy(zero_copy_only=False))
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
+        return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    equal = pc.fill_null(pc.equal(a, b), False)
+    if pa.types.is_floating(kind):
+        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return np.asarray(pc.fill_null(pc.or_(equal, both_null), False).to_numpy(zero_copy_only=False))
+
+
+def _few(table: pa.Table, mask: BoolArray, columns: tuple[str, ...]) -> str:
+    """Up to five keys of the masked rows, as tuples."""
+    picked = table.filter(mask).select(list(columns))
+    keys = list(zip(*(picked.column(c).to_pylist() for c in columns), strict=True))
+    more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+    return f"{keys[:5]}{more}"

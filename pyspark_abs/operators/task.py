@@ -1,0 +1,233 @@
+"""Running an operator on one key group in one epoch.
+
+:func:`run_key_group` is the pure part: given the key group's rows, its current state and the
+epoch's clocks, it fires expired timeouts, calls the user's function, checks what it
+returned, and computes the key group's new state, the changed keys (upserts and tombstones)
+and the outputs. :class:`KeyGroupTask` is the thin adapter Spark calls through
+``applyInPandasWithState``; it keeps the key group's state as one blob in Spark's state store
+and emits the envelope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pyspark_abs.errors import (
+    AbsError,
+    OperatorError,
+)
+from pyspark_abs.operators.contract import (
+    Clock,
+    TimeoutMode,
+)
+from pyspark_abs.operators.envelope import envelope_frame
+from pyspark_abs.operators.key_group import run_key_group
+from pyspark_abs.operators.keys import (
+    contains,
+    key_arrays,
+)
+from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
+from pyspark_abs.operators.schema import (
+    DELETED,
+    KEY_GROUP,
+    RESTORE,
+    instant_columns,
+    localize,
+)
+from pyspark_abs.operators.state_diff import (
+    earliest_timeout,
+    encode_state,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.state import GroupState
+
+
+def current_epoch() -> int | None:
+    """The epoch (micro-batch id) of the running Spark task, if it is a streaming task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty("streaming.sql.batchId") if context else None
+    return int(value) if value is not None else None
+
+
+class KeyGroupTask:
+    """The function Spark's ``applyInPandasWithState`` calls once per key group and epoch."""
+
+    def __init__(self, plan: OperatorPlan) -> None:
+        self.plan = plan
+
+    def __call__(
+        self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], group_state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        """Run the key group and yield its envelope rows."""
+        plan = self.plan
+        key_group = int(key[0])
+        chunks = [f for f in frames if len(f)]
+        if chunks:
+            rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+            rows = plan.without_late_rows(_without(rows, KEY_GROUP))
+            inputs = [c for c in plan.input_instants if c in rows.columns]
+            rows = localize(rows, inputs, plan.time_zone)
+        else:
+            rows = plan.frame(plan.input_schema.empty_table())
+        restored = None
+        if RESTORE in rows.columns:
+            restored, rows = _split_restore(plan, rows, key_group, group_state.exists)
+        if restored is not None:
+            state = restored
+        elif group_state.exists:
+            state = plan.state_codec.decode(group_state.get[0])
+        else:
+            state = plan.blob_schema.empty_table()
+        clock = Clock(
+            group_state.getCurrentProcessingTimeMs(), plan.watermark(_watermark(group_state))
+        )
+        if restored is not None and not len(rows):
+            # Only restore rows: install the key group's state; the function runs on data.
+            group_state.update((encode_state(plan, state, key_group, current_epoch()),))
+            _set_timeout(plan, group_state, earliest_timeout(state), clock)
+            return
+        epoch = current_epoch()
+        replay = plan.replay_of(epoch)
+        if replay is not None:
+            yield from _install_decided(plan, replay, key_group, state, group_state, clock)
+            return
+        outcome = run_key_group(plan, key_group, rows, state, clock, epoch)
+
+        if not outcome.state.num_rows:
+            if group_state.exists:
+                group_state.remove()
+        elif outcome.changes.num_rows or restored is not None:
+            group_state.update((encode_state(plan, outcome.state, key_group, epoch),))
+        _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
+
+        changes = None
+        if plan.snapshots and outcome.changes.num_rows:
+            changes = (outcome.changes, plan.change_codec.encode(outcome.changes))
+        outputs = [
+            (i, table, plan.output_codecs[i].encode(table))
+            for i, table in enumerate(outcome.outputs)
+            if table.num_rows
+        ]
+        if changes is not None or outputs:
+            yield envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+
+
+def _install_decided(
+    plan: OperatorPlan,
+    replay: DecidedReplay,
+    key_group: int,
+    state: pa.Table,
+    group_state: GroupState,
+    clock: Clock,
+) -> Iterator[pd.DataFrame]:
+    """Give the key group the state its decided epoch committed, not a recomputed one.
+
+    Yields one envelope row naming the key group when it had decided changes, so that the
+    coordinator can tell every changed key group was reached.
+    """
+    changes = decided_changes(plan, replay, key_group)
+    installed = apply_changes(plan, state, changes)
+    if installed.num_rows:
+        group_state.update((encode_state(plan, installed, key_group, replay.epoch),))
+    elif group_state.exists:
+        group_state.remove()
+    _set_timeout(plan, group_state, earliest_timeout(installed), clock)
+    if changes.num_rows:
+        yield envelope_frame(key_group, (changes, b""), 0, [])
+
+
+_DECIDED: dict[tuple[str, ...], pa.Table] = {}
+"""The state changes of the decided epoch being replayed, read once per Python worker."""
+
+
+def decided_changes(plan: OperatorPlan, replay: DecidedReplay, key_group: int) -> pa.Table:
+    """The state changes ``replay``'s epoch decided for ``key_group`` (change schema).
+
+    Raises:
+        OperatorError: The epoch's files cannot be read (e.g. vacuumed).
+    """
+    changes = _DECIDED.get(replay.files)
+    if changes is None:
+        columns = [*plan.change_schema.names, KEY_GROUP]
+        try:
+            changes = (
+                pq.read_table(list(replay.files), columns=columns)
+                if replay.files
+                else plan.change_schema.append(pa.field(KEY_GROUP, pa.int32())).empty_table()
+            )
+        except (OSError, pa.ArrowException) as err:
+            raise OperatorError(
+                f"operator {plan.name!r}: Spark replays epoch {replay.epoch}, which is already "
+                f"decided, but its state changes cannot be read ({err}). Roll back to the "
+                f"newest intact snapshot with pyspark_abs.rollback and start again"
+            ) from err
+        _DECIDED.clear()
+        _DECIDED[replay.files] = changes
+    mine = pc.equal(changes[KEY_GROUP], pa.scalar(key_group, pa.int32()))
+    return changes.filter(mine).select(plan.change_schema.names).cast(plan.change_schema)
+
+
+def apply_changes(plan: OperatorPlan, state: pa.Table, changes: pa.Table) -> pa.Table:
+    """A key group's state (blob schema) after one epoch's changes (change schema)."""
+    if not changes.num_rows:
+        return state
+    state_keys, changed_keys = key_arrays([state, changes], plan.key_columns)
+    kept = state.filter(~contains(state_keys, changed_keys))
+    deleted = np.asarray(changes[DELETED].to_numpy(zero_copy_only=False), dtype=object)
+    live = changes.filter(pa.array(deleted != True))  # noqa: E712 (null counts as live)
+    return pa.concat_tables([kept, live.select(plan.blob_schema.names).cast(plan.blob_schema)])
+
+
+def _without(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """``frame`` without ``column``, sharing the other columns (``drop`` copies them)."""
+    return pd.DataFrame({c: frame[c] for c in frame.columns if c != column}, copy=False)
+
+
+def _split_restore(
+    plan: OperatorPlan, rows: pd.DataFrame, key_group: int, has_state: bool
+) -> tuple[pa.Table | None, pd.DataFrame]:
+    """Separate restore rows (a restored key's state) from data rows."""
+    is_restore = rows[RESTORE].notna().to_numpy()
+    data = rows[~is_restore].drop(columns=[RESTORE]).reset_index(drop=True)
+    if not is_restore.any():
+        return None, data
+    if has_state:
+        raise AbsError(
+            f"operator {plan.name!r}, epoch {current_epoch()}, key group {key_group}: restore "
+            f"rows arrived for a key group that already has state; restore epochs are applied "
+            f"only in the first micro-batch of a new checkpoint"
+        )
+    picked = rows[is_restore]
+    values = pd.DataFrame(picked[RESTORE].tolist(), index=picked.index)
+    values = localize(values, instant_columns(plan.state_schema), plan.time_zone)
+    frame = pd.concat([picked[list(plan.key_columns)], values], axis=1)
+    return plan.to_arrow(frame, plan.blob_schema, f"restored state of key group {key_group}"), data
+
+
+def _set_timeout(
+    plan: OperatorPlan, group_state: GroupState, timeout_ms: int | None, clock: Clock
+) -> None:
+    """Ask Spark to call the key group again when its earliest timeout is due."""
+    if timeout_ms is None:
+        return
+    if plan.timeout is TimeoutMode.EVENT_TIME:
+        group_state.setTimeoutTimestamp(timeout_ms)
+    elif plan.timeout is TimeoutMode.PROCESSING_TIME:
+        group_state.setTimeoutDuration(max(1, timeout_ms - clock.processing_time_ms))
+
+
+def _watermark(group_state: GroupState) -> int | None:
+    try:
+        return int(group_state.getCurrentWatermarkMs())
+    except Exception:
+        return None

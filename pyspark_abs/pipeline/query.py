@@ -1,0 +1,178 @@
+"""The run handle of a started pipeline: its query, progress, stop and cleanup."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, NoReturn
+
+from pyspark.errors import StreamingQueryException
+
+from pyspark_abs.errors import (
+    AbsError,
+    ConfigError,
+    rebuild_from_text,
+)
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.operators.contract import TimeoutMode
+from pyspark_abs.pipeline.connect import (
+    ConnectRun,
+)
+from pyspark_abs.protocol.coordinator import EpochCoordinator
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from pyspark_abs.pipeline.declaration import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+class PipelineQuery:
+    """A running pipeline: its Spark streaming query and its snapshot coordinator."""
+
+    def __init__(
+        self,
+        query: StreamingQuery,
+        coordinator: EpochCoordinator | ConnectRun,
+        pipeline: Pipeline,
+        recovered_epochs: list[int],
+        stop_when_idle: bool = False,
+    ) -> None:
+        self.query = query
+        self._stop_when_idle = stop_when_idle
+        self.pipeline = pipeline
+        self.recovered_epochs = recovered_epochs
+        """Epochs an earlier run left PREPARED and this run committed on start."""
+        self._coordinator = coordinator
+        self._finished = False
+
+    @property
+    def run_id(self) -> str:
+        """Id of this pipeline run, recorded with every manifest entry it writes."""
+        return self._coordinator.run_id
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the streaming query is running."""
+        return bool(self.query.isActive)
+
+    @property
+    def pending_epochs(self) -> int:
+        """PREPARED epochs not committed yet: the open group's and the committer's."""
+        return self._coordinator.pending_epochs
+
+    @property
+    def epochs_run(self) -> int:
+        """Epochs this run has processed."""
+        return self._coordinator.epochs_run
+
+    def latest_snapshot(self) -> ManifestEntry | None:
+        """The newest committed or restored epoch of the snapshot root, as this run knows it."""
+        return self._coordinator.latest_snapshot()
+
+    def drain(self) -> None:
+        """Commit every epoch PREPARED so far and wait until it is committed.
+
+        With ``snapshot_interval`` > 1 the open group is committed early, so its last epoch
+        becomes a snapshot and its outputs visible. Safe to call while the query runs.
+        """
+        self._coordinator.drain()
+
+    def await_termination(self, timeout: int | None = None) -> bool:
+        """Wait for the query to end, then commit what is PREPARED and stop the committer.
+
+        Args:
+            timeout: Seconds to wait; None waits until the query ends.
+
+        Returns:
+            Whether the query has ended.
+
+        Raises:
+            AbsError: The pipeline failed; the error says where and what to do.
+        """
+        try:
+            if self._stop_when_idle:
+                ended = self._await_idle(timeout, stop=True)
+            elif timeout is None:
+                self.query.awaitTermination()
+                ended = True
+            else:
+                ended = bool(self.query.awaitTermination(timeout))
+        except StreamingQueryException as err:
+            self._finish(failed=True)
+            self._raise(err)
+        if ended:
+            self._finish(failed=False)
+        return ended
+
+    def process_all_available(self) -> None:
+        """Block until the query has processed everything available in its sources.
+
+        For operators with processing-time timeouts, Spark's own ``processAllAvailable``
+        never returns, because timeout micro-batches keep running; this waits instead for a
+        micro-batch that reads no input and changes nothing.
+        """
+        try:
+            if self.pipeline.plan.timeout is TimeoutMode.PROCESSING_TIME:
+                self._await_idle(None, stop=False)
+            else:
+                self.query.processAllAvailable()
+        except StreamingQueryException as err:
+            self._finish(failed=True)
+            self._raise(err)
+
+    def _await_idle(self, timeout: int | None, stop: bool) -> bool:
+        """Wait for the next idle epoch (or the end of the query), then maybe stop."""
+        coordinator = self._coordinator
+        if not isinstance(coordinator, EpochCoordinator):
+            raise ConfigError(
+                f"pipeline {self.pipeline.name!r}: waiting for an idle micro-batch of an "
+                f"operator with processing-time timeouts is not possible under Spark Connect "
+                f"(only the server sees it); stop the query with stop()"
+            )
+        seen = coordinator.idle_epochs
+        waited = 0
+        while timeout is None or waited < timeout:
+            if self.query.awaitTermination(1):
+                return True
+            waited += 1
+            if coordinator.wait_for_idle(seen, timeout=0):
+                if stop:
+                    self.query.stop()
+                return stop
+        return False
+
+    def stop(self) -> None:
+        """Stop the query, commit every PREPARED epoch, and stop the committer.
+
+        With ``snapshot_interval`` > 1 the open group is committed, so the last PREPARED
+        epoch becomes a snapshot; after a failure it is left for the next start to recover.
+        """
+        self.query.stop()
+        self._finish(failed=self._coordinator.failure is not None)
+
+    def _finish(self, failed: bool) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self._coordinator.drain()
+        except AbsError:
+            if not failed:
+                raise
+        finally:
+            self._coordinator.close()
+
+    def _raise(self, err: StreamingQueryException) -> NoReturn:
+        """Raise the pyspark-abs error that ended the query, else Spark's error.
+
+        The pyspark-abs error is raised alone: Spark's report of it, with its Java stack
+        traces, goes to the log at DEBUG level.
+        """
+        failure = self._coordinator.failure or rebuild_from_text(str(err))
+        if isinstance(failure, AbsError):
+            log.debug("query %s ended with: %s", self.pipeline.name, err)
+            raise failure from None
+        if failure is not None:
+            raise failure from err
+        raise err

@@ -77,8 +77,9 @@ if TYPE_CHECKING:
         vectorized_operator,
     )
     from pyspark_abs.pipeline.backedge import BackEdge
-    from pyspark_abs.pipeline.declaration import DeltaSink, Pipeline, Quiescence
+    from pyspark_abs.pipeline.declaration import Pipeline, Quiescence
     from pyspark_abs.pipeline.query import PipelineQuery
+    from pyspark_abs.pipeline.sinks import DeltaSink
     from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
     from pyspark_abs.snapshots.reading import Snapshots
@@ -103,7 +104,8 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
         "vectorized_operator",
     ),
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
-    "pyspark_abs.pipeline.declaration": ("DeltaSink", "Pipeline", "Quiescence"),
+    "pyspark_abs.pipeline.declaration": ("Pipeline", "Quiescence"),
+    "pyspark_abs.pipeline.sinks": ("DeltaSink",),
     "pyspark_abs.pipeline.query": ("PipelineQuery",),
     "pyspark_abs.protocol.listeners": ("SnapshotListener",),
     "pyspark_abs.session": ("local_session",),

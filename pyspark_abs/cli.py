@@ -318,7 +318,7 @@ def _read_state(
     """The state at ``path``; CSV columns are cast to the types of the root's state table."""
     from pyspark.errors import AnalysisException
 
-    from pyspark_abs.storage.store import load_dataframe
+    from pyspark_abs.storage.spark import load_dataframe
 
     try:
         if fmt == "delta":
@@ -336,7 +336,7 @@ def _read_state(
     from pyspark.sql import functions as F
 
     from pyspark_abs.operators.schema import to_spark
-    from pyspark_abs.storage.store import arrow_schema
+    from pyspark_abs.storage.schemas import arrow_schema
 
     types = {f.name: f.dataType for f in to_spark(arrow_schema(DeltaStore().open(table))).fields}
     return frame.select(

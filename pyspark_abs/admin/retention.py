@@ -48,12 +48,9 @@ from pyspark_abs.protocol.precommit import (
     root_tag,
 )
 from pyspark_abs.storage.files import add_actions, data_files, removed_paths
+from pyspark_abs.storage.log_files import remove_log_below
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
-from pyspark_abs.storage.store import (
-    DeltaStore,
-    normalize_uri,
-    remove_log_below,
-)
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,18 @@ state to the operator in that micro-batch (with any partition or key-group count
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pyspark_abs.admin.validation import require_intact
+from pyspark_abs.admin.installing import (
+    install_tables,
+    installed_table,
+    next_epoch,
+    open_writer,
+    snapshot_of,
+    write_rows,
+)
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
@@ -36,27 +40,22 @@ from pyspark_abs.errors import (
     PipelineMismatchError,
     SchemaMismatchError,
     SnapshotDamagedError,
-    SnapshotNotFoundError,
     SnapshotRootError,
 )
-from pyspark_abs.faults import FaultInjector, FaultStep
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.manifest.table import manifest_owner, open_manifest
-from pyspark_abs.operators.changelog import latest_per_key
-from pyspark_abs.operators.envelope import Kind
+from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.keys import key_arrays, repeated
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
-from pyspark_abs.protocol.epoch_writer import EpochWriter, now
-from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.snapshots.reading import state_table_description
-from pyspark_abs.sources.backedge_log import in_flight
 from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
-from pyspark_abs.storage.store import DeltaStore, TableSpec, arrow_schema, normalize_uri
+from pyspark_abs.storage.schemas import arrow_schema
+from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -92,11 +91,11 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
     root = normalize_uri(root)
     config = config if config is not None else AbsConfig()
     store = DeltaStore()
-    writer = _open(store, root, None, config)
+    writer = open_writer(store, root, None, config)
     writer.recover()
-    target = _snapshot(writer.epochs, epoch, root)
+    target = snapshot_of(writer.epochs, epoch, root)
     require_rewindable(target, root, f"roll back to epoch {epoch}")
-    restore_epoch = _next_epoch(writer.epochs)
+    restore_epoch = next_epoch(writer.epochs)
     try:
         return _roll_back(store, writer, target, restore_epoch, config)
     except AbsError as err:
@@ -117,16 +116,16 @@ def _roll_back(
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
     for table, uri in target.tables.items():
-        installed = _installed(store, table, uri, target)
+        installed = installed_table(store, table, uri, target)
         if installed is not None:
-            files += _write_rows(store, table, uri, installed, restore_epoch, config)
+            files += write_rows(store, table, uri, installed, restore_epoch, config)
             rows[table] = installed.num_rows
     restore_versions = {t: v for t, v in target.table_versions.items() if t not in rows}
     tables = dict(target.tables)
     for table, (uri, version) in _sinks_written_later(writer.epochs, target).items():
         tables[table] = uri
         restore_versions[table] = version
-    return _install(
+    return install_tables(
         writer,
         target,
         restore_epoch,
@@ -201,8 +200,8 @@ def restore(
     root, into = normalize_uri(root), normalize_uri(into)
     config = config if config is not None else AbsConfig()
     store = DeltaStore()
-    source = _open(store, root, None, config)
-    target = _snapshot(source.epochs, epoch, root)
+    source = open_writer(store, root, None, config)
+    target = snapshot_of(source.epochs, epoch, root)
     require_rewindable(target, root, f"restore epoch {epoch} into {into}")
     if into == root:
         raise SnapshotRootError(
@@ -211,7 +210,7 @@ def restore(
         )
     name = pipeline or source.pipeline
     origin = f"restored from {root} epoch {target.epoch}"
-    writer = _open(store, into, name, config)
+    writer = open_writer(store, into, name, config)
     writer.recover()
     if writer.epochs.entries:
         done = writer.epochs.latest(target.epoch)
@@ -224,7 +223,7 @@ def restore(
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
     for table, uri in target.tables.items():
-        installed = _installed(store, table, uri, target)
+        installed = installed_table(store, table, uri, target)
         if installed is None:
             continue
         new_uri = f"{into}/{table}"
@@ -232,10 +231,10 @@ def restore(
         store.ensure_table(
             TableSpec(table, new_uri, arrow_schema(existing), (), store.description(uri))
         )
-        files += _write_rows(store, table, new_uri, installed, target.epoch, config)
+        files += write_rows(store, table, new_uri, installed, target.epoch, config)
         tables[table] = new_uri
         rows[table] = installed.num_rows
-    return _install(
+    return install_tables(
         writer,
         target,
         target.epoch,
@@ -337,13 +336,13 @@ def write_state(
             f"state for operator {operator.name!r} has {int(doubled.sum())} rows whose key "
             f"occurs more than once, e.g. {sample.to_pylist()}; keep one row per key"
         )
-    writer = _open(store, root, name, config)
+    writer = open_writer(store, root, name, config)
     writer.recover()
     latest = writer.epochs.snapshots()
     previous = latest[-1] if latest else None
     if previous is not None:
         require_rewindable(previous, root, f"write state for operator {operator.name!r}")
-    epoch = _next_epoch(writer.epochs)
+    epoch = next_epoch(writer.epochs)
     table = f"state/{operator.name}"
     uri = f"{root}/{table}"
     store.ensure_table(
@@ -352,16 +351,16 @@ def write_state(
     installed = rows.append_column(
         pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
     ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
-    files = _write_rows(store, table, uri, installed, epoch, config)
+    files = write_rows(store, table, uri, installed, epoch, config)
     tables, counts = {table: uri}, {table: installed.num_rows}
     sinks: dict[str, int] = {}
     for other, other_uri in (previous.tables if previous is not None else {}).items():
         if other.startswith(BACKEDGE_PREFIX):
             # Records in flight on back-edges stay in flight: the next run replays them.
             assert previous is not None
-            records = _installed(store, other, other_uri, previous)
+            records = installed_table(store, other, other_uri, previous)
             assert records is not None
-            files += _write_rows(store, other, other_uri, records, epoch, config)
+            files += write_rows(store, other, other_uri, records, epoch, config)
             tables[other], counts[other] = other_uri, records.num_rows
         elif (
             previous is not None
@@ -371,7 +370,7 @@ def write_state(
             # Sinks stay as of the snapshot the state continues, and the new snapshot
             # records their versions, so that a rollback to it rewinds them too.
             tables[other], sinks[other] = other_uri, previous.table_versions[other]
-    return _install(
+    return install_tables(
         writer,
         previous,
         epoch,
@@ -383,106 +382,3 @@ def write_state(
         key_groups=config.key_groups,
         state_keys=installed.num_rows,
     )
-
-
-def _open(store: DeltaStore, root: str, pipeline: str | None, config: AbsConfig) -> EpochWriter:
-    """The writer of a snapshot root (``pipeline`` None: the root must exist)."""
-    if pipeline is None:
-        owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
-        if owner is None:
-            raise SnapshotNotFoundError(
-                f"{root} is not a pyspark-abs snapshot root (it has no _manifest table)"
-            )
-        pipeline = owner
-    else:
-        store.ensure_root(root)
-    epochs = open_manifest(store, root, pipeline)
-    return EpochWriter(
-        pipeline,
-        root,
-        store,
-        epochs,
-        run_id=f"restore-{uuid.uuid4().hex}",
-        faults=FaultInjector(config.faults),
-    )
-
-
-def _snapshot(epochs: EpochLog, epoch: int, root: str) -> ManifestEntry:
-    """The epoch's entry, which must be a readable snapshot."""
-    entry = epochs.require_snapshot(epoch, root)
-    require_intact(root, epochs, epoch, "It cannot be restored.")
-    return entry
-
-
-def _next_epoch(epochs: EpochLog) -> int:
-    return max((e.epoch for e in epochs.entries), default=-1) + 1
-
-
-def _installed(store: DeltaStore, table: str, uri: str, target: ManifestEntry) -> pa.Table | None:
-    """What a restore epoch installs in a table of ``target``, or None to restore a sink.
-
-    A state table gets the live state as of ``target``; a back-edge log gets the records
-    in flight in ``target``.
-    """
-    if table.startswith(BACKEDGE_PREFIX):
-        return in_flight(store, target, table[len(BACKEDGE_PREFIX) :])
-    if not table.startswith("state/"):
-        return None
-    meta = json.loads(store.description(uri) or "{}")
-    changes = store.read(uri, target.table_versions[table])
-    return latest_per_key(changes, meta["key"], target.epoch)
-
-
-def _write_rows(
-    store: DeltaStore, table: str, uri: str, rows: pa.Table, epoch: int, config: AbsConfig
-) -> list[FileEntry]:
-    schema = arrow_schema(store.open(uri))
-    kind = Kind.STATE if table.startswith("state/") else Kind.OUTPUT
-    target = TableTarget(table, uri, kind, 0, schema, schema)
-    return write_files(target, rows, file_prefix(epoch, "restore"), config.target_file_bytes)
-
-
-def _install(
-    writer: EpochWriter,
-    target: ManifestEntry | None,
-    epoch: int,
-    *,
-    tables: Mapping[str, str],
-    files: list[FileEntry],
-    rows: Mapping[str, int],
-    restore_versions: Mapping[str, int],
-    origin: str,
-    key_groups: int | None = None,
-    state_keys: int | None = None,
-) -> SnapshotInfo:
-    """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
-
-    ``target`` is the snapshot the restore epoch continues from (its offsets, watermark
-    and counts are kept), or None for a bootstrap.
-    """
-    prepared = ManifestEntry(
-        pipeline=writer.pipeline,
-        epoch=epoch,
-        status=EpochStatus.PREPARED,
-        recorded_at=now(),
-        run_id=writer.run_id,
-        key_groups=key_groups if key_groups is not None else _of(target, "key_groups"),
-        num_partitions=_of(target, "num_partitions"),
-        tables=dict(tables),
-        files=tuple(files),
-        rows=dict(rows),
-        bytes={t: sum(f.size_bytes for f in files if f.table == t) for t in tables},
-        state_keys=state_keys if state_keys is not None else _of(target, "state_keys"),
-        source_offsets=_of(target, "source_offsets"),
-        watermark_ms=_of(target, "watermark_ms"),
-        restored_from=_of(target, "epoch"),
-        restore_versions=dict(restore_versions),
-        origin=origin,
-    )
-    writer.record(prepared)
-    writer.faults.at(FaultStep.AFTER_PREPARED, epoch)
-    return SnapshotInfo.from_entry(writer.commit([prepared]))
-
-
-def _of(entry: ManifestEntry | None, name: str) -> Any:
-    return getattr(entry, name) if entry is not None else None

@@ -27,15 +27,9 @@ from pyspark_abs.operators.changelog import duplicate_changes
 from pyspark_abs.operators.schema import EPOCH
 from pyspark_abs.protocol.compaction import Progress, quiet
 from pyspark_abs.storage.files import add_actions
-from pyspark_abs.storage.store import (
-    APP_ID_KEY,
-    EPOCH_KEY,
-    DeltaStore,
-    app_id,
-    brief_error,
-    log_entries,
-    normalize_uri,
-)
+from pyspark_abs.storage.log_files import log_entries
+from pyspark_abs.storage.store import DeltaStore, brief_error, normalize_uri
+from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, app_id
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def manifest_root_id(store: DeltaStore, root: str) -> str | None:
     """The id a snapshot root was created with (None: created before root ids existed).
 
     Every Delta transaction the root commits to a table carries it (see
-    :func:`~pyspark_abs.storage.store.app_id`), so two roots never take each other's epochs
+    :func:`~pyspark_abs.storage.transactions.app_id`), so two roots never take each other's epochs
     for their own.
     """
     return _described(store, root, "root_id")

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from pyspark_abs.admin.validation import require_sound_start
@@ -37,7 +36,7 @@ from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
 from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL, Kind
 from pyspark_abs.operators.keygroups import key_group_column
-from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan, resolve_plan
+from pyspark_abs.operators.plan import OperatorPlan, resolve_plan
 from pyspark_abs.operators.schema import (
     KEY_GROUP,
     RESTORE,
@@ -55,6 +54,8 @@ from pyspark_abs.pipeline.connect import (
     require_supported,
 )
 from pyspark_abs.pipeline.query import PipelineQuery
+from pyspark_abs.pipeline.sinks import SinkLike, resolve_sinks
+from pyspark_abs.pipeline.wiring import as_micros, decided_replays, watermark_floor
 from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.lease import Lease
@@ -79,28 +80,6 @@ _TIMEOUT_CONF = {
     TimeoutMode.PROCESSING_TIME: GroupStateTimeout.ProcessingTimeTimeout,
     TimeoutMode.EVENT_TIME: GroupStateTimeout.EventTimeTimeout,
 }
-_PARTITION_TYPES = (
-    pa.types.is_string,
-    pa.types.is_integer,
-    pa.types.is_date32,
-    pa.types.is_boolean,
-)
-
-
-@dataclass(frozen=True)
-class DeltaSink:
-    """A Delta table an operator output is committed to.
-
-    Attributes:
-        path: The table's location (local path or object-store URL).
-        partition_by: Hive partition columns (string, integer, date or boolean).
-    """
-
-    path: str
-    partition_by: tuple[str, ...] = ()
-
-
-SinkLike = str | DeltaSink
 
 
 @dataclass(frozen=True)
@@ -230,7 +209,7 @@ class Pipeline:
         self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
         self._check_back_edges(sinks)
         looped = {edge.output for edge in self.back_edges}
-        self.sinks = _resolve_sinks(name, self.plan, {} if sinks is None else sinks, looped)
+        self.sinks = resolve_sinks(name, self.plan, {} if sinks is None else sinks, looped)
         strangers = [x for x in listeners if not isinstance(x, SnapshotListener)]
         if strangers:
             raise ConfigError(
@@ -335,7 +314,7 @@ class Pipeline:
             plan = replace(
                 self.plan,
                 time_zone=str(self.spark.conf.get("spark.sql.session.timeZone")),
-                watermark_floor_ms=_watermark_floor(writer.epochs) if self.config.snapshots else 0,
+                watermark_floor_ms=watermark_floor(writer.epochs) if self.config.snapshots else 0,
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
@@ -585,105 +564,3 @@ class Pipeline:
             )
             for target in layout.targets
         ]
-
-
-def decided_replays(
-    epochs: EpochLog, checkpoint: CheckpointReader, lineage: Lineage, table: str
-) -> tuple[DecidedReplay, ...]:
-    """The micro-batches Spark will replay whose epochs are already decided.
-
-    Those the checkpoint planned but did not commit, whose epoch has a PREPARED entry: each
-    comes with the state-change files of ``table`` that the epoch pre-committed.
-    """
-    if lineage.fresh:
-        return ()
-    committed = set(checkpoint.committed_batches())
-    replays = []
-    for batch in checkpoint.planned_batches():
-        entry = epochs.prepared(lineage.epoch_base + batch)
-        if batch in committed or entry is None or table not in entry.tables:
-            continue
-        uri = entry.tables[table]
-        files = tuple(f"{uri}/{f.path}" for f in entry.files if f.table == table)
-        replays.append(DecidedReplay(batch, entry.epoch, files))
-    return tuple(replays)
-
-
-def as_micros(frame: DataFrame) -> DataFrame:
-    """``frame`` with its top-level ``timestamp`` columns as microseconds since the Unix epoch.
-
-    So they reach the operator as exact instants (see
-    :func:`~pyspark_abs.operators.schema.localize`).
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampType
-
-    if not any(isinstance(f.dataType, TimestampType) for f in frame.schema.fields):
-        return frame
-    return frame.select(
-        *(
-            # the metadata keeps a watermark column's mark (event-time timeouts need one)
-            F.unix_micros(frame[f.name]).alias(f.name, metadata=f.metadata)
-            if isinstance(f.dataType, TimestampType)
-            else frame[f.name]
-            for f in frame.schema.fields
-        )
-    )
-
-
-def _watermark_floor(epochs: EpochLog) -> int:
-    """The watermark of the newest decided epoch: where this run's watermark starts."""
-    decided = epochs.latest_decided()
-    return (decided.watermark_ms or 0) if decided is not None else 0
-
-
-def _resolve_sinks(
-    name: str, plan: OperatorPlan, sinks: Mapping[str, SinkLike] | SinkLike, looped: set[str]
-) -> dict[str, DeltaSink]:
-    outputs = [out for out, _ in plan.outputs if out not in looped]
-    if isinstance(sinks, (str, DeltaSink)):
-        if len(outputs) != 1:
-            raise OperatorDefinitionError(
-                f"pipeline {name!r}: operator {plan.name!r} has outputs {outputs}; pass sinks "
-                f"as a dict from output name to table"
-            )
-        sinks = {outputs[0]: sinks}
-    if not isinstance(sinks, Mapping):
-        raise OperatorDefinitionError(
-            f"pipeline {name!r}: sinks must be a table path, a DeltaSink, or a dict of them"
-        )
-    missing = [o for o in outputs if o not in sinks]
-    extra = [s for s in sinks if s not in outputs]
-    if missing or extra:
-        raise OperatorDefinitionError(
-            f"pipeline {name!r}: every output of operator {plan.name!r} that does not loop "
-            f"back needs exactly one sink; missing {missing}, unknown {extra}"
-        )
-    resolved = {}
-    schemas = dict(plan.outputs)
-    for output in outputs:
-        sink = sinks[output]
-        sink = sink if isinstance(sink, DeltaSink) else DeltaSink(str(sink))
-        _check_partitioning(name, output, schemas[output], sink.partition_by)
-        resolved[output] = DeltaSink(sink.path, tuple(sink.partition_by))
-    return resolved
-
-
-def _check_partitioning(name: str, output: str, schema: pa.Schema, columns: Sequence[str]) -> None:
-    for column in columns:
-        if column not in schema.names:
-            raise OperatorDefinitionError(
-                f"pipeline {name!r}: sink of output {output!r} is partitioned by {column!r}, "
-                f"which is not an output column ({schema.names})"
-            )
-        kind = schema.field(column).type
-        if not any(check(kind) for check in _PARTITION_TYPES):
-            raise OperatorDefinitionError(
-                f"pipeline {name!r}: sink of output {output!r} cannot be partitioned by "
-                f"{column!r} of type {kind}; use a string, integer, date or boolean column"
-            )
-    if len(columns) and len(columns) == len(schema.names):
-        raise OperatorDefinitionError(
-            f"pipeline {name!r}: sink of output {output!r} must keep at least one column "
-            f"that is not a partition column"
-        )

@@ -34,10 +34,8 @@ from pyspark_abs.protocol.precommit import (
 from pyspark_abs.sources.backedge_log import consumed_before
 from pyspark_abs.storage.files import add_actions
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
-from pyspark_abs.storage.store import (
-    DeltaStore,
-    arrow_schema,
-)
+from pyspark_abs.storage.schemas import arrow_schema
+from pyspark_abs.storage.store import DeltaStore
 
 log = logging.getLogger(__name__)
 

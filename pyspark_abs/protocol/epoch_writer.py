@@ -22,7 +22,8 @@ from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_
 from pyspark_abs.manifest.log import EpochLog, check_group, epoch_ranges, recovery_groups
 from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id
 from pyspark_abs.protocol.lease import Lease, require_no_live_holder
-from pyspark_abs.storage.store import DeltaStore, app_id, brief_error
+from pyspark_abs.storage.store import DeltaStore, brief_error
+from pyspark_abs.storage.transactions import app_id
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from pyspark_abs.errors import PipelineMismatchError
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
-from pyspark_abs.storage.store import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, DeltaStore, app_id
+from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, app_id
 
 log = logging.getLogger(__name__)
 

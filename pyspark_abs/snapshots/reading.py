@@ -24,7 +24,8 @@ from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
 from pyspark_abs.snapshots.metrics import metrics_table
 from pyspark_abs.sources.backedge_log import in_flight, in_flight_count
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
-from pyspark_abs.storage.store import DeltaStore, load_dataframe, normalize_uri
+from pyspark_abs.storage.spark import load_dataframe
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

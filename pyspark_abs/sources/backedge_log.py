@@ -10,7 +10,8 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
 from pyspark_abs.sources.delta_offsets import SOURCE_NAME, Offset, plan_slices
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
-from pyspark_abs.storage.store import DeltaStore, arrow_schema
+from pyspark_abs.storage.schemas import arrow_schema
+from pyspark_abs.storage.store import DeltaStore
 
 
 def split_offsets(source_offsets: str | None) -> tuple[list[str], dict[str, Offset]]:

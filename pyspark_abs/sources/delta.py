@@ -398,7 +398,8 @@ class DeltaSource:
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
         from pyspark_abs.operators.schema import to_spark
-        from pyspark_abs.storage.store import arrow_schema, normalize_uri
+        from pyspark_abs.storage.schemas import arrow_schema
+        from pyspark_abs.storage.store import normalize_uri
 
         uri = normalize_uri(self.path)
         try:

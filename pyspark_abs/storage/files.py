@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    pass
 
 FILE_TYPE = pa.struct(
     [
@@ -107,3 +110,16 @@ def data_files(uri: str) -> Iterable[tuple[str, float]]:
             continue
         modified = info.mtime.timestamp() if info.mtime is not None else now
         yield relative, now - modified
+
+
+def files_after(
+    files: Mapping[int, Sequence[FileEntry]], committed_through: int | None
+) -> list[FileEntry]:
+    """The files of the epochs after ``committed_through``, in epoch order.
+
+    A table whose application transaction version is ``committed_through`` holds the files
+    of that epoch and of every earlier one: commits are made in epoch order, each with every
+    epoch up to its own.
+    """
+    done = -1 if committed_through is None else committed_through
+    return [f for epoch in sorted(files) if epoch > done for f in files[epoch]]

@@ -17,12 +17,12 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import Field
 from deltalake.transaction import AddAction, RemoveAction
@@ -34,26 +34,12 @@ from pyspark_abs.errors import (
     SnapshotRootError,
     TableSchemaError,
 )
-from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.files import FileEntry, files_after
+from pyspark_abs.storage.schemas import arrow_schema, schema_differences
+from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-EPOCH_KEY = "pyspark_abs.epoch"
-APP_ID_KEY = "pyspark_abs.app_id"
-ROOT_KEY = "pyspark_abs.root"
-
-
-def app_id(pipeline: str, table: str, root_id: str | None, query_id: str | None = None) -> str:
-    """The Delta application transaction id under which a snapshot root commits a table.
-
-    It names the root by its id, so that a new root (a restored copy, a recreated root)
-    never finds its epochs "already committed" by another root's transactions, and with
-    snapshots off also the checkpoint's query, whose micro-batch ids restart at 0. Roots
-    created before root ids (``root_id`` None) keep the ids they committed with.
-    """
-    scope = [part for part in (root_id, query_id) if part is not None]
-    return "/".join(["pyspark-abs", pipeline, *scope, table])
+    pass
 
 
 KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
@@ -62,8 +48,6 @@ KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
 of a snapshot root keep the log of every retained snapshot's version; vacuum removes the
 log below the oldest one (see :func:`~pyspark_abs.admin.retention.vacuum`). A property, not a
 table feature: delta-spark reads such tables and honours it."""
-
-_LOG_ENTRY = re.compile(r"^(\d{20})\.(json|checkpoint(?:\.\d+\.\d+)?\.parquet|crc)$")
 
 
 def normalize_uri(location: str) -> str:
@@ -388,7 +372,7 @@ class DeltaStore:
                 mode="overwrite" if overwrite else "append",
                 schema=table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
-                commit_properties=_epoch_commit(app_id, epoch, root),
+                commit_properties=epoch_commit(app_id, epoch, root),
             )
             table.update_incremental()
         except (DeltaError, OSError) as err:
@@ -430,7 +414,7 @@ class DeltaStore:
         if int(table.version()) == version:
             return version
         try:
-            table.restore(version, commit_properties=_epoch_commit(app_id, epoch, root))
+            table.restore(version, commit_properties=epoch_commit(app_id, epoch, root))
             table.update_incremental()
         except (DeltaError, OSError) as err:
             raise CommitError(
@@ -471,82 +455,8 @@ class DeltaStore:
                 continue
 
 
-@dataclass(frozen=True)
-class LogEntries:
-    """The versions a table's ``_delta_log`` holds entries for.
-
-    Attributes:
-        commits: Versions with a commit (JSON) file.
-        checkpoints: Versions with a checkpoint.
-    """
-
-    commits: frozenset[int]
-    checkpoints: frozenset[int]
-
-    def expired(self, version: int) -> bool:
-        """Whether ``version`` cannot load because the log before the oldest entry is gone.
-
-        Delta's expired-log cleanup deletes the oldest commits, never one in the middle:
-        a version below every remaining entry was cleaned up, one above was damaged.
-        """
-        remaining = self.commits | self.checkpoints
-        return bool(remaining) and version < min(remaining)
-
-
-def log_entries(uri: str) -> LogEntries:
-    """The versions of a table's Delta log entries (see :class:`LogEntries`)."""
-    fs, base = pafs.FileSystem.from_uri(uri)
-    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
-    commits, checkpoints = set(), set()
-    for info in fs.get_file_info(selector):
-        match = _LOG_ENTRY.match(info.base_name)
-        if match is None:
-            continue
-        if match.group(2) == "json":
-            commits.add(int(match.group(1)))
-        elif match.group(2).startswith("checkpoint"):
-            checkpoints.add(int(match.group(1)))
-    return LogEntries(frozenset(commits), frozenset(checkpoints))
-
-
-def remove_log_below(uri: str, version: int) -> list[str]:
-    """Delete a table's log entries that no version from ``version`` on needs.
-
-    Those are the entries before the newest checkpoint at or below ``version``: loading
-    that version or a later one starts from the checkpoint. Returns the deleted names.
-    """
-    start = max((c for c in log_entries(uri).checkpoints if c <= version), default=None)
-    if start is None:
-        return []
-    fs, base = pafs.FileSystem.from_uri(uri)
-    selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
-    deleted = []
-    for info in fs.get_file_info(selector):
-        match = _LOG_ENTRY.match(info.base_name)
-        if match is not None and int(match.group(1)) < start:
-            try:
-                fs.delete_file(info.path)
-            except FileNotFoundError:
-                continue
-            deleted.append(info.base_name)
-    return sorted(deleted)
-
-
 _BACKTRACE_LINE = re.compile(r"^\s*\d+: ")
 _ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def files_after(
-    files: Mapping[int, Sequence[FileEntry]], committed_through: int | None
-) -> list[FileEntry]:
-    """The files of the epochs after ``committed_through``, in epoch order.
-
-    A table whose application transaction version is ``committed_through`` holds the files
-    of that epoch and of every earlier one: commits are made in epoch order, each with every
-    epoch up to its own.
-    """
-    done = -1 if committed_through is None else committed_through
-    return [f for epoch in sorted(files) if epoch > done for f in files[epoch]]
 
 
 def brief_error(err: BaseException) -> str:
@@ -559,97 +469,3 @@ def brief_error(err: BaseException) -> str:
         if line:
             parts.append(line)
     return ": ".join(parts) or type(err).__name__
-
-
-def _epoch_commit(app_id: str, epoch: int, root: str | None) -> CommitProperties:
-    """Commit properties that make a commit epoch ``epoch`` of ``app_id``, exactly once."""
-    metadata = {EPOCH_KEY: str(epoch), APP_ID_KEY: app_id}
-    if root is not None:
-        metadata[ROOT_KEY] = root
-    return CommitProperties(
-        custom_metadata=metadata,
-        app_transactions=[Transaction(app_id, epoch)],
-    )
-
-
-def schema_differences(declared: pa.Schema, actual: pa.Schema) -> list[str]:
-    """Differences in column names and types (nullability is ignored)."""
-    problems = []
-    declared_types = {f.name: f.type for f in declared}
-    actual_types = {f.name: f.type for f in actual}
-    missing = [n for n in declared_types if n not in actual_types]
-    extra = [n for n in actual_types if n not in declared_types]
-    if missing:
-        problems.append(f"it lacks column(s) {missing}")
-    if extra:
-        problems.append(f"it has extra column(s) {extra}")
-    for name, kind in declared_types.items():
-        if name in actual_types and not _same_type(kind, actual_types[name]):
-            problems.append(f"column {name!r} is {actual_types[name]}, declared {kind}")
-    return problems
-
-
-def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Type equality that ignores field nullability and Arrow's large/view variants."""
-    normalize: dict[pa.DataType, pa.DataType] = {
-        pa.large_string(): pa.string(),
-        pa.string_view(): pa.string(),
-        pa.large_binary(): pa.binary(),
-        pa.binary_view(): pa.binary(),
-    }
-    a, b = normalize.get(a, a), normalize.get(b, b)
-    if pa.types.is_nested(a) and pa.types.is_nested(b):
-        return str(_strip_nullability(a)) == str(_strip_nullability(b))
-    return bool(a.equals(b))
-
-
-def _strip_nullability(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_struct(kind):
-        return pa.struct([pa.field(f.name, _strip_nullability(f.type)) for f in kind])
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return pa.list_(_strip_nullability(kind.value_type))
-    if pa.types.is_map(kind):
-        return pa.map_(_strip_nullability(kind.key_type), _strip_nullability(kind.item_type))
-    return kind
-
-
-_DELTA_ON_CLASSPATH: dict[int, bool] = {}
-
-
-def spark_reads_delta(spark: SparkSession) -> bool:
-    """Whether Spark can read ``format("delta")`` (Delta's JVM jars are on its classpath)."""
-    key = id(spark)
-    if key not in _DELTA_ON_CLASSPATH:
-        try:
-            jvm: Any = getattr(spark, "_jvm", None)
-            session: Any = getattr(spark, "_jsparkSession", None)
-            jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
-                "delta", session.sessionState().conf()
-            )
-            _DELTA_ON_CLASSPATH[key] = True
-        except Exception:
-            _DELTA_ON_CLASSPATH[key] = False
-    return _DELTA_ON_CLASSPATH[key]
-
-
-def load_dataframe(spark: SparkSession, uri: str, version: int) -> DataFrame:
-    """A Delta table at ``version`` as a Spark DataFrame, with or without Delta's jars."""
-    if spark_reads_delta(spark):
-        return spark.read.format("delta").option("versionAsOf", version).load(uri)
-    from pyspark_abs.operators.schema import to_spark
-
-    table = DeltaTable(uri, version=version)
-    schema = to_spark(arrow_schema(table))
-    files = table.file_uris()
-    if not files:
-        return spark.createDataFrame([], schema)
-    reader = spark.read.schema(schema)
-    if table.metadata().partition_columns:
-        reader = reader.option("basePath", uri)
-    return reader.parquet(*files)
-
-
-def arrow_schema(table: DeltaTable) -> pa.Schema:
-    """A Delta table's schema as a pyarrow schema."""
-    exported: Any = table.schema().to_arrow()
-    return pa.schema(exported)

@@ -20,7 +20,8 @@ from pyspark_abs import (
     vectorized_operator,
 )
 from pyspark_abs.examples import wordcount
-from pyspark_abs.storage.store import DeltaStore, load_dataframe
+from pyspark_abs.storage.spark import load_dataframe
+from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import (
     assert_same,

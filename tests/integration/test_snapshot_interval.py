@@ -40,7 +40,9 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.store import EPOCH_KEY, DeltaStore, app_id, load_dataframe
+from pyspark_abs.storage.spark import load_dataframe
+from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.storage.transactions import EPOCH_KEY, app_id
 from tests.support.inputs import write_epochs
 from tests.support.pipelines import (
     assert_same,

@@ -5,8 +5,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.store import DeltaStore, files_after
+from pyspark_abs.storage.files import FileEntry, files_after
+from pyspark_abs.storage.store import DeltaStore
 
 TXN = "pyspark-abs/p/sink/out"
 

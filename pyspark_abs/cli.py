@@ -27,7 +27,7 @@ from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES, EpochStatus
 from pyspark_abs.operators.contract import Operator
 from pyspark_abs.snapshots.reading import Snapshots
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, SnapshotRoot, state_table
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 if TYPE_CHECKING:
@@ -330,7 +330,7 @@ def _read_state(
         frame = spark.read.option("header", True).option("inferSchema", True).csv(path)
     except AnalysisException as err:
         raise ConfigError(f"--from {path!r} cannot be read as {fmt}: {err}") from None
-    table = f"{root}/state/{operator.name}"
+    table = SnapshotRoot(root).table_uri(state_table(operator.name))
     if not DeltaStore().exists(table):
         return frame
     from pyspark.sql import functions as F

@@ -10,6 +10,7 @@ from pyspark_abs.manifest.table import (
     open_root,
 )
 from pyspark_abs.protocol.compaction import Compaction, Progress, compact_snapshot, quiet
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import (
     DeltaStore,
     normalize_uri,
@@ -39,5 +40,5 @@ def compact(
         store, latest, FaultInjector((config or AbsConfig()).faults), progress
     )
     progress("compacting _manifest")
-    DeltaTable(f"{root}/_manifest").optimize.compact()
+    DeltaTable(SnapshotRoot(root).manifest_uri).optimize.compact()
     return results

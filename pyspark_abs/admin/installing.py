@@ -11,9 +11,6 @@ import pyarrow as pa
 
 from pyspark_abs.admin.validation import require_intact
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import (
-    SnapshotNotFoundError,
-)
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
@@ -25,7 +22,7 @@ from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
 from pyspark_abs.sources.backedge_log import in_flight
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, SnapshotRoot
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore
 
@@ -38,11 +35,11 @@ def open_writer(
 ) -> EpochWriter:
     """The writer of a snapshot root (``pipeline`` None: the root must exist)."""
     if pipeline is None:
-        owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
+        owner = (
+            manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
+        )
         if owner is None:
-            raise SnapshotNotFoundError(
-                f"{root} is not a pyspark-abs snapshot root (it has no _manifest table)"
-            )
+            raise SnapshotRoot(root).not_found()
         pipeline = owner
     else:
         store.ensure_root(root)
@@ -79,7 +76,7 @@ def installed_table(
     """
     if table.startswith(BACKEDGE_PREFIX):
         return in_flight(store, target, table[len(BACKEDGE_PREFIX) :])
-    if not table.startswith("state/"):
+    if not table.startswith(STATE_PREFIX):
         return None
     meta = json.loads(store.description(uri) or "{}")
     changes = store.read(uri, target.table_versions[table])
@@ -91,7 +88,7 @@ def write_rows(
 ) -> list[FileEntry]:
     """Write ``rows`` as the files a restore epoch commits to one table."""
     schema = arrow_schema(store.open(uri))
-    kind = Kind.STATE if table.startswith("state/") else Kind.OUTPUT
+    kind = Kind.STATE if table.startswith(STATE_PREFIX) else Kind.OUTPUT
     target = TableTarget(table, uri, kind, 0, schema, schema)
     return write_files(target, rows, file_prefix(epoch, "restore"), config.target_file_bytes)
 

@@ -49,7 +49,7 @@ from pyspark_abs.protocol.precommit import (
 )
 from pyspark_abs.storage.files import add_actions, data_files, removed_paths
 from pyspark_abs.storage.log_files import remove_log_below
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 
@@ -179,7 +179,7 @@ def vacuum(
             faults.at(FaultStep.DURING_VACUUM, newest_decided)
         if doomed:
             deleted[table] = sorted(doomed)
-        if versions and table.startswith(("state/", BACKEDGE_PREFIX)) and not dry_run:
+        if versions and table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)) and not dry_run:
             # Only tables this root alone writes: a sink's other writers keep their own
             # snapshots of it. The log below the oldest retained version is no snapshot's.
             removed = remove_log_below(uri, min(versions))
@@ -212,7 +212,7 @@ class _DeadFile:
         name = file_name(path)
         if name is None:
             return False  # not written by pyspark-abs
-        if not self.table.startswith(("state/", BACKEDGE_PREFIX)) and name.tag != self.tag:
+        if not self.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)) and name.tag != self.tag:
             return False  # a sink another pipeline (or an older pyspark-abs) writes too
         if name.compaction:
             old_enough = age >= max(self.min_age_seconds, _ABANDONED_AFTER_SECONDS)

@@ -53,7 +53,13 @@ from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.snapshots.reading import state_table_description
 from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import (
+    BACKEDGE_PREFIX,
+    SINK_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    state_table,
+)
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
 
@@ -152,7 +158,7 @@ def _sinks_written_later(epochs: EpochLog, target: ManifestEntry) -> dict[str, t
     first: dict[str, tuple[str, int]] = {}
     for entry in epochs.entries:
         for table, version in entry.table_versions.items():
-            later = table.startswith("sink/") and table not in target.table_versions
+            later = table.startswith(SINK_PREFIX) and table not in target.table_versions
             if later and (table not in first or version < first[table][1]):
                 first[table] = (entry.tables[table], version)
     for table, (uri, version) in first.items():
@@ -292,7 +298,7 @@ def write_state(
 
     root = normalize_uri(root)
     store = DeltaStore()
-    owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
+    owner = manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
     if owner is not None and pipeline is not None and pipeline != owner:
         raise PipelineMismatchError(
             f"snapshot root {root} belongs to pipeline {owner!r}, not {pipeline!r}"
@@ -343,8 +349,8 @@ def write_state(
     if previous is not None:
         require_rewindable(previous, root, f"write state for operator {operator.name!r}")
     epoch = next_epoch(writer.epochs)
-    table = f"state/{operator.name}"
-    uri = f"{root}/{table}"
+    table = state_table(operator.name)
+    uri = SnapshotRoot(root).table_uri(table)
     store.ensure_table(
         TableSpec(table, uri, plan.state_table_schema, (), state_table_description(plan))
     )
@@ -365,7 +371,7 @@ def write_state(
         elif (
             previous is not None
             and other in previous.table_versions
-            and not other.startswith("state/")
+            and not other.startswith(STATE_PREFIX)
         ):
             # Sinks stay as of the snapshot the state continues, and the new snapshot
             # records their versions, so that a rollback to it rewinds them too.

@@ -28,6 +28,7 @@ from pyspark_abs.operators.schema import EPOCH
 from pyspark_abs.protocol.compaction import Progress, quiet
 from pyspark_abs.storage.files import add_actions
 from pyspark_abs.storage.log_files import log_entries
+from pyspark_abs.storage.root import MANIFEST_TABLE, STATE_PREFIX
 from pyspark_abs.storage.store import DeltaStore, brief_error, normalize_uri
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, app_id
 
@@ -71,7 +72,7 @@ def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
     try:
         epochs = open_manifest(store, root, pipeline)
     except AbsError as err:
-        return [Problem(None, "_manifest", str(err))]
+        return [Problem(None, MANIFEST_TABLE, str(err))]
     checker = _SnapshotChecker(store, epochs)
     problems = checker.unreadable_tables()
     histories: dict[str, dict[int, dict[str, Any]]] = {}
@@ -89,7 +90,7 @@ def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
                     histories[table] = _history(uri)
                 expected = app_id(pipeline, table, root_id)
                 problems += _check_txn(entry, table, version, histories[table], expected)
-            if table.startswith("state/"):
+            if table.startswith(STATE_PREFIX):
                 problems += _check_duplicates(store, entry, table, uri, version)
     return problems
 

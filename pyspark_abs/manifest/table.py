@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from pyspark_abs.errors import (
     ManifestError,
     PipelineMismatchError,
-    SnapshotNotFoundError,
 )
 from pyspark_abs.manifest.entries import FORMAT_VERSION, MANIFEST_SCHEMA, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.storage.root import MANIFEST_TABLE, SnapshotRoot
 from pyspark_abs.storage.store import (
     DeltaStore,
     TableSpec,
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 def manifest_spec(root: str, pipeline: str) -> TableSpec:
     """The ``_manifest`` table of a snapshot root, with a new root id if it is created."""
     return TableSpec(
-        table="_manifest",
-        uri=f"{root}/_manifest",
+        table=MANIFEST_TABLE,
+        uri=SnapshotRoot(root).manifest_uri,
         schema=MANIFEST_SCHEMA,
         description=json.dumps(
             {"pipeline": pipeline, "format_version": FORMAT_VERSION, "root_id": uuid.uuid4().hex}
@@ -91,7 +91,7 @@ def manifest_root_id(store: DeltaStore, root: str) -> str | None:
 
 def _described(store: DeltaStore, root: str, key: str) -> str | None:
     try:
-        value = json.loads(store.description(f"{root}/_manifest") or "{}").get(key)
+        value = json.loads(store.description(SnapshotRoot(root).manifest_uri) or "{}").get(key)
     except json.JSONDecodeError:
         value = None
     return value if isinstance(value, str) else None
@@ -116,9 +116,7 @@ def root_owner(store: DeltaStore, root: str) -> str:
     Raises:
         SnapshotNotFoundError: ``root`` is not a snapshot root.
     """
-    owner = manifest_owner(store, root) if store.exists(f"{root}/_manifest") else None
+    owner = manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
     if owner is None:
-        raise SnapshotNotFoundError(
-            f"{root} is not a pyspark-abs snapshot root (it has no _manifest table)"
-        )
+        raise SnapshotRoot(root).not_found()
     return owner

@@ -27,7 +27,7 @@ from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.delta_offsets import Offset
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import backedge_table
 from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class BackEdge:
     @property
     def table(self) -> str:
         """The table id of the edge's log."""
-        return f"{BACKEDGE_PREFIX}{self.edge_id}"
+        return backedge_table(self.edge_id)
 
 
 def check_back_edges(

@@ -66,7 +66,14 @@ from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots, state_table_description
 from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
 from pyspark_abs.sources.backedge_log import in_flight_count, split_offsets
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import (
+    BACKEDGE_PREFIX,
+    SINK_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    sink_table,
+    state_table,
+)
 from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
 
 if TYPE_CHECKING:
@@ -273,7 +280,7 @@ class Pipeline:
                 self.name,
                 self.root,
                 writer.root_id,
-                {t.table: t.uri for t in layout.targets if t.table.startswith("sink/")},
+                {t.table: t.uri for t in layout.targets if t.table.startswith(SINK_PREFIX)},
                 None if decided is None else decided.epoch,
             )
             if self.config.snapshots:
@@ -282,7 +289,7 @@ class Pipeline:
                 self._check_key_groups(lineage)
             for spec in self._table_specs(layout):
                 store.ensure_table(spec)
-                if spec.table.startswith(("state/", BACKEDGE_PREFIX)):
+                if spec.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
                     store.keep_log(spec.uri)  # tables of older roots; the lease is held
         except BaseException:
             writer.close()
@@ -397,7 +404,9 @@ class Pipeline:
     ) -> StreamingQuery:
         frame = self._source_frame(lineage)
         for edge in self.back_edges:
-            loop = loop_head(self.spark, edge, f"{self.root}/{edge.table}", lineage.restore)
+            loop = loop_head(
+                self.spark, edge, SnapshotRoot(self.root).table_uri(edge.table), lineage.restore
+            )
             frame = frame.unionByName(loop, allowMissingColumns=True)
         keyed = frame.withColumn(
             KEY_GROUP, key_group_column(self.plan.key_columns, self.config.key_groups)
@@ -450,7 +459,7 @@ class Pipeline:
         """Add the restored state as restore rows, read in the checkpoint's first batch."""
         from pyspark.sql import functions as F
 
-        table = f"state/{self.plan.name}"
+        table = state_table(self.plan.name)
         if table not in restore.tables:
             return keyed
         version = restore.table_versions[table]
@@ -523,8 +532,8 @@ class Pipeline:
         if self.config.snapshots:
             targets.append(
                 TableTarget(
-                    table=f"state/{self.plan.name}",
-                    uri=f"{self.root}/state/{self.plan.name}",
+                    table=state_table(self.plan.name),
+                    uri=SnapshotRoot(self.root).table_uri(state_table(self.plan.name)),
                     kind=Kind.STATE,
                     index=0,
                     payload_schema=self.plan.change_schema,
@@ -536,13 +545,20 @@ class Pipeline:
             if output in edges:
                 table = edges[output].table
                 targets.append(
-                    TableTarget(table, f"{self.root}/{table}", Kind.OUTPUT, index, schema, schema)
+                    TableTarget(
+                        table,
+                        SnapshotRoot(self.root).table_uri(table),
+                        Kind.OUTPUT,
+                        index,
+                        schema,
+                        schema,
+                    )
                 )
                 continue
             sink = self.sinks[output]
             targets.append(
                 TableTarget(
-                    table=f"sink/{output}",
+                    table=sink_table(output),
                     uri=normalize_uri(sink.path),
                     kind=Kind.OUTPUT,
                     index=index,

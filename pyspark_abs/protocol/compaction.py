@@ -33,7 +33,7 @@ from pyspark_abs.protocol.precommit import (
 )
 from pyspark_abs.sources.backedge_log import consumed_before
 from pyspark_abs.storage.files import add_actions
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore
 
@@ -140,7 +140,7 @@ def compact_snapshot(
     """
     results = []
     for table, uri in snapshot.tables.items():
-        if table.startswith("state/"):
+        if table.startswith(STATE_PREFIX):
             progress(f"compacting {table} as of epoch {snapshot.epoch}")
             results.append(compact_table(store, table, uri, snapshot, faults, fence))
         elif table.startswith(BACKEDGE_PREFIX):

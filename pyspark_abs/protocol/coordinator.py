@@ -61,7 +61,7 @@ from pyspark_abs.protocol.listeners import SnapshotListener, notify
 from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
 from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
@@ -347,7 +347,7 @@ class EpochCoordinator:
         """
         outcome = self.writer.commit(group)
         notify(self.listeners, SnapshotInfo.from_entry(outcome), committed=True)
-        state = f"state/{self.layout.operator}"
+        state = state_table(self.layout.operator)
         if state not in outcome.tables:
             return
         due = self._policy.observe(
@@ -396,7 +396,7 @@ class EpochCoordinator:
             ReplayDivergedError: A key group the epoch changed was not reached.
         """
         reached = {int(r["key_group"]) for r in batch.select("key_group").distinct().collect()}
-        table = f"state/{self.layout.operator}"
+        table = state_table(self.layout.operator)
         if prepared is None or table not in prepared.tables:
             return
         uri = prepared.tables[table]

@@ -22,6 +22,7 @@ from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_
 from pyspark_abs.manifest.log import EpochLog, check_group, epoch_ranges, recovery_groups
 from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id
 from pyspark_abs.protocol.lease import Lease, require_no_live_holder
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, brief_error
 from pyspark_abs.storage.transactions import app_id
 
@@ -77,7 +78,7 @@ class EpochWriter:
     @property
     def manifest_uri(self) -> str:
         """Location of the ``_manifest`` table."""
-        return f"{self.root}/_manifest"
+        return SnapshotRoot(self.root).manifest_uri
 
     def record(self, entry: ManifestEntry) -> None:
         """Append an entry to the manifest (durably), then to the in-memory log.

@@ -23,7 +23,15 @@ from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
 from pyspark_abs.snapshots.metrics import metrics_table
 from pyspark_abs.sources.backedge_log import in_flight, in_flight_count
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import (
+    BACKEDGE_PREFIX,
+    SINK_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    backedge_table,
+    sink_table,
+    state_table,
+)
 from pyspark_abs.storage.spark import load_dataframe
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
@@ -60,10 +68,8 @@ class Snapshots:
         self.root = normalize_uri(root)
         self.spark = spark
         self._store = DeltaStore()
-        if not self._store.exists(f"{self.root}/_manifest"):
-            raise SnapshotNotFoundError(
-                f"{self.root} is not a pyspark-abs snapshot root (it has no _manifest table)"
-            )
+        if not self._store.exists(SnapshotRoot(self.root).manifest_uri):
+            raise SnapshotRoot(self.root).not_found()
 
     @property
     def pipeline(self) -> str | None:
@@ -105,11 +111,11 @@ class Snapshots:
 
     def operators(self) -> builtins.list[str]:
         """Names of the operators whose state the root holds."""
-        return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith("state/"))
+        return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith(STATE_PREFIX))
 
     def sinks(self) -> builtins.list[str]:
         """Names of the outputs committed to sinks."""
-        return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith("sink/"))
+        return sorted(t.split("/", 1)[1] for t in self._tables() if t.startswith(SINK_PREFIX))
 
     def back_edges(self) -> builtins.list[str]:
         """Ids of the back-edges whose logs the root holds."""
@@ -143,18 +149,18 @@ class Snapshots:
 
     def in_flight_table(self, edge: str, epoch: int | None = None) -> pa.Table:
         """:meth:`in_flight` as an Arrow table, without Spark."""
-        entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
+        entry = self._committed(epoch, backedge_table(edge), f"back-edge {edge!r}")
         return in_flight(self._store, entry, edge)
 
     def in_flight_count(self, edge: str, epoch: int | None = None) -> int:
         """How many records :meth:`in_flight` holds, without reading them."""
-        entry = self._committed(epoch, f"{BACKEDGE_PREFIX}{edge}", f"back-edge {edge!r}")
+        entry = self._committed(epoch, backedge_table(edge), f"back-edge {edge!r}")
         return in_flight_count(self._store, entry, edge)
 
     def manifest(self) -> DataFrame:
         """The ``_manifest`` table as a DataFrame, one row per epoch transition."""
         spark = self._spark()
-        uri = f"{self.root}/_manifest"
+        uri = SnapshotRoot(self.root).manifest_uri
         return load_dataframe(spark, uri, int(self._store.open(uri).version()))
 
     def state(
@@ -176,7 +182,7 @@ class Snapshots:
         from pyspark.sql import functions as F
 
         entry, uri, keys, values = self._state_table(operator, epoch)
-        changes = load_dataframe(self._spark(), uri, entry.table_versions[f"state/{operator}"])
+        changes = load_dataframe(self._spark(), uri, entry.table_versions[state_table(operator)])
         latest = Window.partitionBy(*keys).orderBy(F.col(EPOCH).desc())
         state = (
             changes.where(F.col(EPOCH) <= entry.epoch)
@@ -199,7 +205,7 @@ class Snapshots:
                 committed yet, expired, or MERGED into a later snapshot).
         """
         entry, uri, keys, values = self._state_table(operator, epoch)
-        changes = self._store.read(uri, entry.table_versions[f"state/{operator}"])
+        changes = self._store.read(uri, entry.table_versions[state_table(operator)])
         live = latest_per_key(changes, keys, entry.epoch)
         return live.select([*keys, *values, KEY_GROUP, EPOCH, TIMEOUT])
 
@@ -207,7 +213,7 @@ class Snapshots:
         self, operator: str, epoch: int | None
     ) -> tuple[ManifestEntry, str, builtins.list[str], builtins.list[str]]:
         """The epoch's entry, the state table's location, its key and state columns."""
-        table = f"state/{operator}"
+        table = state_table(operator)
         entry = self._committed(epoch, table, f"operator {operator!r}")
         uri = entry.tables[table]
         meta = json.loads(self._store.description(uri) or "{}")
@@ -220,7 +226,7 @@ class Snapshots:
             SnapshotNotFoundError: The output or epoch is unknown or not a snapshot (not
                 committed yet, expired, or MERGED into a later snapshot).
         """
-        table = f"sink/{output}"
+        table = sink_table(output)
         entry = self._committed(epoch, table, f"output {output!r}")
         return load_dataframe(self._spark(), entry.tables[table], entry.table_versions[table])
 
@@ -242,7 +248,7 @@ class Snapshots:
         return list(readable[-1].table_versions) if readable else []
 
     def _log(self) -> EpochLog:
-        rows = self._store.read(f"{self.root}/_manifest").to_pylist()
+        rows = self._store.read(SnapshotRoot(self.root).manifest_uri).to_pylist()
         return EpochLog(ManifestEntry.from_row(r) for r in rows)
 
     def _spark(self) -> SparkSession:

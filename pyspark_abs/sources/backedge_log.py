@@ -9,7 +9,7 @@ import pyarrow as pa
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
 from pyspark_abs.sources.delta_offsets import SOURCE_NAME, Offset, plan_slices
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import backedge_table
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore
 
@@ -45,7 +45,7 @@ def consumed_before(snapshot: ManifestEntry, edge_id: str) -> int:
     and consumed everything before it; a snapshot without the edge, or whose source offsets
     lack the edge's loop head, consumed nothing (0).
     """
-    table = f"{BACKEDGE_PREFIX}{edge_id}"
+    table = backedge_table(edge_id)
     if table not in snapshot.table_versions:
         return 0
     if snapshot.is_restore:
@@ -81,7 +81,7 @@ def _in_flight_parts(
     """A restore epoch's whole installed log, or the slices of the log still in flight."""
     from pyspark_abs.operators.schema import to_spark
 
-    table = f"{BACKEDGE_PREFIX}{edge_id}"
+    table = backedge_table(edge_id)
     uri, version = entry.tables[table], entry.table_versions[table]
     if entry.is_restore:
         installed = store.read(uri, version)

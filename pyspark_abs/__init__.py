@@ -4,14 +4,9 @@ Stateful pandas operators whose state and outputs are snapshotted every micro-ba
 (or every N epochs, ``AbsConfig.snapshot_interval``) and committed to Delta Lake tables
 through a two-phase commit, exactly once.
 
-The folders are the layers, lowest first; each imports only from those before it:
-``operators`` (the contract you write, its plan, key groups, state codec) → ``storage``
-(Delta tables and files, the root's layout) → ``manifest`` (entries, epoch log, table) →
-``sources`` (replayable Delta, file and Kafka sources, back-edge logs) → ``protocol``
-(barriers, pre-commit, alignment, coordinator, epoch writer, recovery, lease) →
-``snapshots`` (reading, metrics) → ``admin`` (savepoints, compaction, retention,
-validation) → ``pipeline`` (declaration, wiring, back-edges, Connect), beside the
-top-level ``errors``, ``config`` and ``faults`` below them and ``cli`` and ``testing`` above.
+The subpackages are the layers, lowest first: ``operators``, ``storage``, ``manifest``,
+``sources``, ``protocol``, ``snapshots``, ``admin``, ``pipeline``; each imports only from the
+ones before it (``tests/unit/test_layers.py`` holds the order and the README lists it).
 
 Importing the package is cheap: the errors are imported at once, every other public name on
 first use, so Spark's Python workers that unpickle one class (say the Delta source) do not

@@ -1,1 +1,1 @@
-"""The admin layer: savepoints (rollback, restore, written state), compaction, retention, checks."""
+"""Savepoints (rollback, restore, written state), compaction, retention and validation."""

@@ -1,1 +1,1 @@
-"""The manifest layer: the entries of the ``_manifest`` table, the epoch log and the table."""
+"""The ``_manifest`` table: its entries, the epoch log folded from them, opening it."""

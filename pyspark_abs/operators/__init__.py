@@ -1,5 +1,5 @@
-"""The operators layer: the user's contract and running it on one key group.
+"""The operator contract, its plan, and running it on one key group as a Spark task.
 
-The operator contract, its plan against the input, key groups, the state codec and the
-reserved columns. Nothing here knows Delta, the manifest or the protocol.
+Also key groups, the state codec and the reserved columns. Nothing here knows Delta, the
+manifest or the protocol.
 """

@@ -1,1 +1,1 @@
-"""The pipeline layer: the declaration, its wiring into Spark, back-edges and Spark Connect."""
+"""The declaration, its wiring into Spark, the run handle, back-edges and Connect."""

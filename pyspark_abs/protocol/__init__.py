@@ -1,4 +1,4 @@
-"""The protocol layer: barriers, pre-commit, alignment, the two-phase commit and recovery.
+"""Barriers, pre-commit, alignment, the two-phase commit, recovery, lease, compaction.
 
 The coordinator drives one epoch: tasks pre-commit files and barrier markers, the driver
 aligns them, records PREPARED, commits the tables and records COMMITTED (the epoch writer,

@@ -1,1 +1,1 @@
-"""The snapshots layer: reading a root's epochs, state, sinks and metrics."""
+"""Reading a root's epochs, state, sinks, back-edge records and metrics."""

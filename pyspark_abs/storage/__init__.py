@@ -1,1 +1,1 @@
-"""The storage layer: Delta tables and files, and the layout of a snapshot root."""
+"""Delta tables and files, and the layout of a snapshot root."""

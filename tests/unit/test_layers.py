@@ -136,6 +136,27 @@ def layer(module: str) -> int:
     raise AssertionError(f"{module} belongs to no layer: add {head!r} to LAYERS")
 
 
+def layer_listing(root: Path = ROOT) -> str:
+    """The layers as the README lists them: number, folder or module, and its summary."""
+    lines = []
+    for number, members in enumerate(LAYERS):
+        for name in members:
+            if name in ("", "__main__"):
+                continue
+            folder = (root / name).is_dir()
+            path = root / name / "__init__.py" if folder else root / f"{name}.py"
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            summary = doc.splitlines()[0]
+            label = f"{name}/" if folder else f"{name}.py"
+            lines.append(f"{number:>2}  {label:<13} {summary}")
+    return "\n".join(lines)
+
+
+def test_the_readme_lists_the_layers() -> None:
+    readme = (ROOT.parent / "README.md").read_text()
+    assert layer_listing() in readme, "regenerate it with tests.unit.test_layers.layer_listing()"
+
+
 def test_the_package_has_no_import_cycle() -> None:
     graph = import_graph()
     run_time = import_graph(type_only=False)

@@ -156,7 +156,7 @@ class Pipeline:
             back_edges: Outputs whose rows return as the operator's input in a later epoch
                 (see :class:`~pyspark_abs.pipeline.backedge.BackEdge`).
             listeners: Receive each epoch's metrics as it is committed or aborted (see
-                :class:`~pyspark_abs.snapshots.metrics.SnapshotListener`).
+                :class:`~pyspark_abs.protocol.listeners.SnapshotListener`).
 
         Raises:
             OperatorDefinitionError: The source, operator, sinks and back-edges do not fit

@@ -263,7 +263,7 @@ def truncate_log(
     """Remove from a back-edge log the records a snapshot has consumed, in one commit.
 
     A run continuing from the snapshot, or from a later one, reads the log only from where
-    the snapshot's loop head stopped (see :func:`~pyspark_abs.pipeline.backedge.consumed_before`).
+    the snapshot's loop head stopped (see :func:`consumed_before`).
     Older snapshots' records in flight stay readable, and restorable: their table versions
     still reference the removed files, so vacuum keeps the files until they expire. The
     removes carry ``dataChange=false``, as compaction's do, so the pipeline's commits to the

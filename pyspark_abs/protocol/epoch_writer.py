@@ -218,7 +218,7 @@ class EpochWriter:
         """Commit every PREPARED epoch that has no outcome yet; return their epochs.
 
         The epochs are committed in the groups their run would have closed, the rest as one
-        last group (see :func:`~pyspark_abs.manifest.entries.recovery_groups`), so the last
+        last group (see :func:`~pyspark_abs.manifest.log.recovery_groups`), so the last
         pending epoch becomes a snapshot.
         """
         snapshots = self.epochs.snapshots()
@@ -251,7 +251,7 @@ class EpochWriter:
 
         Args:
             group: PREPARED entries, oldest first (see
-                :func:`~pyspark_abs.manifest.entries.check_group`).
+                :func:`~pyspark_abs.manifest.log.check_group`).
 
         Returns:
             The COMMITTED (or RESTORED) entry of the group's last epoch.

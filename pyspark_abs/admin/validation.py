@@ -28,6 +28,7 @@ from pyspark_abs.operators.schema import EPOCH
 from pyspark_abs.protocol.compaction import Progress, quiet
 from pyspark_abs.storage.files import add_actions
 from pyspark_abs.storage.log_files import log_entries
+from pyspark_abs.storage.rewrites import history
 from pyspark_abs.storage.root import MANIFEST_TABLE, STATE_PREFIX
 from pyspark_abs.storage.store import DeltaStore, brief_error, normalize_uri
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, app_id
@@ -87,7 +88,7 @@ def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
                 continue
             if entry.rows.get(table) and not entry.is_restore:
                 if table not in histories:
-                    histories[table] = _history(uri)
+                    histories[table] = history(uri)
                 expected = app_id(pipeline, table, root_id)
                 problems += _check_txn(entry, table, version, histories[table], expected)
             if table.startswith(STATE_PREFIX):
@@ -262,10 +263,6 @@ def _expired(uri: str, version: int) -> str:
         f"delta.enableExpiredLogCleanup=false on the table at {uri} (pyspark-abs sets it on "
         f"the tables it creates) so that only vacuum removes the log of expired snapshots"
     )
-
-
-def _history(uri: str) -> dict[int, dict[str, Any]]:
-    return {int(c["version"]): c for c in DeltaTable(uri).history()}
 
 
 def _check_txn(

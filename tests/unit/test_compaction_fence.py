@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from pyspark_abs.protocol.compaction import superseded
+from pyspark_abs.storage.rewrites import superseded
 
 ROWS = pa.table({"word": ["a"]})
 

@@ -1,12 +1,4 @@
-"""Keeping a snapshot root small and sound: compaction, retention, vacuum and validation.
-
-The state table grows by the changed keys of every epoch (seed 003's incremental
-checkpoints). **Compaction** rewrites the latest row per key as of a snapshot in one Delta
-commit that removes the files it replaces (``dataChange=false``); epochs committed
-meanwhile append other files, so it runs beside a running pipeline and retries when Delta
-reports a conflict. Older epochs stay readable: they are read at their own table version.
-A back-edge log grows by every record sent around the loop; compaction removes the files
-whose records the snapshot had consumed, the same way.
+"""Retention and vacuum: keeping the last N snapshots, and deleting what none of them needs.
 
 **Retention** keeps the last N snapshots: older ones, with the epochs MERGED into them, are
 marked EXPIRED in the manifest first, so nobody reads or restores them while **vacuum**
@@ -15,10 +7,6 @@ dead (see :func:`vacuum`), and the Delta log of state tables and back-edge logs 
 oldest retained snapshot (the tables keep their log until then: ``KEEP_LOG``). Compactions
 commit only on the table version they checked, so two compactions, or a compaction and a
 rollback, never change the state of an epoch.
-
-**Validation** checks every retained snapshot: table versions exist, their files exist with
-the recorded sizes, they hold the files of every epoch of the snapshot's group, commits
-carry the epoch's application transaction, and no key has two changes in one epoch.
 """
 
 from __future__ import annotations

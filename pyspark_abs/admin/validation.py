@@ -1,4 +1,9 @@
-"""Validation: checks every retained snapshot of a root."""
+"""Validation: checks every retained snapshot of a root.
+
+**Validation** checks every retained snapshot: table versions exist, their files exist with
+the recorded sizes, they hold the files of every epoch of the snapshot's group, commits
+carry the epoch's application transaction, and no key has two changes in one epoch.
+"""
 
 from __future__ import annotations
 

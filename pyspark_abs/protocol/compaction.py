@@ -1,5 +1,13 @@
 """Compaction: the latest row per key as of a snapshot, in one Delta commit beside the run.
 
+The state table grows by the changed keys of every epoch (seed 003's incremental
+checkpoints). **Compaction** rewrites the latest row per key as of a snapshot in one Delta
+commit that removes the files it replaces (``dataChange=false``); epochs committed
+meanwhile append other files, so it runs beside a running pipeline and retries when Delta
+reports a conflict. Older epochs stay readable: they are read at their own table version.
+A back-edge log grows by every record sent around the loop; compaction removes the files
+whose records the snapshot had consumed, the same way.
+
 The coordinator compacts in the background after a snapshot when the policy says so, and
 :func:`pyspark_abs.admin.compaction.compact` compacts on demand; both commit through here.
 """

@@ -179,7 +179,7 @@ def paused_compaction(root: Path) -> subprocess.Popen[bytes]:
     script = (
         "import sys; from pyspark_abs import AbsConfig; "
         "from pyspark_abs.faults import Fault, FaultAction, FaultStep; "
-        "from pyspark_abs.admin.retention import compact; "
+        "from pyspark_abs.admin.compaction import compact; "
         f"compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
         f"action={fault.action.value!r}),)))"
     )

@@ -65,12 +65,11 @@ if TYPE_CHECKING:
         Clock,
         KeyGroupContext,
         KeyGroupResult,
-        KeyState,
         Operator,
         TimeoutMode,
-        operator,
         vectorized_operator,
     )
+    from pyspark_abs.operators.per_key import KeyState, operator
     from pyspark_abs.pipeline.backedge import BackEdge
     from pyspark_abs.pipeline.declaration import Pipeline, Quiescence
     from pyspark_abs.pipeline.query import PipelineQuery
@@ -92,12 +91,11 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
         "Clock",
         "KeyGroupContext",
         "KeyGroupResult",
-        "KeyState",
         "Operator",
         "TimeoutMode",
-        "operator",
         "vectorized_operator",
     ),
+    "pyspark_abs.operators.per_key": ("KeyState", "operator"),
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
     "pyspark_abs.pipeline.declaration": ("Pipeline", "Quiescence"),
     "pyspark_abs.pipeline.sinks": ("DeltaSink",),

@@ -32,6 +32,11 @@ import re
 class AbsError(Exception):
     """Root of every error raised by pyspark-abs."""
 
+    def at(self, where: str) -> AbsError:
+        """This error with ``where`` before its message, unless the message starts with it."""
+        text = str(self)
+        return self if text.startswith(where) else type(self)(f"{where}: {text}")
+
 
 class DefinitionError(AbsError):
     """Family: something is declared wrongly; fix the declaration and start again."""
@@ -157,6 +162,11 @@ def error_classes() -> list[type[AbsError]]:
             sub for sub in cls.__subclasses__() if sub.__module__ == __name__ and sub not in found
         )
     return found
+
+
+def describe(err: BaseException) -> str:
+    """An exception a user's function raised, on one line: its type and message."""
+    return f"{type(err).__name__}: {err}".replace("\n", " ")
 
 
 _ALL: dict[str, type[AbsError]] = {cls.__name__: cls for cls in error_classes()}

@@ -26,7 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.operators.contract import KeyState, Operator, operator
+from pyspark_abs.operators.contract import Operator
+from pyspark_abs.operators.per_key import KeyState, operator
 from pyspark_abs.pipeline.backedge import BackEdge
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session

@@ -10,12 +10,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError
-from pyspark_abs.operators.contract import (
-    KeyGroupFunction,
-    Operator,
-    PerKeyFunction,
-    TimeoutMode,
-)
+from pyspark_abs.operators.contract import KeyGroupFunction, Operator, TimeoutMode
 from pyspark_abs.operators.schema import (
     DELETED,
     EPOCH,
@@ -61,8 +56,7 @@ class OperatorPlan:
         state_schema: Declared state columns, all nullable.
         outputs: Output names and schemas, in declaration order.
         timeout: The clock of key timeouts.
-        per_key: The per-key function, or None.
-        vectorized: The key-group function, or None.
+        function: The key-group function (for a per-key operator, its adapter).
         snapshots: Whether state changes are emitted for the snapshot.
         max_state_bytes: The largest encoded state of one key group (None: no bound).
         replays: Micro-batches of decided epochs that this run's Spark will replay: their
@@ -81,8 +75,7 @@ class OperatorPlan:
     state_schema: pa.Schema
     outputs: tuple[tuple[str, pa.Schema], ...]
     timeout: TimeoutMode
-    per_key: PerKeyFunction | None
-    vectorized: KeyGroupFunction | None
+    function: KeyGroupFunction
     snapshots: bool = True
     max_state_bytes: int | None = None
     replays: tuple[DecidedReplay, ...] = ()
@@ -237,8 +230,7 @@ def resolve_plan(
         state_schema=to_arrow(state, nullable=True),
         outputs=outputs,
         timeout=operator.timeout,
-        per_key=operator.per_key,
-        vectorized=operator.vectorized,
+        function=operator.function,
         snapshots=snapshots,
         max_state_bytes=max_state_bytes,
         event_time=next(

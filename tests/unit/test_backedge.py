@@ -132,10 +132,9 @@ def _ctx() -> KeyGroupContext:
 
 
 def test_propagate_sends_labels_over_new_edges_then_lowers_labels() -> None:
-    assert components.propagate.vectorized is not None
     edges = pd.DataFrame({"vertex": [5, 3], "neighbor": [3.0, 5.0], "label": [np.nan, np.nan]})
     empty = pd.DataFrame({"vertex": pd.Series([], dtype="int64"), "label": [], "neighbors": []})
-    first = components.propagate.vectorized(edges, empty, _ctx())
+    first = components.propagate.function(edges, empty, _ctx())
     assert first is not None
     assert isinstance(first.output, dict)
     offers = first.output["offers"].sort_values("vertex").reset_index(drop=True)
@@ -143,7 +142,7 @@ def test_propagate_sends_labels_over_new_edges_then_lowers_labels() -> None:
     assert first.state is not None
     state = first.state
 
-    second = components.propagate.vectorized(offers.assign(neighbor=np.nan), state, _ctx())
+    second = components.propagate.function(offers.assign(neighbor=np.nan), state, _ctx())
     assert second is not None
     assert isinstance(second.output, dict)
     assert second.output["labels"].to_dict("list") == {"vertex": [5], "label": [3]}

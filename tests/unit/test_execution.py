@@ -21,6 +21,7 @@ from pyspark_abs import (
     TimeoutMode,
 )
 from pyspark_abs.operators.key_group import run_key_group
+from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
 from pyspark_abs.operators.state_diff import KeyGroupOutcome, encode_state
 from pyspark_abs.operators.task import apply_changes, decided_changes
@@ -64,8 +65,7 @@ def plan_for(
         state_schema=STATE,
         outputs=outputs,
         timeout=timeout,
-        per_key=per_key_fn,
-        vectorized=vectorized_fn,
+        function=PerKeyAdapter(per_key_fn, ("word",), timeout) if per_key_fn else vectorized_fn,
     )
 
 
@@ -382,7 +382,6 @@ def test_nested_state_values_are_diffed() -> None:
         state_schema,
         OUTPUT,
         TimeoutMode.NONE,
-        None,
         lambda rows, state, ctx: KeyGroupResult(
             state=pd.DataFrame({"word": ["a", "b"], "tags": [["x"], ["y", "z"]]})
         ),

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from pyspark_abs import OperatorDefinitionError, TimeoutMode, operator, vectorized_operator
+from pyspark_abs.operators.per_key import PerKeyAdapter
 
 
 def fn(key: tuple[Any, ...], rows: pd.DataFrame, state: Any) -> None:
@@ -25,13 +26,15 @@ def test_declaration_records_keys_outputs_and_form() -> None:
     assert op.key == ("a", "b")
     assert op.output_names == ("x", "y")
     assert op.timeout is TimeoutMode.EVENT_TIME
-    assert op.per_key is fn
-    assert op.vectorized is None
+    assert isinstance(op.function, PerKeyAdapter)
+    assert op.function.function is fn
+    assert op.function.key == ("a", "b")
+    assert op.function.timeout is TimeoutMode.EVENT_TIME
     vec = vectorized_operator(key="a", state_schema="n long", output_schema="a long", name="v")(
         group_fn
     )
     assert vec.output_names == ("output",)
-    assert vec.vectorized is group_fn
+    assert vec.function is group_fn
 
 
 @pytest.mark.parametrize(

@@ -20,32 +20,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pyspark.sql.streaming.state import GroupStateTimeout
-
 from pyspark_abs.admin.validation import require_sound_start
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
-    SourceError,
 )
 from pyspark_abs.faults import FaultInjector
-from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
-from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL, Kind
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import OperatorPlan, resolve_plan
 from pyspark_abs.operators.schema import (
     KEY_GROUP,
-    RESTORE,
-    TIMEOUT,
-    instant_columns,
     to_arrow,
     to_spark,
 )
-from pyspark_abs.operators.task import KeyGroupTask
 from pyspark_abs.pipeline.backedge import BackEdge, check_back_edges, check_loop_schema, loop_head
 from pyspark_abs.pipeline.connect import (
     ConnectRun,
@@ -55,38 +46,37 @@ from pyspark_abs.pipeline.connect import (
 )
 from pyspark_abs.pipeline.query import PipelineQuery
 from pyspark_abs.pipeline.sinks import SinkLike, resolve_sinks
-from pyspark_abs.pipeline.wiring import as_micros, decided_replays, watermark_floor
+from pyspark_abs.pipeline.targets import table_specs, table_targets
+from pyspark_abs.pipeline.wiring import (
+    decided_replays,
+    operator_stage,
+    rewound_frame,
+    source_frame,
+    watermark_floor,
+    with_restore_rows,
+)
 from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
-from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
-from pyspark_abs.snapshots.reading import Snapshots, state_table_description
-from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
-from pyspark_abs.sources.backedge_log import in_flight_count, split_offsets
+from pyspark_abs.snapshots.reading import Snapshots
+from pyspark_abs.sources import RewindableSource
+from pyspark_abs.sources.backedge_log import in_flight_count
 from pyspark_abs.storage.root import (
     BACKEDGE_PREFIX,
     SINK_PREFIX,
     STATE_PREFIX,
     SnapshotRoot,
-    sink_table,
-    state_table,
 )
-from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
-
-_TIMEOUT_CONF = {
-    TimeoutMode.NONE: GroupStateTimeout.NoTimeout,
-    TimeoutMode.PROCESSING_TIME: GroupStateTimeout.ProcessingTimeTimeout,
-    TimeoutMode.EVENT_TIME: GroupStateTimeout.EventTimeTimeout,
-}
 
 
 @dataclass(frozen=True)
@@ -178,25 +168,7 @@ class Pipeline:
                 f"pipeline {name!r}: operator must be built with @operator or "
                 f"@vectorized_operator, got {type(operator).__name__}"
             )
-        if isinstance(source, REWINDABLE):
-            from pyspark.sql import SparkSession
-
-            spark = SparkSession.getActiveSession()
-            if spark is None:
-                raise ConfigError(
-                    f"pipeline {name!r}: a {type(source).__name__} needs an active SparkSession"
-                )
-            frame = source.load(spark)
-        elif getattr(source, "isStreaming", False):
-            frame = source
-        else:
-            raise OperatorDefinitionError(
-                f"pipeline {name!r}: the source must be a streaming DataFrame "
-                f"(spark.readStream...), a DeltaSource, FileSource or KafkaSource, got "
-                f"{type(source).__name__}"
-            )
-        if transform is not None:
-            frame = transform(frame)
+        frame = source_frame(name, source, transform)
         self.name = name
         self.source = source
         self.transform = transform
@@ -262,7 +234,12 @@ class Pipeline:
             require_supported(self.name, self.config, stop_when_idle)
         store = DeltaStore()
         store.ensure_root(self.root)
-        layout = SnapshotLayout(self.name, self.root, self.plan.name, self._targets())
+        layout = SnapshotLayout(
+            self.name,
+            self.root,
+            self.plan.name,
+            table_targets(self.root, self.plan, self.config.snapshots, self.back_edges, self.sinks),
+        )
         checkpoint = CheckpointReader.for_session(self.spark, self.checkpoint)
         faults = FaultInjector(self.config.faults)
         run_id = uuid.uuid4().hex
@@ -287,7 +264,7 @@ class Pipeline:
                 recovered = writer.recover()
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
                 self._check_key_groups(lineage)
-            for spec in self._table_specs(layout):
+            for spec in table_specs(layout, self.plan):
                 store.ensure_table(spec)
                 if spec.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
                     store.keep_log(spec.uri)  # tables of older roots; the lease is held
@@ -402,7 +379,12 @@ class Pipeline:
         processing_time: str | None,
         available_now: bool,
     ) -> StreamingQuery:
-        frame = self._source_frame(lineage)
+        frame = self._frame
+        if lineage.fresh and lineage.restore is not None:
+            frame = (
+                rewound_frame(self.name, self.source, self.transform, lineage.restore, self.spark)
+                or frame
+            )
         for edge in self.back_edges:
             loop = loop_head(
                 self.spark, edge, SnapshotRoot(self.root).table_uri(edge.table), lineage.restore
@@ -412,20 +394,10 @@ class Pipeline:
             KEY_GROUP, key_group_column(self.plan.key_columns, self.config.key_groups)
         )
         if lineage.restore is not None:
-            keyed = self._with_restore_rows(keyed, lineage.restore)
-        envelope = (
-            as_micros(keyed)
-            .groupBy(KEY_GROUP)
-            .applyInPandasWithState(
-                KeyGroupTask(plan),
-                ENVELOPE_DDL,
-                STATE_DDL,
-                "update",
-                _TIMEOUT_CONF[self.plan.timeout],
-            )
-        )
+            keyed = with_restore_rows(keyed, lineage.restore, plan, self.config.key_groups)
         writer = (
-            envelope.writeStream.outputMode("update")
+            operator_stage(keyed, plan)
+            .writeStream.outputMode("update")
             .foreachBatch(batch_function)
             .option("checkpointLocation", self.checkpoint)
             .queryName(self.name)
@@ -435,57 +407,6 @@ class Pipeline:
         elif processing_time:
             writer = writer.trigger(processingTime=processing_time)
         return writer.start()
-
-    def _source_frame(self, lineage: Lineage) -> DataFrame:
-        """The source, rewound to the restore epoch's offsets for a fresh checkpoint."""
-        restore = lineage.restore
-        if not lineage.fresh or restore is None:
-            return self._frame
-        lines = split_offsets(restore.source_offsets)[0]
-        if not lines:
-            return self._frame
-        line = lines[0]
-        if not isinstance(self.source, REWINDABLE):
-            raise SourceError(
-                f"pipeline {self.name!r} starts from restore epoch {restore.epoch} "
-                f"({restore.origin}), whose source offset is {line}; only a "
-                f"pyspark_abs.DeltaSource, FileSource or KafkaSource can be rewound to it. Use "
-                f"one as the source, or start from a snapshot without offsets (write_state)"
-            )
-        frame = self.source.rewound(self.spark, line)
-        return self.transform(frame) if self.transform is not None else frame
-
-    def _with_restore_rows(self, keyed: DataFrame, restore: ManifestEntry) -> DataFrame:
-        """Add the restored state as restore rows, read in the checkpoint's first batch."""
-        from pyspark.sql import functions as F
-
-        table = state_table(self.plan.name)
-        if table not in restore.tables:
-            return keyed
-        version = restore.table_versions[table]
-        state = DeltaSource(
-            restore.tables[table],
-            starting_version=version,
-            ending_version=version,
-            ignore_changes=True,
-        ).load(self.spark)
-        instants = instant_columns(self.plan.state_schema)
-        values = F.struct(
-            *(
-                F.unix_micros(c).alias(c) if c in instants else F.col(c)
-                for c in self.plan.state_schema.names
-            ),
-            TIMEOUT,
-        )
-        restore_rows = state.select(
-            *self.plan.key_columns,
-            values.alias(RESTORE),
-            key_group_column(self.plan.key_columns, self.config.key_groups).alias(KEY_GROUP),
-        )
-        no_restore = F.lit(None).cast(restore_rows.schema[RESTORE].dataType)
-        return keyed.withColumn(RESTORE, no_restore).unionByName(
-            restore_rows, allowMissingColumns=True
-        )
 
     def _check_back_edges(self, sinks: Mapping[str, SinkLike] | SinkLike | None) -> None:
         if not self.back_edges:
@@ -526,57 +447,3 @@ class Pipeline:
                 f"Keep key_groups={lineage.key_groups}, or roll back to the latest epoch "
                 f"(pyspark_abs.rollback) and start again to change it"
             )
-
-    def _targets(self) -> tuple[TableTarget, ...]:
-        targets = []
-        if self.config.snapshots:
-            targets.append(
-                TableTarget(
-                    table=state_table(self.plan.name),
-                    uri=SnapshotRoot(self.root).table_uri(state_table(self.plan.name)),
-                    kind=Kind.STATE,
-                    index=0,
-                    payload_schema=self.plan.change_schema,
-                    table_schema=self.plan.state_table_schema,
-                )
-            )
-        edges = {edge.output: edge for edge in self.back_edges}
-        for index, (output, schema) in enumerate(self.plan.outputs):
-            if output in edges:
-                table = edges[output].table
-                targets.append(
-                    TableTarget(
-                        table,
-                        SnapshotRoot(self.root).table_uri(table),
-                        Kind.OUTPUT,
-                        index,
-                        schema,
-                        schema,
-                    )
-                )
-                continue
-            sink = self.sinks[output]
-            targets.append(
-                TableTarget(
-                    table=sink_table(output),
-                    uri=normalize_uri(sink.path),
-                    kind=Kind.OUTPUT,
-                    index=index,
-                    payload_schema=schema,
-                    table_schema=schema,
-                    partition_by=sink.partition_by,
-                )
-            )
-        return tuple(targets)
-
-    def _table_specs(self, layout: SnapshotLayout) -> list[TableSpec]:
-        return [
-            TableSpec(
-                target.table,
-                target.uri,
-                target.table_schema,
-                target.partition_by,
-                state_table_description(self.plan) if target.kind is Kind.STATE else None,
-            )
-            for target in layout.targets
-        ]

@@ -1,16 +1,86 @@
-"""Wiring a pipeline into Spark: replays of decided epochs, exact instants, the watermark floor."""
+"""Wiring a pipeline into Spark.
+
+The operator stage, restore rows, replays of decided epochs, exact instants and the
+watermark floor.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from pyspark_abs.errors import ConfigError, OperatorDefinitionError, SourceError
+from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.operators.plan import DecidedReplay
+from pyspark_abs.operators.contract import TimeoutMode
+from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL
+from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
+from pyspark_abs.operators.schema import KEY_GROUP, RESTORE, TIMEOUT, instant_columns
+from pyspark_abs.operators.task import KeyGroupTask
 from pyspark_abs.protocol.lineage import Lineage
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
+from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
+from pyspark_abs.sources.backedge_log import split_offsets
+from pyspark_abs.storage.root import state_table
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
+
+_TIMEOUT_CONF = {
+    TimeoutMode.NONE: GroupStateTimeout.NoTimeout,
+    TimeoutMode.PROCESSING_TIME: GroupStateTimeout.ProcessingTimeTimeout,
+    TimeoutMode.EVENT_TIME: GroupStateTimeout.EventTimeTimeout,
+}
+
+
+def operator_stage(keyed: DataFrame, plan: OperatorPlan) -> DataFrame:
+    """The operator over ``keyed`` rows: one pandas call per key group and epoch.
+
+    Its rows are envelopes: encoded state changes and outputs per key group and target.
+    """
+    return (
+        as_micros(keyed)
+        .groupBy(KEY_GROUP)
+        .applyInPandasWithState(
+            KeyGroupTask(plan), ENVELOPE_DDL, STATE_DDL, "update", _TIMEOUT_CONF[plan.timeout]
+        )
+    )
+
+
+def with_restore_rows(
+    keyed: DataFrame, restore: ManifestEntry, plan: OperatorPlan, key_groups: int
+) -> DataFrame:
+    """``keyed`` with the restore epoch's state as restore rows, read in the first batch."""
+    from pyspark.sql import functions as F
+
+    table = state_table(plan.name)
+    if table not in restore.tables:
+        return keyed
+    version = restore.table_versions[table]
+    state = DeltaSource(
+        restore.tables[table],
+        starting_version=version,
+        ending_version=version,
+        ignore_changes=True,
+    ).load(keyed.sparkSession)
+    instants = instant_columns(plan.state_schema)
+    values = F.struct(
+        *(
+            F.unix_micros(c).alias(c) if c in instants else F.col(c)
+            for c in plan.state_schema.names
+        ),
+        TIMEOUT,
+    )
+    restore_rows = state.select(
+        *plan.key_columns,
+        values.alias(RESTORE),
+        key_group_column(plan.key_columns, key_groups).alias(KEY_GROUP),
+    )
+    no_restore = F.lit(None).cast(restore_rows.schema[RESTORE].dataType)
+    return keyed.withColumn(RESTORE, no_restore).unionByName(restore_rows, allowMissingColumns=True)
 
 
 def decided_replays(
@@ -61,3 +131,61 @@ def watermark_floor(epochs: EpochLog) -> int:
     """The watermark of the newest decided epoch: where this run's watermark starts."""
     decided = epochs.latest_decided()
     return (decided.watermark_ms or 0) if decided is not None else 0
+
+
+def source_frame(
+    name: str,
+    source: DataFrame | RewindableSource,
+    transform: Callable[[DataFrame], DataFrame] | None,
+) -> DataFrame:
+    """The streaming DataFrame of a pipeline's source, transformed.
+
+    Raises:
+        OperatorDefinitionError: ``source`` is neither a streaming DataFrame nor a source.
+        ConfigError: A rewindable source is given without an active SparkSession.
+    """
+    if isinstance(source, REWINDABLE):
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise ConfigError(
+                f"pipeline {name!r}: a {type(source).__name__} needs an active SparkSession"
+            )
+        frame = source.load(spark)
+    elif getattr(source, "isStreaming", False):
+        frame = source
+    else:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: the source must be a streaming DataFrame "
+            f"(spark.readStream...), a DeltaSource, FileSource or KafkaSource, got "
+            f"{type(source).__name__}"
+        )
+    return transform(frame) if transform is not None else frame
+
+
+def rewound_frame(
+    name: str,
+    source: DataFrame | RewindableSource,
+    transform: Callable[[DataFrame], DataFrame] | None,
+    restore: ManifestEntry,
+    spark: SparkSession,
+) -> DataFrame | None:
+    """The source rewound to a restore epoch's offsets, or None if the epoch has none.
+
+    Raises:
+        SourceError: The epoch has offsets, but the source cannot be rewound.
+    """
+    lines = split_offsets(restore.source_offsets)[0]
+    if not lines:
+        return None
+    line = lines[0]
+    if not isinstance(source, REWINDABLE):
+        raise SourceError(
+            f"pipeline {name!r} starts from restore epoch {restore.epoch} "
+            f"({restore.origin}), whose source offset is {line}; only a "
+            f"pyspark_abs.DeltaSource, FileSource or KafkaSource can be rewound to it. Use "
+            f"one as the source, or start from a snapshot without offsets (write_state)"
+        )
+    frame = source.rewound(spark, line)
+    return transform(frame) if transform is not None else frame

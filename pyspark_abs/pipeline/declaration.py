@@ -48,7 +48,6 @@ from pyspark_abs.pipeline.query import PipelineQuery
 from pyspark_abs.pipeline.sinks import SinkLike, resolve_sinks
 from pyspark_abs.pipeline.targets import table_specs, table_targets
 from pyspark_abs.pipeline.wiring import (
-    decided_replays,
     operator_stage,
     rewound_frame,
     source_frame,
@@ -60,6 +59,7 @@ from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
+from pyspark_abs.protocol.replay import decided_replays
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import RewindableSource

@@ -17,11 +17,9 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL
 from pyspark_abs.operators.keygroups import key_group_column
-from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
+from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import KEY_GROUP, RESTORE, TIMEOUT, instant_columns
 from pyspark_abs.operators.task import KeyGroupTask
-from pyspark_abs.protocol.lineage import Lineage
-from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
 from pyspark_abs.sources.backedge_log import split_offsets
 from pyspark_abs.storage.root import state_table
@@ -81,28 +79,6 @@ def with_restore_rows(
     )
     no_restore = F.lit(None).cast(restore_rows.schema[RESTORE].dataType)
     return keyed.withColumn(RESTORE, no_restore).unionByName(restore_rows, allowMissingColumns=True)
-
-
-def decided_replays(
-    epochs: EpochLog, checkpoint: CheckpointReader, lineage: Lineage, table: str
-) -> tuple[DecidedReplay, ...]:
-    """The micro-batches Spark will replay whose epochs are already decided.
-
-    Those the checkpoint planned but did not commit, whose epoch has a PREPARED entry: each
-    comes with the state-change files of ``table`` that the epoch pre-committed.
-    """
-    if lineage.fresh:
-        return ()
-    committed = set(checkpoint.committed_batches())
-    replays = []
-    for batch in checkpoint.planned_batches():
-        entry = epochs.prepared(lineage.epoch_base + batch)
-        if batch in committed or entry is None or table not in entry.tables:
-            continue
-        uri = entry.tables[table]
-        files = tuple(f"{uri}/{f.path}" for f in entry.files if f.table == table)
-        replays.append(DecidedReplay(batch, entry.epoch, files))
-    return tuple(replays)
 
 
 def as_micros(frame: DataFrame) -> DataFrame:

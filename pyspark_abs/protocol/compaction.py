@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
@@ -120,6 +121,66 @@ what it names (a pipeline run that lost its lease on the root)."""
 
 def _unfenced(_: str) -> None:
     return None
+
+
+class BackgroundCompactor:
+    """Compacts a running pipeline's root in a background thread when its policy says so.
+
+    One compaction runs at a time and the pipeline does not wait for it. Compaction is an
+    optimisation: a failed one is logged and the next one retries; a fenced one (the run
+    lost the root) stops.
+    """
+
+    def __init__(
+        self, policy: CompactionPolicy, faults: FaultInjector, fence: Fence, name: str
+    ) -> None:
+        self._policy = policy
+        self._faults = faults
+        self._fence = fence
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def committed(
+        self, group: Sequence[ManifestEntry], snapshot: ManifestEntry, table: str
+    ) -> None:
+        """Count a committed group of epochs, and start a compaction of ``snapshot`` if due.
+
+        Args:
+            group: The group's epochs.
+            snapshot: The snapshot the group's commit made.
+            table: The state table, whose growth the policy follows.
+        """
+        if table not in snapshot.tables:
+            return
+        changed = sum(e.rows.get(table, 0) for e in group)
+        due = self._policy.observe(changed, snapshot.state_keys or 0, len(group))
+        if due and (self._thread is None or not self._thread.is_alive()):
+            self._thread = threading.Thread(
+                target=self._compact, args=(snapshot,), name=self._name, daemon=True
+            )
+            self._thread.start()
+
+    def join(self) -> None:
+        """Wait for a running compaction to finish."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def _compact(self, snapshot: ManifestEntry) -> None:
+        try:
+            for result in compact_snapshot(DeltaStore(), snapshot, self._faults, fence=self._fence):
+                log.info(
+                    "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
+                    result.table,
+                    result.as_of_epoch,
+                    result.rows_before,
+                    result.files_before,
+                    result.rows_after,
+                    result.version,
+                )
+        except FencingError as err:
+            log.warning("background compaction as of epoch %d stopped: %s", snapshot.epoch, err)
+        except Exception as err:
+            log.warning("background compaction as of epoch %d failed: %s", snapshot.epoch, err)
 
 
 def compact_snapshot(

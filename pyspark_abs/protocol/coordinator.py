@@ -42,9 +42,7 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
     CommitError,
-    FencingError,
     QuiescenceError,
-    ReplayDivergedError,
     rebuild_from_text,
 )
 from pyspark_abs.faults import FaultStep
@@ -55,14 +53,14 @@ from pyspark_abs.operators.schema import KEY_GROUP
 from pyspark_abs.protocol.alignment import align, check_files
 from pyspark_abs.protocol.barrier import MARKER_DDL, BarrierMarker
 from pyspark_abs.protocol.committer import Group, OrderedCommitter
-from pyspark_abs.protocol.compaction import CompactionPolicy, compact_snapshot
+from pyspark_abs.protocol.compaction import BackgroundCompactor, CompactionPolicy
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.listeners import SnapshotListener, notify
 from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
+from pyspark_abs.protocol.replay import check_replay_reached
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
-from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -132,8 +130,12 @@ class EpochCoordinator:
         self.run_id = writer.run_id
         self.faults = writer.faults
         self.failure: BaseException | None = None
-        self._policy = CompactionPolicy(config.compaction_every_epochs, config.compaction_ratio)
-        self._compactor: threading.Thread | None = None
+        self._compactor = BackgroundCompactor(
+            CompactionPolicy(config.compaction_every_epochs, config.compaction_ratio),
+            self.faults,
+            writer.fence,
+            f"pyspark-abs-compaction-{layout.pipeline}",
+        )
         self._idle = threading.Condition()
         self._idle_epochs = 0
         self._query_id: str | None = None
@@ -230,8 +232,7 @@ class EpochCoordinator:
         """
         if self._committer is not None:
             self._committer.close()
-        if self._compactor is not None:
-            self._compactor.join()
+        self._compactor.join()
         self.writer.close()
 
     def _process_snapshot(self, batch: DataFrame, batch_id: int) -> None:
@@ -242,7 +243,17 @@ class EpochCoordinator:
             if decision is EpochDecision.FINISH_REPLAY and prepared is not None:
                 self._join_group(prepared)
             log.info("epoch %d is already decided; the replayed micro-batch is discarded", epoch)
-            self._install_decided(batch, epoch, prepared)
+            reached = {int(r[KEY_GROUP]) for r in batch.select(KEY_GROUP).distinct().collect()}
+            check_replay_reached(
+                self.store,
+                self.epochs,
+                prepared,
+                reached,
+                pipeline=self.layout.pipeline,
+                root=self.layout.root,
+                operator=self.layout.operator,
+                epoch=epoch,
+            )
             return
         if self.epoch_limit is not None and self.epochs_run >= self.epoch_limit:
             loops = [t for t in self.layout.tables if t.startswith(BACKEDGE_PREFIX)]
@@ -342,82 +353,12 @@ class EpochCoordinator:
         """Phase 2 for a group of PREPARED epochs (see :meth:`EpochWriter.commit`).
 
         Listeners hear of the snapshot once, with the group's last epoch. Then, when the
-        compaction policy says so, compacts the state table and truncates the back-edge
-        logs in a background thread (one at a time); the pipeline does not wait for it.
+        compaction policy says so, the state table is compacted and the back-edge logs
+        truncated in the background (see :class:`BackgroundCompactor`).
         """
         outcome = self.writer.commit(group)
         notify(self.listeners, SnapshotInfo.from_entry(outcome), committed=True)
-        state = state_table(self.layout.operator)
-        if state not in outcome.tables:
-            return
-        due = self._policy.observe(
-            sum(e.rows.get(state, 0) for e in group), outcome.state_keys or 0, len(group)
-        )
-        if due and (self._compactor is None or not self._compactor.is_alive()):
-            self._compactor = threading.Thread(
-                target=self._compact,
-                args=(outcome,),
-                name=f"pyspark-abs-compaction-{self.layout.pipeline}",
-                daemon=True,
-            )
-            self._compactor.start()
-
-    def _compact(self, snapshot: ManifestEntry) -> None:
-        try:
-            compacted = compact_snapshot(
-                DeltaStore(), snapshot, self.faults, fence=self.writer.fence
-            )
-            for result in compacted:
-                log.info(
-                    "compacted %s as of epoch %d: %d rows in %d files -> %d rows (version %s)",
-                    result.table,
-                    result.as_of_epoch,
-                    result.rows_before,
-                    result.files_before,
-                    result.rows_after,
-                    result.version,
-                )
-        except FencingError as err:
-            log.warning("background compaction as of epoch %d stopped: %s", snapshot.epoch, err)
-        except Exception as err:  # compaction is an optimisation: the next one retries
-            log.warning("background compaction as of epoch %d failed: %s", snapshot.epoch, err)
-
-    def _install_decided(
-        self, batch: DataFrame, epoch: int, prepared: ManifestEntry | None
-    ) -> None:
-        """Run a replay of a decided epoch, so Spark's state store takes the decided state.
-
-        The operator's tasks install the epoch's decided state changes instead of calling
-        the function (see :class:`~pyspark_abs.operators.task.DecidedReplay`) and name each key
-        group they installed changes for. A key group the replay does not reach (its input
-        changed since) would keep stale state, so the run stops instead.
-
-        Raises:
-            ReplayDivergedError: A key group the epoch changed was not reached.
-        """
-        reached = {int(r["key_group"]) for r in batch.select("key_group").distinct().collect()}
-        table = state_table(self.layout.operator)
-        if prepared is None or table not in prepared.tables:
-            return
-        uri = prepared.tables[table]
-        paths = [f.path for f in prepared.files if f.table == table]
-        changed: set[int] = set()
-        if paths:
-            groups = self.store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP].to_pylist()
-            changed = {int(g) for g in groups if g is not None}
-        missing = sorted(changed - reached)
-        if missing:
-            latest = self.epochs.latest(epoch)
-            snapshot = latest.snapshot_epoch if latest and latest.snapshot_epoch else epoch
-            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-            raise ReplayDivergedError(
-                f"pipeline {self.layout.pipeline!r}: Spark replayed epoch {epoch} after a "
-                f"restart, but its input no longer reaches key group(s) {shown} whose state "
-                f"epoch {epoch} changed (the source, a joined table or the key-group count "
-                f"changed since); the live state would differ from snapshot {epoch}. Roll "
-                f"back to it with pyspark_abs.rollback({self.layout.root!r}, "
-                f"{snapshot}) and start again"
-            )
+        self._compactor.committed(group, outcome, state_table(self.layout.operator))
 
     def _process_sinks_only(self, batch: DataFrame, batch_id: int) -> None:
         """Snapshots off: pre-commit and commit sink outputs, one transaction per sink."""

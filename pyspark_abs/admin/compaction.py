@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from deltalake import DeltaTable
-
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.manifest.table import (
     open_root,
 )
 from pyspark_abs.protocol.compaction import Compaction, Progress, compact_snapshot, quiet
+from pyspark_abs.storage.rewrites import compact_small_files
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import (
     DeltaStore,
@@ -40,5 +39,5 @@ def compact(
         store, latest, FaultInjector((config or AbsConfig()).faults), progress
     )
     progress("compacting _manifest")
-    DeltaTable(SnapshotRoot(root).manifest_uri).optimize.compact()
+    compact_small_files(SnapshotRoot(root).manifest_uri)
     return results

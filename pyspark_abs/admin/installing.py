@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
@@ -25,9 +25,6 @@ from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, SnapshotRoot
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore
-
-if TYPE_CHECKING:
-    pass
 
 
 def open_writer(

@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from deltalake import DeltaTable
-
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
@@ -35,7 +33,13 @@ from pyspark_abs.protocol.precommit import (
     file_name,
     root_tag,
 )
-from pyspark_abs.storage.files import add_actions, data_files, removed_paths
+from pyspark_abs.storage.files import (
+    add_actions,
+    data_files,
+    delete_files,
+    files_at,
+    removed_paths,
+)
 from pyspark_abs.storage.log_files import remove_log_below
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
@@ -163,7 +167,7 @@ def vacuum(
         doomed, late = _still_dead(store, root, table, uri, versions, doomed, expiring)
         kept += late
         if doomed and not dry_run:
-            store.delete_files(uri, doomed)
+            delete_files(uri, doomed)
             faults.at(FaultStep.DURING_VACUUM, newest_decided)
         if doomed:
             deleted[table] = sorted(doomed)
@@ -213,7 +217,7 @@ def _referenced(store: DeltaStore, uri: str, versions: Iterable[int]) -> set[str
     current = store.open(uri)
     paths = {unquote(a["path"]) for a in add_actions(current)}
     for version in set(versions) - {int(current.version())}:
-        paths |= {unquote(a["path"]) for a in add_actions(DeltaTable(uri, version=version))}
+        paths |= {unquote(a["path"]) for a in files_at(uri, version)}
     return paths
 
 

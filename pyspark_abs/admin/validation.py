@@ -14,7 +14,6 @@ from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from pyspark_abs.errors import (
     AbsError,
@@ -31,7 +30,7 @@ from pyspark_abs.manifest.table import (
 from pyspark_abs.operators.changelog import duplicate_changes
 from pyspark_abs.operators.schema import EPOCH
 from pyspark_abs.protocol.compaction import Progress, quiet
-from pyspark_abs.storage.files import add_actions
+from pyspark_abs.storage.files import add_actions, file_sizes
 from pyspark_abs.storage.log_files import log_entries
 from pyspark_abs.storage.rewrites import history
 from pyspark_abs.storage.root import MANIFEST_TABLE, STATE_PREFIX
@@ -202,7 +201,7 @@ class _SnapshotChecker:
         if table not in self._latest:
             uri = next(e.tables[table] for e in self.epochs.entries if table in e.tables)
             try:
-                DeltaTable(uri)
+                self.store.open(uri)
                 self._latest[table] = None
             except Exception as err:
                 self._latest[table] = brief_error(err)
@@ -232,8 +231,7 @@ def _check_version(
 ) -> tuple[set[str], list[Problem]]:
     """The files of a table version, and problems: it does not load, files missing or cut."""
     try:
-        at_version = DeltaTable(uri, version=version)
-        actions = add_actions(at_version)
+        actions = add_actions(store.at_version(uri, version))
     except Exception as err:
         if log_entries(uri).expired(version):
             return set(), [Problem(None, table, _expired(uri, version))]
@@ -241,7 +239,7 @@ def _check_version(
             Problem(None, table, f"version {version} cannot be loaded: {brief_error(err)}")
         ]
     paths = [unquote(a["path"]) for a in actions]
-    sizes = store.file_sizes(uri, paths)
+    sizes = file_sizes(uri, paths)
     problems = []
     for action, path, size in zip(actions, paths, sizes, strict=True):
         if size is None:

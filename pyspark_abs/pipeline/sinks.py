@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -12,10 +11,6 @@ from pyspark_abs.errors import (
     OperatorDefinitionError,
 )
 from pyspark_abs.operators.plan import OperatorPlan
-
-if TYPE_CHECKING:
-    pass
-
 
 _PARTITION_TYPES = (
     pa.types.is_string,

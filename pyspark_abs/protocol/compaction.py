@@ -39,7 +39,7 @@ from pyspark_abs.protocol.precommit import (
     write_files,
 )
 from pyspark_abs.sources.backedge_log import consumed_before
-from pyspark_abs.storage.files import add_actions
+from pyspark_abs.storage.files import add_actions, delete_files, files_at
 from pyspark_abs.storage.rewrites import Actions, commit_retrying, superseded
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
 from pyspark_abs.storage.schemas import arrow_schema
@@ -232,7 +232,7 @@ def compact_table(
     """
     version = snapshot.table_versions[table]
     keys: list[str] = json.loads(store.description(uri) or "{}")["key"]
-    at_version = DeltaTable(uri, version=version)
+    at_version = store.at_version(uri, version)
     files = add_actions(at_version)
     changes = store.read(uri, version)
     live = latest_per_key(changes, keys)
@@ -260,13 +260,13 @@ def compact_table(
     try:
         committed, _ = commit_retrying(store, uri, actions, what, "run compact again later")
     except _Superseded as skip:
-        store.delete_files(uri, [w.path for w in written])
+        delete_files(uri, [w.path for w in written])
         log.info("%s: nothing committed, %s", what, skip.reason)
         return Compaction(
             table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, skip.reason
         )
     except (CommitError, FencingError):
-        store.delete_files(uri, [w.path for w in written])
+        delete_files(uri, [w.path for w in written])
         raise
     return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
 
@@ -295,7 +295,7 @@ def truncate_log(
         CommitError: Delta kept reporting conflicts.
     """
     before = consumed_before(snapshot, table.removeprefix(BACKEDGE_PREFIX))
-    at_before = add_actions(DeltaTable(uri, version=before - 1)) if before else []
+    at_before = files_at(uri, before - 1) if before else []
     consumed = {a["path"]: int(a.get("num_records") or 0) for a in at_before}
 
     what = f"truncating {table} at {uri} as of epoch {snapshot.epoch}"

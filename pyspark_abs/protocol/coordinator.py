@@ -59,7 +59,7 @@ from pyspark_abs.protocol.listeners import SnapshotListener, notify
 from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
 from pyspark_abs.protocol.replay import check_replay_reached
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
-from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.files import FileEntry, delete_files, file_sizes
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
 
 if TYPE_CHECKING:
@@ -381,7 +381,7 @@ class EpochCoordinator:
             if not self.store.commit_files(
                 uri, {epoch: mine}, txn, epoch, root=self.layout.root
             ).committed:
-                self.store.delete_files(uri, [f.path for f in mine])
+                delete_files(uri, [f.path for f in mine])
 
     def _precommit(self, batch: DataFrame, epoch: int) -> list[BarrierMarker]:
         plan = PrecommitPlan(
@@ -399,7 +399,7 @@ class EpochCoordinator:
         sizes: dict[FileEntry, int | None] = {}
         for table, uri in self.layout.tables.items():
             mine = [f for f in files if f.table == table]
-            sizes.update(zip(mine, self.store.file_sizes(uri, [f.path for f in mine]), strict=True))
+            sizes.update(zip(mine, file_sizes(uri, [f.path for f in mine]), strict=True))
         return [sizes.get(f) for f in files]
 
     def _record(self, entry: ManifestEntry) -> None:
@@ -437,7 +437,7 @@ class EpochCoordinator:
     def _delete(self, files: Sequence[FileEntry]) -> None:
         """Delete pre-committed files that no epoch will commit."""
         for table, uri in self.layout.tables.items():
-            self.store.delete_files(uri, [f.path for f in files if f.table == table])
+            delete_files(uri, [f.path for f in files if f.table == table])
 
     def _current_query_id(self) -> str | None:
         if self._query_id is None:

@@ -17,6 +17,7 @@ from pyspark_abs.operators.plan import DecidedReplay
 from pyspark_abs.operators.schema import KEY_GROUP
 from pyspark_abs.protocol.lineage import Lineage
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
+from pyspark_abs.storage.files import read_files
 from pyspark_abs.storage.root import state_table
 from pyspark_abs.storage.store import DeltaStore
 
@@ -79,7 +80,7 @@ def check_replay_reached(
     paths = [f.path for f in prepared.files if f.table == table]
     changed: set[int] = set()
     if paths:
-        groups = store.read_files(uri, paths, [KEY_GROUP])[KEY_GROUP].to_pylist()
+        groups = read_files(uri, paths, [KEY_GROUP])[KEY_GROUP].to_pylist()
         changed = {int(g) for g in groups if g is not None}
     missing = sorted(changed - reached)
     if missing:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pyspark_abs.errors import ConfigError
 
 SOURCE_NAME = "pyspark_abs_delta"
 """The data source's short name, and the ``source`` tag of its offsets."""
@@ -56,6 +59,22 @@ class Offset:
         if tag is not None and not isinstance(tag, str):
             raise ValueError(f"offset {dict(value)!r}: tag must be a string")
         return cls(version, index, tag)
+
+
+def parse_offset_json(offset_json: str) -> dict[str, Any]:
+    """One offset of the source as Spark wrote it to a checkpoint's offset log, as a dict.
+
+    Raises:
+        ConfigError: The text is not JSON, or not an offset of this source.
+    """
+    try:
+        value = json.loads(offset_json)
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ConfigError(f"{offset_json!r} is not an offset: {err}") from None
+    try:
+        return Offset.parse(value).to_dict()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,13 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
-
-if TYPE_CHECKING:
-    pass
 
 FILE_TYPE = pa.struct(
     [
@@ -72,6 +70,34 @@ def add_actions(table: DeltaTable) -> list[dict[str, Any]]:
     """The add actions of a table version: path, size_bytes, ..."""
     actions: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     return actions
+
+
+def files_at(uri: str, version: int) -> list[dict[str, Any]]:
+    """The add actions of the table at ``uri`` as of ``version`` (see :func:`add_actions`)."""
+    return add_actions(DeltaTable(uri, version=version))
+
+
+def read_files(uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """Columns of Parquet files under a table root (pre-committed files, say)."""
+    fs, root = pafs.FileSystem.from_uri(uri)
+    return pq.read_table([f"{root}/{p}" for p in paths], columns=list(columns), filesystem=fs)
+
+
+def file_sizes(uri: str, paths: Sequence[str]) -> list[int | None]:
+    """Sizes of files under a table root; None for a missing file."""
+    fs, root = pafs.FileSystem.from_uri(uri)
+    infos = fs.get_file_info([f"{root}/{p}" for p in paths])
+    return [None if i.type == pafs.FileType.NotFound else int(i.size) for i in infos]
+
+
+def delete_files(uri: str, paths: Sequence[str]) -> None:
+    """Delete files under a table root that no Delta log references; missing is fine."""
+    fs, root = pafs.FileSystem.from_uri(uri)
+    for path in paths:
+        try:
+            fs.delete_file(f"{root}/{path}")
+        except FileNotFoundError:
+            continue
 
 
 def removed_paths(uri: str) -> set[str]:

@@ -106,3 +106,8 @@ def commit_retrying(
 def history(uri: str) -> dict[int, dict[str, Any]]:
     """A table's commit infos by version."""
     return {int(c["version"]): c for c in DeltaTable(uri).history()}
+
+
+def compact_small_files(uri: str) -> None:
+    """Rewrite the table's small files into fewer (Delta's OPTIMIZE), keeping its rows."""
+    DeltaTable(uri).optimize.compact()

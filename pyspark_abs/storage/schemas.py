@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
-
-if TYPE_CHECKING:
-    pass
 
 
 def schema_differences(declared: pa.Schema, actual: pa.Schema) -> list[str]:

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -34,13 +33,9 @@ from pyspark_abs.errors import (
     SnapshotRootError,
     TableSchemaError,
 )
-from pyspark_abs.storage.files import FileEntry, files_after
+from pyspark_abs.storage.files import FileEntry, file_sizes, files_after
 from pyspark_abs.storage.schemas import arrow_schema, schema_differences
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
-
-if TYPE_CHECKING:
-    pass
-
 
 KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
 """Table properties that stop Delta from deleting log entries older than
@@ -224,6 +219,10 @@ class DeltaStore:
                 ) from None
             return table
 
+    def at_version(self, uri: str, version: int) -> DeltaTable:
+        """The table at ``uri`` as of ``version`` (delta-rs's errors pass through)."""
+        return DeltaTable(uri, version=version)
+
     def description(self, uri: str) -> str | None:
         """The description stored in a table's metadata."""
         description: str | None = self.open(uri).metadata().description
@@ -237,7 +236,7 @@ class DeltaStore:
         Files are read with pyarrow's own file systems: scanning through delta-rs's file
         system handler can abort the process at interpreter exit (deltalake 1.6, pyarrow 26).
         """
-        table = self.open(uri) if version is None else DeltaTable(uri, version=version)
+        table = self.open(uri) if version is None else self.at_version(uri, version)
         schema = arrow_schema(table)
         if columns:
             schema = pa.schema([schema.field(c) for c in columns])
@@ -384,7 +383,7 @@ class DeltaStore:
 
     def _require_files(self, uri: str, files: Sequence[FileEntry], epoch: int) -> None:
         """Refuse to commit files that are missing or not the size they were written with."""
-        sizes = self.file_sizes(uri, [f.path for f in files])
+        sizes = file_sizes(uri, [f.path for f in files])
         for entry, size in zip(files, sizes, strict=True):
             if size == entry.size_bytes:
                 continue
@@ -433,26 +432,6 @@ class DeltaStore:
             f"{table.transaction_version(app_id)}, but no commit of epoch {epoch}; the table "
             f"was changed outside pyspark-abs. Run validate on the snapshot root"
         )
-
-    def read_files(self, uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
-        """Columns of Parquet files under a table root (pre-committed files, say)."""
-        fs, root = pafs.FileSystem.from_uri(uri)
-        return pq.read_table([f"{root}/{p}" for p in paths], columns=list(columns), filesystem=fs)
-
-    def file_sizes(self, uri: str, paths: Sequence[str]) -> list[int | None]:
-        """Sizes of files under a table root; None for a missing file."""
-        fs, root = pafs.FileSystem.from_uri(uri)
-        infos = fs.get_file_info([f"{root}/{p}" for p in paths])
-        return [None if i.type == pafs.FileType.NotFound else int(i.size) for i in infos]
-
-    def delete_files(self, uri: str, paths: Sequence[str]) -> None:
-        """Delete files under a table root that no Delta log references; missing is fine."""
-        fs, root = pafs.FileSystem.from_uri(uri)
-        for path in paths:
-            try:
-                fs.delete_file(f"{root}/{path}")
-            except FileNotFoundError:
-                continue
 
 
 _BACKTRACE_LINE = re.compile(r"^\s*\d+: ")

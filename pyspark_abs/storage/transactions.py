@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from deltalake import CommitProperties, Transaction
-
-if TYPE_CHECKING:
-    pass
-
 
 EPOCH_KEY = "pyspark_abs.epoch"
 

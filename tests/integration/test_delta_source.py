@@ -21,8 +21,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.sources.delta import DeltaDataSource
 from pyspark_abs.sources.delta_offsets import Offset
+from pyspark_abs.sources.delta_stream import DeltaDataSource
 
 DDL = "id long, name string"
 PARTITIONED_DDL = "id long, name string, region string, bucket int"

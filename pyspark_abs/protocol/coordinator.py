@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
@@ -291,16 +291,9 @@ class EpochCoordinator:
         # Step 3: prepare.
         started = time.perf_counter()
         previous = self.epochs.latest_decided()
-        entry = ManifestEntry(
-            pipeline=self.layout.pipeline,
-            epoch=epoch,
-            status=EpochStatus.PREPARED,
-            recorded_at=now(),
-            run_id=self.run_id,
-            query_id=self._current_query_id(),
-            batch_id=batch_id,
-            checkpoint=self.checkpoint.location,
-            commit_mode=self.config.commit_mode,
+        entry = self._entry(
+            epoch,
+            EpochStatus.PREPARED,
             num_partitions=aligned.num_partitions,
             key_groups=self.config.key_groups,
             tables=self.layout.tables,
@@ -405,21 +398,25 @@ class EpochCoordinator:
     def _record(self, entry: ManifestEntry) -> None:
         self.writer.record(entry)
 
-    def _abort(self, epoch: int, files: Sequence[FileEntry], err: BaseException) -> BaseException:
-        """Record ABORTED (best effort), delete the epoch's listed files, return the error."""
-        self._delete(files)
-        entry = ManifestEntry(
+    def _entry(self, epoch: int, status: EpochStatus, **fields: Any) -> ManifestEntry:
+        """A transition of ``epoch`` by this run, now."""
+        return ManifestEntry(
             pipeline=self.layout.pipeline,
             epoch=epoch,
-            status=EpochStatus.ABORTED,
+            status=status,
             recorded_at=now(),
             run_id=self.run_id,
             query_id=self._current_query_id(),
             batch_id=epoch - self.epoch_base,
             checkpoint=self.checkpoint.location,
             commit_mode=self.config.commit_mode,
-            error=f"{type(err).__name__}: {err}"[:4000],
+            **fields,
         )
+
+    def _abort(self, epoch: int, files: Sequence[FileEntry], err: BaseException) -> BaseException:
+        """Record ABORTED (best effort), delete the epoch's listed files, return the error."""
+        self._delete(files)
+        entry = self._entry(epoch, EpochStatus.ABORTED, error=f"{type(err).__name__}: {err}"[:4000])
         try:
             self._record(entry)
         except AbsError as record_err:

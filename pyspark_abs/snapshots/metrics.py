@@ -13,31 +13,25 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pyspark_abs.manifest.entries import MANIFEST_SCHEMA
+
 if TYPE_CHECKING:
     from pyspark_abs.manifest.info import SnapshotInfo
 
 
 _INT_MAP = pa.map_(pa.string(), pa.int64())
 
+_TIMINGS = ("batch_ms", "precommit_ms", "align_wait_ms", "align_ms", "prepare_ms", "commit_ms")
+
 _METRICS_FIELDS: list[pa.Field[Any]] = [
-    pa.field("epoch", pa.int64()),
-    pa.field("status", pa.string()),
+    *(MANIFEST_SCHEMA.field(n) for n in ("epoch", "status")),
     pa.field("snapshot_epoch", pa.int64()),
-    pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
-    pa.field("query_id", pa.string()),
-    pa.field("batch_id", pa.int64()),
+    *(MANIFEST_SCHEMA.field(n) for n in ("recorded_at", "query_id", "batch_id")),
     pa.field("rows", pa.int64()),
     pa.field("bytes", pa.int64()),
     pa.field("rows_by_table", _INT_MAP),
     pa.field("bytes_by_table", _INT_MAP),
-    pa.field("state_keys", pa.int64()),
-    pa.field("batch_ms", pa.float64()),
-    pa.field("precommit_ms", pa.float64()),
-    pa.field("align_wait_ms", pa.float64()),
-    pa.field("align_ms", pa.float64()),
-    pa.field("prepare_ms", pa.float64()),
-    pa.field("commit_ms", pa.float64()),
-    pa.field("pending_epochs", pa.int32()),
+    *(MANIFEST_SCHEMA.field(n) for n in ("state_keys", *_TIMINGS, "pending_epochs")),
 ]
 METRICS_SCHEMA = pa.schema(_METRICS_FIELDS)
 """Columns of :meth:`Snapshots.metrics <pyspark_abs.snapshots.reading.Snapshots.metrics>`.
@@ -55,26 +49,16 @@ sums a snapshot's group; ``commit_ms`` is on the snapshot and covers its whole g
 
 def metrics_table(infos: Sequence[SnapshotInfo]) -> pa.Table:
     """One row of :data:`METRICS_SCHEMA` per epoch."""
+    copied = ("snapshot_epoch", "recorded_at", "query_id", "batch_id", "state_keys")
     rows = [
         {
             "epoch": i.epoch,
             "status": i.status.value,
-            "snapshot_epoch": i.snapshot_epoch,
-            "recorded_at": i.recorded_at,
-            "query_id": i.query_id,
-            "batch_id": i.batch_id,
             "rows": sum(i.rows.values()),
             "bytes": sum(i.bytes.values()),
             "rows_by_table": sorted(i.rows.items()),
             "bytes_by_table": sorted(i.bytes.items()),
-            "state_keys": i.state_keys,
-            "batch_ms": i.batch_ms,
-            "precommit_ms": i.precommit_ms,
-            "align_wait_ms": i.align_wait_ms,
-            "align_ms": i.align_ms,
-            "prepare_ms": i.prepare_ms,
-            "commit_ms": i.commit_ms,
-            "pending_epochs": i.pending_epochs,
+            **{name: getattr(i, name) for name in (*copied, *_TIMINGS, "pending_epochs")},
         }
         for i in infos
     ]

@@ -49,7 +49,6 @@ from pyspark_abs.faults import FaultStep
 from pyspark_abs.manifest.entries import EpochDecision, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import closes_group
-from pyspark_abs.operators.schema import KEY_GROUP
 from pyspark_abs.protocol.alignment import align, check_files
 from pyspark_abs.protocol.barrier import MARKER_DDL, BarrierMarker
 from pyspark_abs.protocol.committer import Group, OrderedCommitter
@@ -243,7 +242,7 @@ class EpochCoordinator:
             if decision is EpochDecision.FINISH_REPLAY and prepared is not None:
                 self._join_group(prepared)
             log.info("epoch %d is already decided; the replayed micro-batch is discarded", epoch)
-            reached = {int(r[KEY_GROUP]) for r in batch.select(KEY_GROUP).distinct().collect()}
+            reached = {int(r["key_group"]) for r in batch.select("key_group").distinct().collect()}
             check_replay_reached(
                 self.store,
                 self.epochs,

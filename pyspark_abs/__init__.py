@@ -25,6 +25,7 @@ require_pyspark()
 
 if TYPE_CHECKING:
     from pyspark_abs.admin.savepoints import restore, rollback, write_state
+    from pyspark_abs.admin.tags import tag, untag
     from pyspark_abs.config import AbsConfig
     from pyspark_abs.errors import (
         AbsError,
@@ -83,6 +84,7 @@ __version__ = "0.1.0"
 
 _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.admin.savepoints": ("restore", "rollback", "write_state"),
+    "pyspark_abs.admin.tags": ("tag", "untag"),
     "pyspark_abs.config": ("AbsConfig",),
     "pyspark_abs.faults": ("Fault", "FaultAction", "FaultStep"),
     "pyspark_abs.manifest.entries": ("EpochStatus",),

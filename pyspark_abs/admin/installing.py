@@ -51,11 +51,16 @@ def open_writer(
     )
 
 
-def snapshot_of(epochs: EpochLog, epoch: int, root: str) -> ManifestEntry:
-    """The epoch's entry, which must be a readable snapshot."""
-    entry = epochs.require_snapshot(epoch, root)
-    require_intact(root, epochs, epoch, "It cannot be restored.")
+def snapshot_of(epochs: EpochLog, epoch: int | str, root: str) -> ManifestEntry:
+    """The entry of an epoch, or of a savepoint's name, which must be a readable snapshot."""
+    entry = epochs.require_snapshot(epochs.resolve(epoch, root), root)
+    require_intact(root, epochs, entry.epoch, "It cannot be restored.")
     return entry
+
+
+def shown(epoch: int | str) -> str:
+    """An epoch or a savepoint, as messages name what the user asked for."""
+    return f"savepoint {epoch!r}" if isinstance(epoch, str) else f"epoch {epoch}"
 
 
 def next_epoch(epochs: EpochLog) -> int:

@@ -69,6 +69,8 @@ def expire(root: str, keep_last: int, *, dry_run: bool = False) -> list[int]:
     """Mark all but the newest ``keep_last`` snapshots EXPIRED; return the epochs marked.
 
     The epochs MERGED into an expired snapshot expire with it, in the same manifest commit.
+    Named savepoints (:func:`~pyspark_abs.tag`) never expire; they are kept on top of the
+    newest ``keep_last``.
     With ``dry_run``, return the epochs that would be marked and change nothing.
 
     Raises:
@@ -84,6 +86,7 @@ def expire(root: str, keep_last: int, *, dry_run: bool = False) -> list[int]:
     doomed = [
         epoch
         for snapshot in snapshots[: max(0, len(snapshots) - keep_last)]
+        if not epochs.tags_of(snapshot.epoch)
         for epoch in [*epochs.merged_into(snapshot.epoch), snapshot.epoch]
         if epochs.status(epoch) is not EpochStatus.EXPIRED
     ]

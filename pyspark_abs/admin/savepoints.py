@@ -30,6 +30,7 @@ from pyspark_abs.admin.installing import (
     installed_table,
     next_epoch,
     open_writer,
+    shown,
     snapshot_of,
     write_rows,
 )
@@ -69,8 +70,8 @@ if TYPE_CHECKING:
     from pyspark_abs.operators.contract import Operator
 
 
-def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> SnapshotInfo:
-    """Roll a stopped pipeline back to a committed epoch.
+def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) -> SnapshotInfo:
+    """Roll a stopped pipeline back to a committed epoch or a named savepoint.
 
     State returns to what it was after ``epoch``, every sink table to its Delta version as
     of ``epoch``, and the manifest records a RESTORED epoch. The next start of the pipeline
@@ -80,7 +81,8 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
 
     Args:
         root: The snapshot root.
-        epoch: A COMMITTED or RESTORED epoch of the root.
+        epoch: A COMMITTED or RESTORED epoch of the root, or the name of a savepoint
+            (see :func:`~pyspark_abs.tag`).
         config: File size and injected faults (default: ``AbsConfig()``).
 
     Returns:
@@ -100,14 +102,14 @@ def rollback(root: str, epoch: int, *, config: AbsConfig | None = None) -> Snaps
     writer = open_writer(store, root, None, config)
     writer.recover()
     target = snapshot_of(writer.epochs, epoch, root)
-    require_rewindable(target, root, f"roll back to epoch {epoch}")
+    require_rewindable(target, root, f"roll back to {shown(epoch)}")
     restore_epoch = next_epoch(writer.epochs)
     try:
         return _roll_back(store, writer, target, restore_epoch, config)
     except AbsError as err:
         # name the epoch the user asked for; the restore epoch is an internal number
         raise type(err)(
-            f"rollback of {root} to epoch {epoch} (restore epoch {restore_epoch}): {err}"
+            f"rollback of {root} to {shown(epoch)} (restore epoch {restore_epoch}): {err}"
         ) from None
 
 
@@ -173,7 +175,7 @@ def _sinks_written_later(epochs: EpochLog, target: ManifestEntry) -> dict[str, t
 
 def restore(
     root: str,
-    epoch: int,
+    epoch: int | str,
     into: str,
     *,
     pipeline: str | None = None,
@@ -188,13 +190,13 @@ def restore(
 
     Args:
         root: The snapshot root to copy from.
-        epoch: A COMMITTED or RESTORED epoch of ``root``.
+        epoch: A COMMITTED or RESTORED epoch of ``root``, or the name of a savepoint.
         into: A new snapshot root (it must hold no epochs).
         pipeline: The pipeline ``into`` belongs to (default: the pipeline of ``root``).
         config: File size and injected faults (default: ``AbsConfig()``).
 
     Returns:
-        The RESTORED epoch of ``into``, which has the number ``epoch``.
+        The RESTORED epoch of ``into``, which has the number of the epoch copied.
 
     Raises:
         SnapshotNotFoundError: The root or epoch does not exist or is not a snapshot (for
@@ -208,11 +210,11 @@ def restore(
     store = DeltaStore()
     source = open_writer(store, root, None, config)
     target = snapshot_of(source.epochs, epoch, root)
-    require_rewindable(target, root, f"restore epoch {epoch} into {into}")
+    require_rewindable(target, root, f"restore {shown(epoch)} into {into}")
     if into == root:
         raise SnapshotRootError(
-            f"restore copies a snapshot into another root; to go back to epoch {epoch} in "
-            f"{root} itself, use rollback({root!r}, {epoch})"
+            f"restore copies a snapshot into another root; to go back to {shown(epoch)} in "
+            f"{root} itself, use rollback({root!r}, {epoch!r})"
         )
     name = pipeline or source.pipeline
     origin = f"restored from {root} epoch {target.epoch}"

@@ -27,6 +27,10 @@ committed alone. COMMITTED and RESTORED epochs are snapshots; retention marks th
 longer keeps EXPIRED, together with the epochs merged into them, before vacuum deletes their
 files.
 
+A snapshot can be given names (named savepoints): a TAGGED row gives one, an UNTAGGED row
+takes it away. These rows do not move the epoch; a name names one snapshot at a time, and a
+named snapshot cannot be EXPIRED.
+
 Appends are compare-and-swap: an :class:`EpochLog` knows the manifest version it reflects,
 and :meth:`~pyspark_abs.protocol.epoch_writer.EpochWriter.record_all` commits against that
 version with no conflict retries, so a writer that lost a race to another (a second vacuum, a second
@@ -63,7 +67,14 @@ class EpochStatus(str, Enum):
     RESTORED = "RESTORED"
     MERGED = "MERGED"
     EXPIRED = "EXPIRED"
+    TAGGED = "TAGGED"
+    """A row naming a snapshot (a named savepoint); the epoch's status does not change."""
+    UNTAGGED = "UNTAGGED"
+    """A row taking a snapshot's name away; the epoch's status does not change."""
 
+
+TAG_STATUSES = frozenset({EpochStatus.TAGGED, EpochStatus.UNTAGGED})
+"""Statuses of the rows that name snapshots rather than move an epoch."""
 
 SNAPSHOT_STATUSES = frozenset({EpochStatus.COMMITTED, EpochStatus.RESTORED})
 """Statuses of epochs whose snapshot can be read and restored."""
@@ -128,6 +139,7 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("origin", pa.string()),
     pa.field("snapshot_interval", pa.int32()),
     pa.field("snapshot_epoch", pa.int64()),
+    pa.field("tag", pa.string()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -175,6 +187,8 @@ class ManifestEntry:
         snapshot_epoch: The snapshot whose commit made the epoch's files visible: the
             epoch itself when COMMITTED or RESTORED, the end of its group when MERGED
             (kept when the epoch is EXPIRED); None before the commit.
+        tag: TAGGED and UNTAGGED rows: the savepoint name given to or taken from the
+            epoch's snapshot.
     """
 
     pipeline: str
@@ -209,6 +223,7 @@ class ManifestEntry:
     origin: str | None = None
     snapshot_interval: int | None = None
     snapshot_epoch: int | None = None
+    tag: str | None = None
 
     @property
     def is_restore(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ class SnapshotInfo:
         snapshot_epoch: The snapshot whose commit made the epoch's outputs visible: the
             epoch itself for a snapshot, the end of its group for a MERGED epoch; None
             before the commit.
+        tags: The names of the snapshot (named savepoints), sorted.
     """
 
     epoch: int
@@ -67,10 +68,11 @@ class SnapshotInfo:
     restored_from: int | None = None
     origin: str | None = None
     snapshot_epoch: int | None = None
+    tags: tuple[str, ...] = ()
 
     @classmethod
-    def from_entry(cls, entry: ManifestEntry) -> SnapshotInfo:
-        """The snapshot view of an epoch's latest manifest entry."""
+    def from_entry(cls, entry: ManifestEntry, tags: Sequence[str] = ()) -> SnapshotInfo:
+        """The snapshot view of an epoch's latest manifest entry, with its names."""
         return cls(
             epoch=entry.epoch,
             status=entry.status,
@@ -94,6 +96,7 @@ class SnapshotInfo:
             restored_from=entry.restored_from,
             origin=entry.origin,
             snapshot_epoch=entry.snapshot_epoch,
+            tags=tuple(tags),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,4 +104,5 @@ class SnapshotInfo:
         data = asdict(self)
         data["status"] = self.status.value
         data["recorded_at"] = self.recorded_at.isoformat()
+        data["tags"] = list(self.tags)
         return data

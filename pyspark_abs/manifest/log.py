@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Iterable, Sequence
 
 from pyspark_abs.errors import ManifestError, SnapshotNotFoundError
 from pyspark_abs.manifest.entries import (
     SNAPSHOT_STATUSES,
+    TAG_STATUSES,
     EpochDecision,
     EpochStatus,
     ManifestEntry,
@@ -16,6 +18,8 @@ from pyspark_abs.manifest.entries import (
 )
 
 log = logging.getLogger(__name__)
+
+_TAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,99}")
 
 
 class EpochLog:
@@ -25,6 +29,9 @@ class EpochLog:
     (two vacuums both recorded EXPIRED, two rollbacks both PREPARED one restore epoch, a
     zombie recorded a second COMMITTED). Loading keeps the first one recorded and ignores
     the later ones with a warning (:attr:`duplicates`), instead of refusing the root.
+
+    TAGGED and UNTAGGED rows name snapshots (named savepoints); they are folded after the
+    transitions, in the order they were recorded, into :meth:`tags`.
     """
 
     def __init__(self, entries: Iterable[ManifestEntry] = (), version: int | None = None) -> None:
@@ -45,9 +52,13 @@ class EpochLog:
         self._prepared: dict[int, ManifestEntry] = {}
         self._merged: dict[int, list[int]] = {}
         self._seen: set[tuple[int, EpochStatus]] = set()
+        self._tags: dict[str, int] = {}
         self.duplicates: list[ManifestEntry] = []
         """Later copies of a transition already recorded for their epoch, ignored."""
-        for entry in sorted(entries, key=_order):
+        rows = list(entries)
+        for entry in sorted((e for e in rows if e.status in TAG_STATUSES), key=_when):
+            self._apply_tag(entry)
+        for entry in sorted((e for e in rows if e.status not in TAG_STATUSES), key=_order):
             try:
                 self.record(entry)
             except ManifestError:
@@ -71,6 +82,7 @@ class EpochLog:
         self._prepared = dict(other._prepared)
         self._merged = {k: list(v) for k, v in other._merged.items()}
         self._seen = set(other._seen)
+        self._tags = dict(other._tags)
         self.duplicates = list(other.duplicates)
 
     @property
@@ -83,9 +95,20 @@ class EpochLog:
 
         Raises:
             ManifestError: The transition is not allowed, a PREPARED epoch is not newer
-                than every epoch already decided, or a MERGED epoch names no later snapshot.
+                than every epoch already decided, a MERGED epoch names no later snapshot,
+                a named snapshot would expire, or a name is given twice or taken from a
+                snapshot that does not have it.
         """
+        if entry.status in TAG_STATUSES:
+            self._check_tag(entry)
+            return
         check_transition(entry.epoch, self.status(entry.epoch), entry.status)
+        if entry.status is EpochStatus.EXPIRED and self.tags_of(entry.epoch):
+            raise ManifestError(
+                f"epoch {entry.epoch} is the named savepoint "
+                f"{', '.join(map(repr, self.tags_of(entry.epoch)))}; it cannot expire until "
+                f"the name is removed (pyspark_abs.untag)"
+            )
         if entry.status is EpochStatus.PREPARED:
             latest = self.latest_decided()
             if latest is not None and entry.epoch <= latest.epoch:
@@ -101,9 +124,63 @@ class EpochLog:
                 f"an epoch is merged into the snapshot of a later epoch"
             )
 
+    def copy(self) -> EpochLog:
+        """An independent copy of this log (to try transitions on)."""
+        copied = EpochLog()
+        copied.replace_with(self)
+        return copied
+
+    def check_all(self, entries: Iterable[ManifestEntry]) -> None:
+        """Raise if ``entries`` may not be recorded next, in this order (see :meth:`check`)."""
+        scratch = self.copy()
+        for entry in entries:
+            scratch.record(entry)
+
+    def has_tag_row(self, entry: ManifestEntry) -> bool:
+        """Whether the log already shows what a TAGGED or UNTAGGED row would make it show."""
+        named = self._tags.get(entry.tag or "") == entry.epoch
+        return named if entry.status is EpochStatus.TAGGED else not named
+
+    def _check_tag(self, entry: ManifestEntry) -> None:
+        name = entry.tag or ""
+        if not is_tag_name(name):
+            raise ManifestError(
+                f"{name!r} cannot name a snapshot: a name starts with a letter and has up to "
+                f"100 letters, digits, '_', '.' and '-'"
+            )
+        named = self._tags.get(name)
+        if entry.status is EpochStatus.UNTAGGED:
+            if named != entry.epoch:
+                where = "no snapshot" if named is None else f"epoch {named}"
+                raise ManifestError(
+                    f"{name!r} names {where}, not epoch {entry.epoch}; nothing to untag"
+                )
+            return
+        if named is not None:
+            raise ManifestError(
+                f"{name!r} already names the snapshot of epoch {named}; untag it first, or "
+                f"choose another name"
+            )
+        status = self.status(entry.epoch)
+        if status not in SNAPSHOT_STATUSES:
+            raise ManifestError(
+                f"epoch {entry.epoch} is {status or 'not in the manifest'}; only a COMMITTED "
+                f"or RESTORED snapshot can be named"
+            )
+
+    def _apply_tag(self, entry: ManifestEntry) -> None:
+        assert entry.tag is not None
+        if entry.status is EpochStatus.TAGGED:
+            self._tags[entry.tag] = entry.epoch
+        elif self._tags.get(entry.tag) == entry.epoch:
+            del self._tags[entry.tag]
+
     def record(self, entry: ManifestEntry) -> None:
         """Add a transition after checking it is allowed (see :meth:`check`)."""
         self.check(entry)
+        if entry.status in TAG_STATUSES:
+            self._apply_tag(entry)
+            return
         if entry.status is EpochStatus.PREPARED:
             self._prepared[entry.epoch] = entry
         if entry.status is EpochStatus.MERGED:
@@ -166,6 +243,29 @@ class EpochLog:
             f"epoch {epoch} of snapshot root {root} is {shown}; readable epochs are {readable}"
         )
 
+    def tags(self) -> dict[str, int]:
+        """Named savepoints: each name and the epoch of the snapshot it names."""
+        return dict(sorted(self._tags.items()))
+
+    def tags_of(self, epoch: int) -> list[str]:
+        """The names of the snapshot of ``epoch``, sorted."""
+        return sorted(name for name, named in self._tags.items() if named == epoch)
+
+    def resolve(self, snapshot: int | str, root: str) -> int:
+        """The epoch of ``snapshot``: an epoch number, or the name of a savepoint.
+
+        Raises:
+            SnapshotNotFoundError: No savepoint has that name; the message lists the names.
+        """
+        if not isinstance(snapshot, str):
+            return snapshot
+        if snapshot in self._tags:
+            return self._tags[snapshot]
+        names = ", ".join(repr(n) for n in sorted(self._tags)) or "none"
+        raise SnapshotNotFoundError(
+            f"no savepoint of snapshot root {root} is named {snapshot!r}; the names are {names}"
+        )
+
     def merged_into(self, snapshot: int) -> list[int]:
         """The epochs MERGED into the snapshot of epoch ``snapshot``, oldest first."""
         return sorted(self._merged.get(snapshot, ()))
@@ -202,6 +302,11 @@ class EpochLog:
                 f"belong together"
             )
         return EpochDecision.PROCESS
+
+
+def is_tag_name(name: str) -> bool:
+    """Whether ``name`` can name a savepoint: a letter, then up to 99 of ``[A-Za-z0-9_.-]``."""
+    return _TAG_NAME.fullmatch(name) is not None
 
 
 def epoch_ranges(epochs: Iterable[int]) -> str:
@@ -282,6 +387,10 @@ def check_group(group: Sequence[ManifestEntry]) -> None:
         problem = "its epochs write different tables"
     if problem is not None:
         raise ManifestError(f"epochs {epochs} cannot be committed as one snapshot: {problem}")
+
+
+def _when(entry: ManifestEntry) -> dt.datetime:
+    return entry.recorded_at
 
 
 def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:

@@ -7,17 +7,21 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pyspark.errors import StreamingQueryException
 
+from pyspark_abs.admin.tags import check_name, tag
 from pyspark_abs.errors import (
     AbsError,
+    CommitError,
     ConfigError,
     rebuild_from_text,
 )
 from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.pipeline.connect import (
     ConnectRun,
 )
 from pyspark_abs.protocol.coordinator import EpochCoordinator
+from pyspark_abs.snapshots.reading import Snapshots
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -142,14 +146,49 @@ class PipelineQuery:
                 return stop
         return False
 
-    def stop(self) -> None:
+    def stop(self, *, savepoint: str | None = None) -> SnapshotInfo | None:
         """Stop the query, commit every PREPARED epoch, and stop the committer.
 
         With ``snapshot_interval`` > 1 the open group is committed, so the last PREPARED
         epoch becomes a snapshot; after a failure it is left for the next start to recover.
+
+        Args:
+            savepoint: Name the snapshot the pipeline stopped at, once committed: a named
+                savepoint, which retention keeps and rollback and restore accept (see
+                :func:`~pyspark_abs.tag`).
+
+        Returns:
+            The named snapshot, with ``savepoint``; else None.
+
+        Raises:
+            ConfigError: ``savepoint`` is not a valid name, or already names a snapshot
+                (checked before the query stops).
+            CommitError: With ``savepoint``: the run had failed, so its last epochs are left
+                for the next start and nothing was named.
         """
+        root = self.pipeline.root
+        if savepoint is not None:
+            check_name(savepoint)
+            named = Snapshots(root).tags().get(savepoint)
+            if named is not None:
+                raise ConfigError(
+                    f"savepoint {savepoint!r} of {root} already names epoch {named}; untag it "
+                    f"or choose another name (the pipeline is still running)"
+                )
         self.query.stop()
-        self._finish(failed=self._coordinator.failure is not None)
+        failure = self._coordinator.failure
+        self._finish(failed=failure is not None)
+        if savepoint is None:
+            return None
+        latest = Snapshots(root).latest()
+        if failure is not None or latest is None:
+            raise CommitError(
+                f"pipeline {self.pipeline.name!r} stopped without a snapshot to name "
+                f"{savepoint!r}: "
+                + (f"the run failed ({failure})" if failure is not None else "it has none")
+                + ". Start it again and stop it with the savepoint once an epoch is committed"
+            )
+        return tag(root, latest.epoch, savepoint)
 
     def _finish(self, failed: bool) -> None:
         if self._finished:

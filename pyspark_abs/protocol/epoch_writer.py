@@ -18,7 +18,12 @@ from functools import cached_property
 
 from pyspark_abs.errors import ConcurrentWriteError, ManifestError, SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
+from pyspark_abs.manifest.entries import (
+    TAG_STATUSES,
+    EpochStatus,
+    ManifestEntry,
+    entries_to_table,
+)
 from pyspark_abs.manifest.log import EpochLog, check_group, epoch_ranges, recovery_groups
 from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id
 from pyspark_abs.protocol.lease import Lease, require_no_live_holder
@@ -29,6 +34,10 @@ from pyspark_abs.storage.transactions import app_id
 log = logging.getLogger(__name__)
 
 MANIFEST_RETRIES = 8
+
+_UNFENCED = frozenset({EpochStatus.EXPIRED, *TAG_STATUSES})
+"""Transitions a writer without a lease records even while a run holds the root: they
+change no table (retention's EXPIRED, savepoint names)."""
 """How often a manifest append is retried after other writers appended first."""
 
 
@@ -117,12 +126,9 @@ class EpochWriter:
             if len(set(epochs)) != len(epochs):
                 raise ManifestError(f"{subject}: cannot record {statuses} for one epoch twice")
             pending = list(entries)
-            for entry in pending:
-                self.epochs.check(entry)
+            self.epochs.check_all(pending)
             for _attempt in range(MANIFEST_RETRIES):
-                if self.lease is not None or any(
-                    e.status is not EpochStatus.EXPIRED for e in pending
-                ):
+                if self.lease is not None or any(e.status not in _UNFENCED for e in pending):
                     self.fence(f"{subject} {statuses}")
                 try:
                     version = self.store.append(
@@ -167,9 +173,19 @@ class EpochWriter:
         if self.lease is not None:
             self.fence(what)
         retry = []
+        scratch = self.epochs.copy()
         for entry in entries:
             theirs = self.epochs.latest(entry.epoch)
-            if theirs is not None and _same_outcome(entry, theirs):
+            if entry.status in TAG_STATUSES and self.epochs.has_tag_row(entry):
+                log.info(
+                    "epoch %d: %s %r was recorded meanwhile", entry.epoch, entry.status, entry.tag
+                )
+                continue
+            if (
+                entry.status not in TAG_STATUSES
+                and theirs is not None
+                and _same_outcome(entry, theirs)
+            ):
                 log.info(
                     "epoch %d: %s was recorded by %s meanwhile; not recorded again",
                     entry.epoch,
@@ -178,7 +194,7 @@ class EpochWriter:
                 )
                 continue
             try:
-                self.epochs.check(entry)
+                scratch.record(entry)
             except ManifestError as err:
                 newest = self.epochs.latest_decided()
                 shown = (

@@ -90,24 +90,34 @@ class Snapshots:
                 continue
             if entry.status is EpochStatus.ABORTED and not include_aborted:
                 continue
-            infos.append(SnapshotInfo.from_entry(entry))
+            infos.append(SnapshotInfo.from_entry(entry, log.tags_of(entry.epoch)))
         return sorted(infos, key=lambda i: i.epoch)
 
-    def get(self, epoch: int) -> SnapshotInfo:
-        """One epoch.
+    def get(self, epoch: int | str) -> SnapshotInfo:
+        """One epoch, by number or by the name of its savepoint.
 
         Raises:
-            SnapshotNotFoundError: The epoch is not in the manifest.
+            SnapshotNotFoundError: The epoch is not in the manifest, or no savepoint has
+                that name.
         """
-        entry = self._log().latest(epoch)
+        log = self._log()
+        number = log.resolve(epoch, self.root)
+        entry = log.latest(number)
         if entry is None:
             raise SnapshotNotFoundError(f"epoch {epoch} is not in snapshot root {self.root}")
-        return SnapshotInfo.from_entry(entry)
+        return SnapshotInfo.from_entry(entry, log.tags_of(number))
 
     def latest(self) -> SnapshotInfo | None:
         """The newest readable (COMMITTED or RESTORED) epoch, or None."""
-        snapshots = self._log().snapshots()
-        return SnapshotInfo.from_entry(snapshots[-1]) if snapshots else None
+        log = self._log()
+        snapshots = log.snapshots()
+        if not snapshots:
+            return None
+        return SnapshotInfo.from_entry(snapshots[-1], log.tags_of(snapshots[-1].epoch))
+
+    def tags(self) -> dict[str, int]:
+        """Named savepoints: each name and the epoch it names (see :func:`~pyspark_abs.tag`)."""
+        return self._log().tags()
 
     def operators(self) -> builtins.list[str]:
         """Names of the operators whose state the root holds."""
@@ -137,7 +147,7 @@ class Snapshots:
         """:meth:`metrics` as an Arrow table, without Spark."""
         return metrics_table(self.list(include_aborted=include_aborted))
 
-    def in_flight(self, edge: str, epoch: int | None = None) -> DataFrame:
+    def in_flight(self, edge: str, epoch: int | str | None = None) -> DataFrame:
         """The records in flight on a back-edge in a snapshot: produced, not yet consumed.
 
         A pipeline restored from the snapshot replays exactly these records.
@@ -147,12 +157,12 @@ class Snapshots:
         """
         return self._spark().createDataFrame(self.in_flight_table(edge, epoch))
 
-    def in_flight_table(self, edge: str, epoch: int | None = None) -> pa.Table:
+    def in_flight_table(self, edge: str, epoch: int | str | None = None) -> pa.Table:
         """:meth:`in_flight` as an Arrow table, without Spark."""
         entry = self._committed(epoch, backedge_table(edge), f"back-edge {edge!r}")
         return in_flight(self._store, entry, edge)
 
-    def in_flight_count(self, edge: str, epoch: int | None = None) -> int:
+    def in_flight_count(self, edge: str, epoch: int | str | None = None) -> int:
         """How many records :meth:`in_flight` holds, without reading them."""
         entry = self._committed(epoch, backedge_table(edge), f"back-edge {edge!r}")
         return in_flight_count(self._store, entry, edge)
@@ -164,13 +174,14 @@ class Snapshots:
         return load_dataframe(spark, uri, int(self._store.open(uri).version()))
 
     def state(
-        self, operator: str, epoch: int | None = None, *, with_metadata: bool = False
+        self, operator: str, epoch: int | str | None = None, *, with_metadata: bool = False
     ) -> DataFrame:
         """An operator's state as of a committed epoch, one row per live key.
 
         Args:
             operator: The operator's name.
-            epoch: A COMMITTED or RESTORED epoch; None for the newest.
+            epoch: A COMMITTED or RESTORED epoch, or a savepoint's name; None for the
+                newest.
             with_metadata: Also return ``_key_group``, ``_epoch`` (the epoch of the key's
                 last change) and ``_timeout``.
 
@@ -194,7 +205,7 @@ class Snapshots:
             columns += [KEY_GROUP, EPOCH, TIMEOUT]
         return state.select(*columns)
 
-    def state_table(self, operator: str, epoch: int | None = None) -> pa.Table:
+    def state_table(self, operator: str, epoch: int | str | None = None) -> pa.Table:
         """An operator's state as of a committed epoch as an Arrow table, without Spark.
 
         Columns are the key and state columns, then ``_key_group``, ``_epoch`` (the epoch
@@ -210,7 +221,7 @@ class Snapshots:
         return live.select([*keys, *values, KEY_GROUP, EPOCH, TIMEOUT])
 
     def _state_table(
-        self, operator: str, epoch: int | None
+        self, operator: str, epoch: int | str | None
     ) -> tuple[ManifestEntry, str, builtins.list[str], builtins.list[str]]:
         """The epoch's entry, the state table's location, its key and state columns."""
         table = state_table(operator)
@@ -219,7 +230,7 @@ class Snapshots:
         meta = json.loads(self._store.description(uri) or "{}")
         return entry, uri, meta["key"], meta["state"]
 
-    def sink(self, output: str, epoch: int | None = None) -> DataFrame:
+    def sink(self, output: str, epoch: int | str | None = None) -> DataFrame:
         """A sink table as of a committed epoch.
 
         Raises:
@@ -230,12 +241,16 @@ class Snapshots:
         entry = self._committed(epoch, table, f"output {output!r}")
         return load_dataframe(self._spark(), entry.tables[table], entry.table_versions[table])
 
-    def _committed(self, epoch: int | None, table: str, what: str) -> ManifestEntry:
+    def _committed(self, epoch: int | str | None, table: str, what: str) -> ManifestEntry:
         log = self._log()
         readable = log.snapshots()
         if not readable:
             raise SnapshotNotFoundError(f"snapshot root {self.root} has no committed epoch yet")
-        entry = readable[-1] if epoch is None else log.require_snapshot(epoch, self.root)
+        entry = (
+            readable[-1]
+            if epoch is None
+            else log.require_snapshot(log.resolve(epoch, self.root), self.root)
+        )
         if table not in entry.table_versions:
             known = sorted(entry.table_versions)
             raise SnapshotNotFoundError(

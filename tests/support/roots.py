@@ -48,3 +48,15 @@ def prepared(epoch: int, sink: str, interval: int = 2, run_id: str = "run") -> M
         files=(FileEntry(SINK, f"abs-e{epoch:012d}.parquet", 10, 1, 0),),
         snapshot_interval=interval,
     )
+
+
+def committed_root(tmp_path: Path, epochs: int) -> tuple[str, str, EpochWriter]:
+    """A root whose epochs ``0 .. epochs - 1`` are committed, with its writer."""
+    root, sink = make_root(tmp_path)
+    writer = writer_of(root)
+    for epoch in range(epochs):
+        writer.record(prepared(epoch, sink, interval=1))
+        done = writer.epochs.prepared(epoch)
+        assert done is not None
+        writer.commit([done])
+    return root, sink, writer

@@ -18,10 +18,9 @@ from pyspark_abs.admin.retention import expire
 from pyspark_abs.errors import ManifestError
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
 from pyspark_abs.manifest.table import open_manifest
-from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import race
-from tests.support.roots import PIPELINE, make_root, prepared, writer_of
+from tests.support.roots import PIPELINE, committed_root, make_root, prepared, writer_of
 
 
 def known(entry: ManifestEntry | None) -> ManifestEntry:
@@ -73,15 +72,6 @@ def test_threads_racing_to_prepare_one_epoch_record_it_once(tmp_path: Path) -> N
     assert [e.epoch for e in open_manifest(DeltaStore(), root, PIPELINE).pending()] == list(
         range(6)
     )
-
-
-def committed_root(tmp_path: Path, epochs: int) -> tuple[str, str, EpochWriter]:
-    root, sink = make_root(tmp_path)
-    writer = writer_of(root)
-    for epoch in range(epochs):
-        writer.record(prepared(epoch, sink, interval=1))
-        writer.commit([known(writer.epochs.prepared(epoch))])
-    return root, sink, writer
 
 
 def test_a_zombie_cannot_record_a_second_committed(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 Every command but ``write-state`` works on the Delta tables directly (delta-rs) and starts no
 Spark; ``write-state`` starts a local Spark session to read and check the state it writes.
 Commands that print data take ``--json``. Progress of long operations goes to standard error.
+Wherever an EPOCH is asked for, the name of a savepoint (``tag``) works too.
 
 Exit status: 0 on success, 1 when ``validate`` finds problems, 2 on bad input (unknown
 root, epoch or operator, invalid arguments) with one line saying what is wrong.
@@ -11,9 +12,7 @@ root, epoch or operator, invalid arguments) with one line saying what is wrong.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -22,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark_abs.admin.compaction import compact
 from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.savepoints import restore, rollback, write_state
+from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
+from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_table, rounded, size
 from pyspark_abs.errors import AbsError, ConfigError
-from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES, EpochStatus
+from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.operators.contract import Operator
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, SnapshotRoot, state_table
@@ -68,20 +69,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     command(
         "describe", "show everything the manifest records for an epoch", _describe
-    ).add_argument("epoch", metavar="EPOCH", type=int)
+    ).add_argument("epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP)
     state = command("state", "print an operator's state as of an epoch", _state)
     state.add_argument("operator", metavar="OPERATOR")
-    state.add_argument("--epoch", type=int, help="a committed epoch (default: the newest)")
+    state.add_argument("--epoch", type=_epoch, help=f"{EPOCH_HELP} (default: the newest)")
     state.add_argument("--limit", type=_positive, default=20, help="rows to print (default 20)")
     command("metrics", "print per-epoch snapshot metrics as a table", _metrics).add_argument(
         "--last", type=_positive, help="only the newest N epochs"
     )
     command("validate", "check every retained snapshot; exit 1 if something is broken", _validate)
     command("rollback", "roll the (stopped) pipeline back to an epoch", _rollback).add_argument(
-        "epoch", metavar="EPOCH", type=int
+        "epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP
     )
     copy = command("restore", "copy a snapshot into a new root, to continue there", _restore)
-    copy.add_argument("epoch", metavar="EPOCH", type=int)
+    copy.add_argument("epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP)
     copy.add_argument("--into", required=True, metavar="NEW_ROOT", help="the new snapshot root")
     edit = command(
         "write-state", "write an operator's state from a file as a new snapshot", _write_state
@@ -106,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     edit.add_argument(
         "--clear-timeouts", action="store_true", help="write without _timeout: drop every timer"
     )
+    name = command("tag", "name a snapshot: a savepoint that retention keeps", _tag)
+    name.add_argument("epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP)
+    name.add_argument("name", metavar="NAME", help="the savepoint's name (starts with a letter)")
+    name.add_argument("--move", action="store_true", help="move NAME if it names another epoch")
+    command("untag", "take a savepoint's name away", _untag).add_argument(
+        "name", metavar="NAME", help="the savepoint's name"
+    )
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
     clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
@@ -117,6 +125,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     clean.add_argument("--dry-run", action="store_true", help="list, do not delete")
     return parser
+
+
+EPOCH_HELP = "a committed epoch, or the name of a savepoint"
+
+
+def _epoch(text: str) -> int | str:
+    """An epoch number, or a savepoint's name (names start with a letter)."""
+    return int(text) if text.isdigit() else text
 
 
 def _positive(text: str) -> int:
@@ -136,7 +152,7 @@ def _progress(line: str) -> None:
 def _snapshots(args: argparse.Namespace) -> int:
     infos = Snapshots(args.root).list(include_aborted=args.all)
     if args.json:
-        _print_json([i.to_dict() for i in infos])
+        print_json([i.to_dict() for i in infos])
         return 0
     rows = [
         [
@@ -144,30 +160,31 @@ def _snapshots(args: argparse.Namespace) -> int:
             i.status.value,
             i.recorded_at.strftime("%Y-%m-%d %H:%M:%S"),
             str(sum(i.rows.values())),
-            _or_dash(i.state_keys),
-            _ms(i.batch_ms),
-            _ms(i.commit_ms),
-            i.origin or i.error or _merged(i.status, i.snapshot_epoch),
+            or_dash(i.state_keys),
+            ms(i.batch_ms),
+            ms(i.commit_ms),
+            ", ".join(x for x in (*(f"savepoint {t!r}" for t in i.tags), i.origin or i.error) if x)
+            or merged(i.status, i.snapshot_epoch),
         ]
         for i in infos
     ]
-    _print_table(["epoch", "status", "recorded", "rows", "keys", "batch", "commit", "note"], rows)
+    print_table(["epoch", "status", "recorded", "rows", "keys", "batch", "commit", "note"], rows)
     return 0
 
 
 def _describe(args: argparse.Namespace) -> int:
     snapshots = Snapshots(args.root)
     info = snapshots.get(args.epoch)
-    data = _rounded(info.to_dict())
+    data = rounded(info.to_dict())
     tables = [t for t in info.table_versions if t.startswith(BACKEDGE_PREFIX)]
     edges = [t.removeprefix(BACKEDGE_PREFIX) for t in tables]
     if info.status in SNAPSHOT_STATUSES and edges:
         data["in_flight"] = {e: snapshots.in_flight_count(e, info.epoch) for e in edges}
     if args.json:
-        _print_json(data)
+        print_json(data)
         return 0
     for name, value in data.items():
-        if value in (None, {}, ""):
+        if value in (None, {}, "", []):
             continue
         if isinstance(value, dict):
             print(f"{name}:")
@@ -184,21 +201,21 @@ def _metrics(args: argparse.Namespace) -> int:
         table = table.slice(max(table.num_rows - args.last, 0))
     rows = table.to_pylist()
     if args.json:
-        _print_json(_rounded(rows))
+        print_json(rounded(rows))
         return 0
     timings = ("batch_ms", "precommit_ms", "align_wait_ms", "align_ms", "prepare_ms", "commit_ms")
     header = ["epoch", "status", "rows", "bytes", "keys", "batch", "pre-commit", "align wait"]
-    _print_table(
+    print_table(
         [*header, "align", "prepare", "commit", "pending"],
         [
             [
                 str(r["epoch"]),
                 r["status"],
                 str(r["rows"]),
-                _bytes(r["bytes"]),
-                _or_dash(r["state_keys"]),
-                *(_ms(r[t]) for t in timings),
-                _or_dash(r["pending_epochs"]),
+                size(r["bytes"]),
+                or_dash(r["state_keys"]),
+                *(ms(r[t]) for t in timings),
+                or_dash(r["pending_epochs"]),
             ]
             for r in rows
         ],
@@ -210,18 +227,36 @@ def _state(args: argparse.Namespace) -> int:
     table = Snapshots(args.root).state_table(args.operator, args.epoch)
     rows = table.slice(0, args.limit).to_pylist()
     if args.json:
-        _print_json(rows)
+        print_json(rows)
         return 0
-    _print_table(table.column_names, [[_cell(r[c]) for c in table.column_names] for r in rows])
+    print_table(table.column_names, [[cell(r[c]) for c in table.column_names] for r in rows])
     if table.num_rows > args.limit:
         print(f"({table.num_rows} keys, {args.limit} shown)")
+    return 0
+
+
+def _tag(args: argparse.Namespace) -> int:
+    info = tag(args.root, args.epoch, args.name, move=args.move)
+    if args.json:
+        print_json(info.to_dict())
+    else:
+        print(f"epoch {info.epoch} is savepoint {args.name!r}; retention keeps it while named")
+    return 0
+
+
+def _untag(args: argparse.Namespace) -> int:
+    epoch = untag(args.root, args.name)
+    if args.json:
+        print_json({"epoch": epoch, "untagged": args.name})
+    else:
+        print(f"epoch {epoch} is no longer savepoint {args.name!r}")
     return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
     problems = validate(args.root, progress=_progress)
     if args.json:
-        _print_json({"ok": not problems, "problems": [asdict(p) for p in problems]})
+        print_json({"ok": not problems, "problems": [asdict(p) for p in problems]})
     elif problems:
         print(f"{len(problems)} problem(s) in {args.root}:")
         for problem in problems:
@@ -234,7 +269,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     info = rollback(args.root, args.epoch)
     if args.json:
-        _print_json(info.to_dict())
+        print_json(info.to_dict())
     else:
         print(
             f"epoch {info.epoch} RESTORED from epoch {info.restored_from}; the next start "
@@ -246,7 +281,7 @@ def _rollback(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace) -> int:
     info = restore(args.root, args.epoch, args.into)
     if args.json:
-        _print_json(info.to_dict())
+        print_json(info.to_dict())
     else:
         print(
             f"epoch {info.epoch} of {args.into} RESTORED from epoch {info.restored_from} of "
@@ -272,7 +307,7 @@ def _write_state(args: argparse.Namespace) -> int:
         state, root, operator, pipeline=args.pipeline, clear_timeouts=args.clear_timeouts
     )
     if args.json:
-        _print_json(info.to_dict())
+        print_json(info.to_dict())
     else:
         print(
             f"epoch {info.epoch} RESTORED with the state of operator {operator.name!r} from "
@@ -347,7 +382,7 @@ def _read_state(
 def _compact(args: argparse.Namespace) -> int:
     results = compact(args.root, progress=_progress)
     if args.json:
-        _print_json([asdict(r) for r in results])
+        print_json([asdict(r) for r in results])
         return 0
     for r in results:
         if r.skipped is not None:
@@ -377,7 +412,7 @@ def _vacuum(args: argparse.Namespace) -> int:
         progress=_progress,
     )
     if args.json:
-        _print_json(asdict(report))
+        print_json(asdict(report))
         return 0
     expire, delete = ("would expire", "would delete") if report.dry_run else ("expired", "deleted")
     if report.expired:
@@ -391,58 +426,3 @@ def _vacuum(args: argparse.Namespace) -> int:
     if report.kept_in_flight:
         print(f"kept {report.kept_in_flight} unreferenced file(s) that may still be committed")
     return 0
-
-
-def _merged(status: EpochStatus, snapshot_epoch: int | None) -> str:
-    return f"merged into snapshot {snapshot_epoch}" if status is EpochStatus.MERGED else ""
-
-
-def _rounded(value: Any) -> Any:
-    """``value`` with its floats (durations in ms) rounded to a tenth."""
-    if isinstance(value, float):
-        return round(value, 1)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    return value
-
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, default=_json_default, indent=2))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)
-
-
-def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
-    for line in [header, *rows]:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        )
-
-
-def _cell(value: Any) -> str:
-    return "null" if value is None else str(value)
-
-
-def _or_dash(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} ms"
-
-
-def _bytes(value: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}"
-        value //= 1024
-    return f"{value} GiB"

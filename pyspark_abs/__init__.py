@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         SnapshotRootError,
         SourceError,
         StateEncodingError,
+        StateEvolutionError,
         StateNotSetError,
         StateTooLargeError,
         StorageError,
@@ -70,8 +71,10 @@ if TYPE_CHECKING:
         TimeoutMode,
         vectorized_operator,
     )
+    from pyspark_abs.operators.evolution import StateEvolution
     from pyspark_abs.operators.per_key import KeyState, operator
     from pyspark_abs.pipeline.backedge import BackEdge
+    from pyspark_abs.pipeline.check import UpgradeReport, check
     from pyspark_abs.pipeline.declaration import Pipeline, Quiescence
     from pyspark_abs.pipeline.query import PipelineQuery
     from pyspark_abs.pipeline.sinks import DeltaSink
@@ -97,8 +100,10 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
         "TimeoutMode",
         "vectorized_operator",
     ),
+    "pyspark_abs.operators.evolution": ("StateEvolution",),
     "pyspark_abs.operators.per_key": ("KeyState", "operator"),
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
+    "pyspark_abs.pipeline.check": ("UpgradeReport", "check"),
     "pyspark_abs.pipeline.declaration": ("Pipeline", "Quiescence"),
     "pyspark_abs.pipeline.sinks": ("DeltaSink",),
     "pyspark_abs.pipeline.query": ("PipelineQuery",),

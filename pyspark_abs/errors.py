@@ -126,6 +126,10 @@ class TableSchemaError(DefinitionError):
     """An existing state or sink table has a schema that differs from the declared one."""
 
 
+class StateEvolutionError(TableSchemaError):
+    """Stored state differs from the declared state schema in a way no declared rule allows."""
+
+
 class ManifestError(ProtocolError):
     """The manifest is unreadable or an epoch transition is not allowed."""
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from pyspark_abs.admin.validation import require_intact
 from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import OperatorDefinitionError, TableSchemaError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
@@ -18,13 +19,18 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.envelope import Kind
+from pyspark_abs.operators.keys import key_arrays, repeated
+from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import DELETED, EPOCH
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.snapshots.reading import state_table_description
 from pyspark_abs.sources.backedge_log import in_flight
+from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, SnapshotRoot
-from pyspark_abs.storage.schemas import arrow_schema
-from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, SnapshotRoot, state_table
+from pyspark_abs.storage.schemas import arrow_schema, delta_schema_json
+from pyspark_abs.storage.store import DeltaStore, TableSpec
 
 
 def open_writer(
@@ -86,10 +92,20 @@ def installed_table(
 
 
 def write_rows(
-    store: DeltaStore, table: str, uri: str, rows: pa.Table, epoch: int, config: AbsConfig
+    store: DeltaStore,
+    table: str,
+    uri: str,
+    rows: pa.Table,
+    epoch: int,
+    config: AbsConfig,
+    schema: pa.Schema | None = None,
 ) -> list[FileEntry]:
-    """Write ``rows`` as the files a restore epoch commits to one table."""
-    schema = arrow_schema(store.open(uri))
+    """Write ``rows`` as the files a restore epoch commits to one table.
+
+    ``schema`` is the table's schema after the restore epoch (default: its current one);
+    record it with :func:`install_tables`'s ``schemas``.
+    """
+    schema = schema if schema is not None else arrow_schema(store.open(uri))
     kind = Kind.STATE if table.startswith(STATE_PREFIX) else Kind.OUTPUT
     target = TableTarget(table, uri, kind, 0, schema, schema)
     return write_files(target, rows, file_prefix(epoch, "restore"), config.target_file_bytes)
@@ -107,11 +123,13 @@ def install_tables(
     origin: str,
     key_groups: int | None = None,
     state_keys: int | None = None,
+    schemas: Mapping[str, pa.Schema] | None = None,
 ) -> SnapshotInfo:
     """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
 
     ``target`` is the snapshot the restore epoch continues from (its offsets, watermark
-    and counts are kept), or None for a bootstrap.
+    and counts are kept), or None for a bootstrap. ``schemas`` gives the tables whose
+    schema the installed files change (a state migration, or a rollback across one).
     """
     prepared = ManifestEntry(
         pipeline=writer.pipeline,
@@ -131,6 +149,7 @@ def install_tables(
         restored_from=_of(target, "epoch"),
         restore_versions=dict(restore_versions),
         origin=origin,
+        table_schemas={t: delta_schema_json(s) for t, s in (schemas or {}).items()},
     )
     writer.record(prepared)
     writer.faults.at(FaultStep.AFTER_PREPARED, epoch)
@@ -139,3 +158,93 @@ def install_tables(
 
 def _of(entry: ManifestEntry | None, name: str) -> Any:
     return getattr(entry, name) if entry is not None else None
+
+
+def require_one_row_per_key(rows: pa.Table, keys: Sequence[str], what: str) -> None:
+    """Refuse state rows that hold a key more than once.
+
+    Raises:
+        OperatorDefinitionError: A key occurs more than once; a few are named.
+    """
+    (codes,) = key_arrays([rows], keys)
+    doubled = repeated(codes)
+    if doubled.any():
+        sample = rows.filter(pa.array(doubled)).select(list(keys)).slice(0, 5)
+        raise OperatorDefinitionError(
+            f"{what} has {int(doubled.sum())} rows whose key occurs more than once, e.g. "
+            f"{sample.to_pylist()}; keep one row per key"
+        )
+
+
+def install_state(
+    writer: EpochWriter,
+    plan: OperatorPlan,
+    rows: pa.Table,
+    *,
+    action: str,
+    origin: str,
+    config: AbsConfig,
+) -> SnapshotInfo:
+    """Install ``rows`` as an operator's whole state, in a restore epoch after the newest one.
+
+    ``rows`` holds the key and state columns, ``_key_group`` and ``_timeout``, one row per
+    key. The state table takes the plan's schema (old versions keep theirs); sinks stay as
+    of the newest snapshot, whose versions the restore epoch records so that a rollback to
+    it rewinds them too; back-edge records in flight there stay in flight.
+
+    Raises:
+        SourceError: The newest snapshot was read from a source that cannot be rewound
+            (nothing is changed; ``action`` says what was refused).
+        TableSchemaError: The state table holds state under other key columns.
+    """
+    store, root = writer.store, writer.root
+    latest = writer.epochs.snapshots()
+    previous = latest[-1] if latest else None
+    if previous is not None:
+        require_rewindable(previous, root, action)
+    epoch = next_epoch(writer.epochs)
+    table = state_table(plan.name)
+    uri = SnapshotRoot(root).table_uri(table)
+    schema = plan.state_table_schema
+    if store.exists(uri):
+        keys = json.loads(store.description(uri) or "{}").get("key")
+        if keys != list(plan.key_columns):
+            raise TableSchemaError(
+                f"cannot {action}: the state table at {uri} holds state keyed by {keys}, the "
+                f"operator is keyed by {list(plan.key_columns)}; use a new snapshot root"
+            )
+    else:
+        store.ensure_table(TableSpec(table, uri, schema, (), state_table_description(plan)))
+    installed = rows.append_column(
+        pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
+    ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
+    files = write_rows(store, table, uri, installed, epoch, config, schema)
+    tables, counts = {table: uri}, {table: installed.num_rows}
+    sinks: dict[str, int] = {}
+    for other, other_uri in (previous.tables if previous is not None else {}).items():
+        if other.startswith(BACKEDGE_PREFIX):
+            # Records in flight on back-edges stay in flight: the next run replays them.
+            assert previous is not None
+            records = installed_table(store, other, other_uri, previous)
+            assert records is not None
+            files += write_rows(store, other, other_uri, records, epoch, config)
+            tables[other], counts[other] = other_uri, records.num_rows
+        elif (
+            previous is not None
+            and other in previous.table_versions
+            and not other.startswith(STATE_PREFIX)
+        ):
+            tables[other], sinks[other] = other_uri, previous.table_versions[other]
+    return install_tables(
+        writer,
+        previous,
+        epoch,
+        tables=tables,
+        files=files,
+        rows=counts,
+        restore_versions=sinks,
+        origin=origin,
+        key_groups=config.key_groups,
+        state_keys=installed.num_rows,
+        schemas={table: schema},
+    )

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pyspark_abs.admin.installing import (
+    install_state,
     install_tables,
     installed_table,
     next_epoch,
     open_writer,
+    require_one_row_per_key,
     shown,
     snapshot_of,
     write_rows,
@@ -37,7 +39,6 @@ from pyspark_abs.admin.installing import (
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
-    OperatorDefinitionError,
     PipelineMismatchError,
     SchemaMismatchError,
     SnapshotDamagedError,
@@ -48,18 +49,14 @@ from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.keygroups import key_group_column
-from pyspark_abs.operators.keys import key_arrays, repeated
-from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
+from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
 from pyspark_abs.protocol.epoch_writer import EpochWriter
-from pyspark_abs.snapshots.reading import state_table_description
 from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import (
-    BACKEDGE_PREFIX,
     SINK_PREFIX,
     STATE_PREFIX,
     SnapshotRoot,
-    state_table,
 )
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
@@ -123,11 +120,16 @@ def _roll_back(
     """Record and commit ``restore_epoch``, which installs ``target`` in the root again."""
     files: list[FileEntry] = []
     rows: dict[str, int] = {}
+    schemas: dict[str, pa.Schema] = {}
     for table, uri in target.tables.items():
         installed = installed_table(store, table, uri, target)
         if installed is not None:
-            files += write_rows(store, table, uri, installed, restore_epoch, config)
+            # a state table takes its schema as of the target back (a migration since)
+            schema = installed.schema if table.startswith(STATE_PREFIX) else None
+            files += write_rows(store, table, uri, installed, restore_epoch, config, schema)
             rows[table] = installed.num_rows
+            if schema is not None:
+                schemas[table] = schema
     restore_versions = {t: v for t, v in target.table_versions.items() if t not in rows}
     tables = dict(target.tables)
     for table, (uri, version) in _sinks_written_later(writer.epochs, target).items():
@@ -142,6 +144,7 @@ def _roll_back(
         rows=rows,
         restore_versions=restore_versions,
         origin=f"rollback to epoch {target.epoch}",
+        schemas=schemas,
     )
 
 
@@ -235,9 +238,15 @@ def restore(
         if installed is None:
             continue
         new_uri = f"{into}/{table}"
-        existing = store.open(uri)
+        schema = installed.schema if table.startswith(STATE_PREFIX) else None
         store.ensure_table(
-            TableSpec(table, new_uri, arrow_schema(existing), (), store.description(uri))
+            TableSpec(
+                table,
+                new_uri,
+                schema if schema is not None else arrow_schema(store.open(uri)),
+                (),
+                store.description(uri),
+            )
         )
         files += write_rows(store, table, new_uri, installed, target.epoch, config)
         tables[table] = new_uri
@@ -270,9 +279,10 @@ def write_state(
     snapshots, the new snapshot replaces the operator's state and keeps the sinks and source
     offsets of the newest snapshot: read the state with
     ``Snapshots.state(operator, with_metadata=True)`` (which has ``_timeout``), fix it with
-    DataFrame code, write it back. On a new root, it bootstraps a pipeline with initial state
-    (a new root is also the way to change the state schema: declare the new schema on
-    ``operator``).
+    DataFrame code, write it back. On a new root, it bootstraps a pipeline with initial state.
+    The state table takes ``operator``'s state schema, whatever it held before (earlier
+    snapshots keep theirs); to migrate state by rules instead, declare
+    :class:`~pyspark_abs.StateEvolution` on the operator.
 
     Args:
         state: One row per key.
@@ -290,7 +300,7 @@ def write_state(
         SchemaMismatchError: Columns are missing or do not fit the declared schema.
         OperatorDefinitionError: ``state`` has a key more than once.
         SourceError: The newest snapshot was read from a source that cannot be rewound.
-        TableSchemaError: The root's state table has another schema.
+        TableSchemaError: The root's state table is keyed by other columns.
         PipelineMismatchError: ``pipeline`` differs from the root's pipeline.
     """
     from pyspark.sql import functions as F
@@ -336,57 +346,14 @@ def write_state(
         timeout.cast("long").alias(TIMEOUT),
     )
     rows = selected.toArrow()
-    (keys,) = key_arrays([rows], plan.key_columns)
-    doubled = repeated(keys)
-    if doubled.any():
-        sample = rows.filter(pa.array(doubled)).select(list(plan.key_columns)).slice(0, 5)
-        raise OperatorDefinitionError(
-            f"state for operator {operator.name!r} has {int(doubled.sum())} rows whose key "
-            f"occurs more than once, e.g. {sample.to_pylist()}; keep one row per key"
-        )
+    require_one_row_per_key(rows, plan.key_columns, f"state for operator {operator.name!r}")
     writer = open_writer(store, root, name, config)
     writer.recover()
-    latest = writer.epochs.snapshots()
-    previous = latest[-1] if latest else None
-    if previous is not None:
-        require_rewindable(previous, root, f"write state for operator {operator.name!r}")
-    epoch = next_epoch(writer.epochs)
-    table = state_table(operator.name)
-    uri = SnapshotRoot(root).table_uri(table)
-    store.ensure_table(
-        TableSpec(table, uri, plan.state_table_schema, (), state_table_description(plan))
-    )
-    installed = rows.append_column(
-        pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
-    ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
-    files = write_rows(store, table, uri, installed, epoch, config)
-    tables, counts = {table: uri}, {table: installed.num_rows}
-    sinks: dict[str, int] = {}
-    for other, other_uri in (previous.tables if previous is not None else {}).items():
-        if other.startswith(BACKEDGE_PREFIX):
-            # Records in flight on back-edges stay in flight: the next run replays them.
-            assert previous is not None
-            records = installed_table(store, other, other_uri, previous)
-            assert records is not None
-            files += write_rows(store, other, other_uri, records, epoch, config)
-            tables[other], counts[other] = other_uri, records.num_rows
-        elif (
-            previous is not None
-            and other in previous.table_versions
-            and not other.startswith(STATE_PREFIX)
-        ):
-            # Sinks stay as of the snapshot the state continues, and the new snapshot
-            # records their versions, so that a rollback to it rewinds them too.
-            tables[other], sinks[other] = other_uri, previous.table_versions[other]
-    return install_tables(
+    return install_state(
         writer,
-        previous,
-        epoch,
-        tables=tables,
-        files=files,
-        rows=counts,
-        restore_versions=sinks,
+        plan,
+        rows,
+        action=f"write state for operator {operator.name!r}",
         origin=f"state of operator {operator.name!r} written by write_state",
-        key_groups=config.key_groups,
-        state_keys=installed.num_rows,
+        config=config,
     )

@@ -1,12 +1,14 @@
 """The ``pyspark-abs`` command: inspect, validate and maintain snapshot roots.
 
-Every command but ``write-state`` works on the Delta tables directly (delta-rs) and starts no
-Spark; ``write-state`` starts a local Spark session to read and check the state it writes.
+Every command but ``write-state`` and ``check`` works on the Delta tables directly (delta-rs)
+and starts no Spark; ``write-state`` starts a local Spark session to read and check the state
+it writes, and ``check`` imports a pipeline definition, which builds its own.
 Commands that print data take ``--json``. Progress of long operations goes to standard error.
 Wherever an EPOCH is asked for, the name of a savepoint (``tag``) works too.
 
-Exit status: 0 on success, 1 when ``validate`` finds problems, 2 on bad input (unknown
-root, epoch or operator, invalid arguments) with one line saying what is wrong.
+Exit status: 0 on success, 1 when ``validate`` finds problems or ``check`` finds a change a
+start would refuse, 3 when ``check`` finds state a start would migrate, 2 on bad input
+(unknown root, epoch or operator, invalid arguments) with one line saying what is wrong.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.operators.contract import Operator
+from pyspark_abs.pipeline.check import check
+from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, SnapshotRoot, state_table
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
@@ -113,6 +117,15 @@ def _parser() -> argparse.ArgumentParser:
     name.add_argument("--move", action="store_true", help="move NAME if it names another epoch")
     command("untag", "take a savepoint's name away", _untag).add_argument(
         "name", metavar="NAME", help="the savepoint's name"
+    )
+    upgrade = command(
+        "check", "report what starting a new pipeline definition on ROOT would do", _check
+    )
+    upgrade.add_argument(
+        "--pipeline",
+        required=True,
+        metavar="MODULE:NAME",
+        help="a pyspark_abs Pipeline, or a function of no arguments returning one",
     )
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
@@ -317,20 +330,48 @@ def _write_state(args: argparse.Namespace) -> int:
 
 
 def _operator(reference: str) -> Operator:
-    module_name, _, attribute = reference.partition(":")
-    try:
-        value = getattr(importlib.import_module(module_name), attribute) if attribute else None
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(
-            f"--operator {reference!r} cannot be loaded ({err}); give MODULE:NAME of a "
-            f"pyspark_abs Operator importable from here (check PYTHONPATH)"
-        ) from None
+    value = _load(reference, "--operator", "a pyspark_abs Operator")
     if not isinstance(value, Operator):
         raise ConfigError(
             f"--operator {reference!r} is not a pyspark_abs Operator; give MODULE:NAME of one "
             f"built with @operator or @vectorized_operator"
         )
     return value
+
+
+def _check(args: argparse.Namespace) -> int:
+    value = _load(args.pipeline, "--pipeline", "a pyspark_abs Pipeline")
+    if callable(value) and not isinstance(value, Pipeline):
+        value = value()
+    if not isinstance(value, Pipeline):
+        raise ConfigError(
+            f"--pipeline {args.pipeline!r} is neither a pyspark_abs Pipeline nor a function "
+            f"returning one, got {type(value).__name__}"
+        )
+    report = check(value, args.root)
+    if args.json:
+        items = [{**asdict(i), "verdict": i.verdict.value} for i in report.items]
+        print_json({"exit_code": report.exit_code, "items": items})
+        return report.exit_code
+    rows = []
+    for item in report.items:
+        details = item.details or ("",)
+        rows.append([item.kind, item.name, item.verdict.value, details[0]])
+        rows += [["", "", "", line] for line in details[1:]]
+    print_table(["KIND", "NAME", "VERDICT", "DETAILS"], rows)
+    return report.exit_code
+
+
+def _load(reference: str, option: str, what: str) -> Any:
+    """The object ``MODULE:NAME`` names."""
+    module_name, _, attribute = reference.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute) if attribute else None
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            f"{option} {reference!r} cannot be loaded ({err}); give MODULE:NAME of {what} "
+            f"importable from here (check PYTHONPATH)"
+        ) from None
 
 
 def _format_of(path: str) -> str:

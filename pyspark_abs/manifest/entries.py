@@ -140,6 +140,7 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("snapshot_interval", pa.int32()),
     pa.field("snapshot_epoch", pa.int64()),
     pa.field("tag", pa.string()),
+    pa.field("table_schemas", _STR_MAP),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -189,6 +190,9 @@ class ManifestEntry:
             (kept when the epoch is EXPIRED); None before the commit.
         tag: TAGGED and UNTAGGED rows: the savepoint name given to or taken from the
             epoch's snapshot.
+        table_schemas: Restore epochs: the Delta schema (JSON) each state table and
+            back-edge log takes with the installed files; a migration or a rollback across
+            one changes it.
     """
 
     pipeline: str
@@ -224,6 +228,7 @@ class ManifestEntry:
     snapshot_interval: int | None = None
     snapshot_epoch: int | None = None
     tag: str | None = None
+    table_schemas: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def is_restore(self) -> bool:
@@ -254,7 +259,7 @@ class ManifestEntry:
         return replace(self, status=status, recorded_at=dt.datetime.now(dt.timezone.utc), **changes)
 
 
-_MAP_FIELDS = ("tables", "table_versions", "rows", "bytes", "restore_versions")
+_MAP_FIELDS = ("tables", "table_versions", "rows", "bytes", "restore_versions", "table_schemas")
 
 
 def entries_to_table(entries: Iterable[ManifestEntry]) -> pa.Table:

@@ -18,6 +18,7 @@ from typing import TypeAlias
 import pandas as pd
 
 from pyspark_abs.errors import OperatorDefinitionError
+from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import RESERVED_COLUMNS, SchemaLike
 
 DEFAULT_OUTPUT = "output"
@@ -116,6 +117,7 @@ class Operator:
         function: The key-group function; for an operator declared per key, the adapter
             around the per-key function.
         timeout: The clock key timeouts follow.
+        evolution: How state stored by an earlier version becomes ``state_schema``.
     """
 
     name: str
@@ -124,6 +126,7 @@ class Operator:
     outputs: tuple[tuple[str, SchemaLike], ...]
     function: KeyGroupFunction = field(repr=False)
     timeout: TimeoutMode = TimeoutMode.NONE
+    evolution: StateEvolution | None = None
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -139,6 +142,7 @@ def vectorized_operator(
     outputs: Mapping[str, SchemaLike] | None = None,
     timeout: TimeoutMode | str = TimeoutMode.NONE,
     name: str | None = None,
+    evolution: StateEvolution | None = None,
 ) -> Callable[[KeyGroupFunction], Operator]:
     """Declare a vectorized operator: ``fn(rows, state, ctx) -> KeyGroupResult``.
 
@@ -163,7 +167,10 @@ def vectorized_operator(
         output_schema: Schema of the single output, named ``"output"``.
         outputs: Several named outputs with their schemas (instead of ``output_schema``).
         timeout: ``"none"``, ``"processing_time"`` or ``"event_time"``.
-        name: Operator id; defaults to the function's name.
+        name: Operator id; defaults to the function's name. It names the state table, so
+            keep it when the function is renamed.
+        evolution: How state stored by an earlier version of the operator becomes
+            ``state_schema``; the next start migrates it once (see :class:`StateEvolution`).
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
@@ -178,6 +185,7 @@ def vectorized_operator(
             outputs=outputs,
             timeout=timeout,
             name=name,
+            evolution=evolution,
         )
 
     return build
@@ -192,6 +200,7 @@ def declare(
     outputs: Mapping[str, SchemaLike] | None,
     timeout: TimeoutMode | str,
     name: str | None,
+    evolution: StateEvolution | None = None,
 ) -> Operator:
     """Check a declaration and build its :class:`Operator` (see :func:`vectorized_operator`).
 
@@ -243,6 +252,11 @@ def declare(
             f"operator {op_name!r}: timeout must be one of "
             f"{[m.value for m in TimeoutMode]}, got {timeout!r}"
         ) from None
+    if evolution is not None and not isinstance(evolution, StateEvolution):
+        raise OperatorDefinitionError(
+            f"operator {op_name!r}: evolution= must be a StateEvolution, got "
+            f"{type(evolution).__name__}"
+        )
     return Operator(
         name=op_name,
         key=keys,
@@ -250,4 +264,5 @@ def declare(
         outputs=declared,
         function=fn,
         timeout=mode,
+        evolution=evolution,
     )

@@ -31,6 +31,7 @@ from pyspark_abs.operators.contract import (
     TimeoutMode,
     declare,
 )
+from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import TIMEOUT, SchemaLike, check_columns, check_names
 
 Rows: TypeAlias = "pd.DataFrame | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None"
@@ -234,6 +235,7 @@ def operator(
     outputs: Mapping[str, SchemaLike] | None = None,
     timeout: TimeoutMode | str = TimeoutMode.NONE,
     name: str | None = None,
+    evolution: StateEvolution | None = None,
 ) -> Callable[[PerKeyFunction], Operator]:
     """Declare a per-key operator: ``fn(key, rows, state)``.
 
@@ -266,6 +268,7 @@ def operator(
             outputs=outputs,
             timeout=timeout,
             name=name,
+            evolution=evolution,
         )
         return replace(declared, function=PerKeyAdapter(fn, declared.key, declared.timeout))
 

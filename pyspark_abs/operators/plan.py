@@ -223,11 +223,14 @@ def resolve_plan(
         (out, to_arrow(resolve_struct(schema, f"operator {operator.name!r} output {out!r}")))
         for out, schema in operator.outputs
     )
+    state_schema = to_arrow(state, nullable=True)
+    if operator.evolution is not None:
+        operator.evolution.check(operator.name, operator.key, state_schema)
     return OperatorPlan(
         name=operator.name,
         key_columns=operator.key,
         input_schema=to_arrow(source.schema),
-        state_schema=to_arrow(state, nullable=True),
+        state_schema=state_schema,
         outputs=outputs,
         timeout=operator.timeout,
         function=operator.function,

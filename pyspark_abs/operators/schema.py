@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
@@ -66,6 +66,14 @@ def to_arrow(struct: StructType, *, nullable: bool = False) -> pa.Schema:
 def to_spark(schema: pa.Schema) -> StructType:
     """The Spark schema of an Arrow schema."""
     return from_arrow_schema(schema)
+
+
+def ddl_type(kind: pa.DataType) -> str:
+    """An Arrow type as Spark DDL names it (``int``, ``bigint``, ``decimal(10,2)``)."""
+    try:
+        return str(from_arrow_type(kind).simpleString())
+    except TypeError:
+        return str(kind)
 
 
 def check_columns(
@@ -210,3 +218,27 @@ def frame_to_arrow(
             )
         arrays.append(array)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Type equality that ignores field nullability and Arrow's large/view variants."""
+    normalize: dict[pa.DataType, pa.DataType] = {
+        pa.large_string(): pa.string(),
+        pa.string_view(): pa.string(),
+        pa.large_binary(): pa.binary(),
+        pa.binary_view(): pa.binary(),
+    }
+    a, b = normalize.get(a, a), normalize.get(b, b)
+    if pa.types.is_nested(a) and pa.types.is_nested(b):
+        return str(_strip_nullability(a)) == str(_strip_nullability(b))
+    return bool(a.equals(b))
+
+
+def _strip_nullability(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _strip_nullability(f.type)) for f in kind])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(_strip_nullability(kind.value_type))
+    if pa.types.is_map(kind):
+        return pa.map_(_strip_nullability(kind.key_type), _strip_nullability(kind.item_type))
+    return kind

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from pyspark_abs.admin.migration import migrate_state
 from pyspark_abs.admin.validation import require_sound_start
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
@@ -220,6 +221,8 @@ class Pipeline:
             PipelineMismatchError: The root or checkpoint belongs to another pipeline or
                 checkpoint.
             TableSchemaError: An existing table has another schema.
+            StateEvolutionError: The stored state has another schema than the operator
+                declares, and its ``evolution=`` does not cover the difference.
         """
         return self._start(processing_time, available_now, epoch_limit=None)
 
@@ -262,6 +265,7 @@ class Pipeline:
             )
             if self.config.snapshots:
                 recovered = writer.recover()
+                migrate_state(writer, self.plan, self.operator.evolution, self.spark, self.config)
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
                 self._check_key_groups(lineage)
             for spec in table_specs(layout, self.plan):

@@ -302,7 +302,13 @@ class EpochWriter:
             else:
                 files = {e.epoch: [f for f in e.files if f.table == table] for e in group}
                 version = self.store.commit_files(
-                    uri, files, txn, epoch, overwrite=end.is_restore, root=self.root
+                    uri,
+                    files,
+                    txn,
+                    epoch,
+                    overwrite=end.is_restore,
+                    schema=end.table_schemas.get(table),
+                    root=self.root,
                 ).version
             versions[table] = version
             if position == 0:

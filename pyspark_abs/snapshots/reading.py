@@ -20,7 +20,7 @@ from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.changelog import latest_per_key
-from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, TIMEOUT
+from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
 from pyspark_abs.snapshots.metrics import metrics_table
 from pyspark_abs.sources.backedge_log import in_flight, in_flight_count
 from pyspark_abs.storage.root import (
@@ -32,6 +32,7 @@ from pyspark_abs.storage.root import (
     sink_table,
     state_table,
 )
+from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.spark import load_dataframe
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
@@ -42,14 +43,11 @@ if TYPE_CHECKING:
 
 
 def state_table_description(plan: OperatorPlan) -> str:
-    """The description stored in an operator's state table: its key and state columns."""
-    return json.dumps(
-        {
-            "operator": plan.name,
-            "key": list(plan.key_columns),
-            "state": plan.state_schema.names,
-        }
-    )
+    """The description stored in an operator's state table: its operator and key columns.
+
+    The state columns are those of the table's schema at each version.
+    """
+    return json.dumps({"operator": plan.name, "key": list(plan.key_columns)})
 
 
 class Snapshots:
@@ -227,8 +225,11 @@ class Snapshots:
         table = state_table(operator)
         entry = self._committed(epoch, table, f"operator {operator!r}")
         uri = entry.tables[table]
-        meta = json.loads(self._store.description(uri) or "{}")
-        return entry, uri, meta["key"], meta["state"]
+        keys: builtins.list[str] = json.loads(self._store.description(uri) or "{}")["key"]
+        # the schema as of the epoch: a migration since may have changed the state columns
+        schema = arrow_schema(self._store.at_version(uri, entry.table_versions[table]))
+        values = [n for n in schema.names if n not in keys and n not in RESERVED_COLUMNS]
+        return entry, uri, keys, values
 
     def sink(self, output: str, epoch: int | str | None = None) -> DataFrame:
         """A sink table as of a committed epoch.

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from deltalake.schema import Field
+from deltalake.schema import Field, Schema
 from deltalake.transaction import AddAction, RemoveAction
 
 from pyspark_abs.errors import (
@@ -136,20 +136,24 @@ class DeltaStore:
                     f"cannot create table {spec.table} at {spec.uri}: {brief_error(err)}"
                 ) from None
             return
-        table = self.open(spec.uri)
-        actual = arrow_schema(table)
-        problems = schema_differences(spec.schema, actual)
-        partitions = tuple(table.metadata().partition_columns)
-        if partitions != spec.partition_by:
-            problems.append(
-                f"partitioned by {list(partitions)}, declared {list(spec.partition_by)}"
-            )
+        problems = self.schema_problems(spec)
         if problems:
             raise TableSchemaError(
                 f"table {spec.table} at {spec.uri} exists with another schema: "
                 f"{'; '.join(problems)}. Use a new table location, or declare the table's "
                 f"schema"
             )
+
+    def schema_problems(self, spec: TableSpec) -> list[str]:
+        """How the existing table at ``spec.uri`` differs from ``spec`` (columns, partitions)."""
+        table = self.open(spec.uri)
+        problems = schema_differences(spec.schema, arrow_schema(table))
+        partitions = tuple(table.metadata().partition_columns)
+        if partitions != spec.partition_by:
+            problems.append(
+                f"partitioned by {list(partitions)}, declared {list(spec.partition_by)}"
+            )
+        return problems
 
     def keep_log(self, uri: str) -> bool:
         """Set :data:`KEEP_LOG` on an existing table that lacks it; return whether it did.
@@ -322,6 +326,7 @@ class DeltaStore:
         epoch: int,
         *,
         overwrite: bool = False,
+        schema: str | None = None,
         root: str | None = None,
     ) -> CommitResult:
         """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
@@ -334,8 +339,9 @@ class DeltaStore:
         commit sequence short), only the later epochs' files are added (see
         :func:`files_after`). With no files left and no overwrite, nothing is committed and
         the current version is returned. With ``overwrite``, the files replace the table's
-        current files. ``root``, the committing snapshot root, is recorded in the commit's
-        metadata so that errors can name a sink's owner.
+        current files, and ``schema`` (a Delta schema as JSON), if given, replaces the table's
+        schema: earlier versions keep theirs. ``root``, the committing snapshot root, is
+        recorded in the commit's metadata so that errors can name a sink's owner.
 
         Every file is checked to exist with its recorded size first: a commit never
         references a file that is gone (deleted by hand or by a vacuum that misjudged it).
@@ -369,7 +375,7 @@ class DeltaStore:
             table.create_write_transaction(
                 actions,
                 mode="overwrite" if overwrite else "append",
-                schema=table.schema(),
+                schema=Schema.from_json(schema) if overwrite and schema else table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
                 commit_properties=epoch_commit(app_id, epoch, root),
             )

@@ -26,7 +26,7 @@ from pyspark_abs import (
     SnapshotRootError,
     Snapshots,
     SourceError,
-    TableSchemaError,
+    StateEvolutionError,
     cli,
     restore,
     rollback,
@@ -293,7 +293,9 @@ def word_stats(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) ->
     )
 
 
-def test_change_the_state_schema_into_a_new_root(spark: SparkSession, tmp_path: Path) -> None:
+def test_write_state_changes_the_state_schema_into_a_new_root_or_in_place(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     words = word_table(tmp_path / "words", EPOCHS[:2])
     root = tmp_path / "root"
     pipeline(root, words).run()
@@ -303,5 +305,14 @@ def test_change_the_state_schema_into_a_new_root(spark: SparkSession, tmp_path: 
     info = write_state(migrated, str(new_root), word_stats, pipeline="words-v2")
     assert info.status is EpochStatus.RESTORED
     assert_same(Snapshots(str(new_root), spark).state("stats"), migrated)
-    with pytest.raises(TableSchemaError, match="exists with another schema"):
-        write_state(migrated, str(root), dataclasses.replace(word_stats, name=OP))
+
+    stats = dataclasses.replace(word_stats, name=OP)
+    write_state(migrated, str(root), stats)
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state(OP), migrated)
+    assert snapshots.state(OP, 1).columns == ["word", "count"]  # the old snapshot keeps its own
+    with pytest.raises(StateEvolutionError, match=r"doubled: refused \(stored column"):
+        pipeline(root, words).start(available_now=True)
+    word_table(tmp_path / "words", EPOCHS[2:])
+    pipeline(root, words, op=stats).run()
+    assert_same(snapshots.state(OP).drop("doubled"), counts_df(spark, EPOCHS))

@@ -1,0 +1,187 @@
+"""State schema evolution: version 1 of an operator runs, version 2 migrates its state once.
+
+The model is plain Python over the input events; it knows nothing of the migration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSource,
+    EpochStatus,
+    KeyState,
+    Operator,
+    Pipeline,
+    Snapshots,
+    StateEvolution,
+    StateEvolutionError,
+    operator,
+    rollback,
+)
+from tests.support.pipelines import assert_same, event_table
+
+Batch = Sequence[tuple[str, int]]
+BATCHES: list[Batch] = [
+    [("ann", 3), ("bob", 5), ("ann", 4)],
+    [("cy", 7), ("bob", 1)],
+    [("ann", 10), ("dee", 2)],
+    [("cy", 1), ("cy", 2), ("eve", 9)],
+]
+SINK_DDL = "user string, total long"
+
+
+@operator(
+    key="user",
+    state_schema="total int, n int, first string",
+    output_schema=SINK_DDL,
+    name="spend",
+)
+def spend_v1(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    old = state.get({"total": 0, "n": 0, "first": None})
+    total = int(old["total"] + rows["amount"].sum())
+    state.update({"total": total, "n": old["n"] + len(rows), "first": old["first"] or "seen"})
+    return {"user": key[0], "total": total}
+
+
+def _mean(old: pd.DataFrame) -> pd.Series:
+    return old["total"] / old["n"]
+
+
+@operator(
+    key="user",
+    state_schema="total long, count long, mean double",
+    output_schema=SINK_DDL,
+    name="spend",
+    evolution=StateEvolution(renamed={"n": "count"}, dropped=["first"], added={"mean": _mean}),
+)
+def spend_v2(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    old = state.get({"total": 0, "count": 0, "mean": 0.0})
+    total = int(old["total"] + rows["amount"].sum())
+    count = int(old["count"] + len(rows))
+    state.update({"total": total, "count": count, "mean": total / count})
+    return {"user": key[0], "total": total}
+
+
+def spend_pipeline(events: str, root: Path, op: Operator) -> Pipeline:
+    return Pipeline(
+        "spend",
+        DeltaSource(events, max_files_per_trigger=1),
+        op,
+        root=str(root),
+        sinks=str(root / "sink"),
+        config=AbsConfig(key_groups=4, commit_mode="sync"),
+        transform=lambda df: df.selectExpr("word AS user", "ts AS amount"),
+    )
+
+
+def model_state(spark: SparkSession, batches: Sequence[Batch]) -> DataFrame:
+    amounts: dict[str, list[int]] = {}
+    for batch in batches:
+        for user, amount in batch:
+            amounts.setdefault(user, []).append(amount)
+    rows = [(u, sum(a), len(a), sum(a) / len(a)) for u, a in sorted(amounts.items())]
+    return spark.createDataFrame(rows, "user string, total long, count long, mean double")
+
+
+def model_sink(spark: SparkSession, batches: Sequence[Batch]) -> DataFrame:
+    totals: dict[str, int] = {}
+    rows = []
+    for batch in batches:
+        for user, amount in batch:
+            totals[user] = totals.get(user, 0) + amount
+        rows += [(user, totals[user]) for user in sorted({u for u, _ in batch})]
+    return spark.createDataFrame(rows, SINK_DDL)
+
+
+def test_version_two_migrates_the_state_once_and_a_rollback_across_the_migration_redoes_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:2])
+    spend_pipeline(events, root, spend_v1).run()
+
+    event_table(Path(events), BATCHES[2:])
+    spend_pipeline(events, root, spend_v2).run()
+    snapshots = Snapshots(str(root), spark)
+    assert [(i.epoch, i.status) for i in snapshots.list()] == [
+        (0, EpochStatus.COMMITTED),
+        (1, EpochStatus.COMMITTED),
+        (2, EpochStatus.RESTORED),
+        (3, EpochStatus.COMMITTED),
+        (4, EpochStatus.COMMITTED),
+    ]
+    assert "migrated" in (snapshots.get(2).origin or "")
+    assert_same(snapshots.state("spend"), model_state(spark, BATCHES))
+    assert_same(snapshots.state("spend", 2), model_state(spark, BATCHES[:2]))
+    assert_same(snapshots.sink("output"), model_sink(spark, BATCHES))
+    # the snapshots before the migration keep their schema
+    old = snapshots.state("spend", 1)
+    assert old.columns == ["user", "total", "n", "first"]
+    assert dict(old.dtypes)["total"] == "int"
+
+    # a second start finds nothing to migrate
+    spend_pipeline(events, root, spend_v2).run()
+    assert len(snapshots.list()) == 5
+
+    # rolled back across the migration, version 2 migrates again and ends where it was
+    rollback(str(root), 1)
+    assert snapshots.state("spend").columns == ["user", "total", "n", "first"]
+    spend_pipeline(events, root, spend_v2).run()
+    assert [i.status for i in snapshots.list()[-4:]] == [
+        EpochStatus.RESTORED,
+        EpochStatus.RESTORED,
+        EpochStatus.COMMITTED,
+        EpochStatus.COMMITTED,
+    ]
+    assert_same(snapshots.state("spend"), model_state(spark, BATCHES))
+    assert_same(snapshots.sink("output"), model_sink(spark, BATCHES))
+
+
+@operator(key="user", state_schema="total string", output_schema=SINK_DDL, name="spend")
+def spend_as_text(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    cents = int(state.get({"total": "0 cents"})["total"].split()[0]) + int(rows["amount"].sum())
+    state.update({"total": f"{cents} cents"})
+    return {"user": key[0], "total": cents}
+
+
+def test_a_change_no_rule_covers_is_refused_before_anything_runs_and_migrate_rewrites_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:1])
+    spend_pipeline(events, root, spend_v1).run()
+    state_version = DeltaTable(str(root / "state" / "spend")).version()
+
+    event_table(Path(events), BATCHES[1:2])
+    with pytest.raises(StateEvolutionError) as refused:
+        spend_pipeline(events, root, spend_as_text).start(available_now=True)
+    message = str(refused.value)
+    assert "nothing was run or changed" in message
+    assert "total: refused (int -> string is not a widening)" in message
+    assert "StateEvolution(migrate=" in message
+    assert "n: refused (stored column of type int is not declared)" in message
+    assert "StateEvolution(dropped=['n'])" in message
+    snapshots = Snapshots(str(root), spark)
+    assert [i.epoch for i in snapshots.list()] == [0]
+    assert DeltaTable(str(root / "state" / "spend")).version() == state_version
+
+    def as_text(old: DataFrame) -> DataFrame:
+        return old.select("user", F.format_string("%d cents", "total").alias("total"))
+
+    migrated = replace(spend_as_text, evolution=StateEvolution(migrate=as_text))
+    spend_pipeline(events, root, migrated).run()
+    totals = model_sink(spark, BATCHES[:2]).groupBy("user").agg(F.max("total").alias("n"))
+    expected = totals.select("user", F.format_string("%d cents", "n").alias("total"))
+    assert_same(snapshots.state("spend"), expected)
+    assert_same(snapshots.sink("output"), model_sink(spark, BATCHES[:2]))

@@ -26,9 +26,11 @@ from pyspark_abs import (
     Snapshots,
     StateEvolution,
     StateEvolutionError,
+    check,
     operator,
     rollback,
 )
+from pyspark_abs.cli import main as cli
 from tests.support.pipelines import assert_same, event_table
 
 Batch = Sequence[tuple[str, int]]
@@ -185,3 +187,80 @@ def test_a_change_no_rule_covers_is_refused_before_anything_runs_and_migrate_rew
     expected = totals.select("user", F.format_string("%d cents", "n").alias("total"))
     assert_same(snapshots.state("spend"), expected)
     assert_same(snapshots.sink("output"), model_sink(spark, BATCHES[:2]))
+
+
+def test_the_upgrade_check_reports_each_operator_and_sink_without_changing_anything(
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:1])
+    spend_pipeline(events, root, spend_v1).run()
+    manifest_version = DeltaTable(str(root / "_manifest")).version()
+
+    same = check(spend_pipeline(events, root, spend_v1))
+    assert [(i.kind, i.name, i.verdict.value) for i in same.items] == [
+        ("operator", "spend", "compatible"),
+        ("sink", "output", "compatible"),
+    ]
+    assert same.exit_code == 0
+
+    upgrade = check(spend_pipeline(events, root, spend_v2))
+    assert upgrade.exit_code == 3
+    assert upgrade.items[0].verdict.value == "needs migration"
+    assert set(upgrade.items[0].details) == {
+        "total: widened (int -> bigint)",
+        "count: widened (from 'n', int -> bigint)",
+        "mean: added (new, double)",
+        "first: dropped (was string)",
+    }
+
+    refused = check(spend_pipeline(events, root, spend_as_text))
+    assert refused.exit_code == 1
+    assert refused.items[0].verdict.value == "incompatible"
+
+    renamed = replace(spend_v2, name="spending")
+    assert spend_v2.evolution is not None
+    moved = replace(renamed, evolution=replace(spend_v2.evolution, renamed_from="spend"))
+    wider_sink = Pipeline(
+        "spend",
+        DeltaSource(events),
+        replace(renamed, outputs=(("output", "user string, total long, extra int"),)),
+        root=str(root),
+        sinks=str(root / "sink"),
+        transform=lambda df: df.selectExpr("word AS user", "ts AS amount"),
+    )
+    assert [(i.kind, i.name, i.verdict.value) for i in check(wider_sink).items] == [
+        ("operator", "spending", "new"),
+        ("sink", "output", "incompatible"),
+        ("operator", "spend", "removed"),
+    ]
+    assert check(spend_pipeline(events, root, moved)).items[0].details[0] == (
+        "state moves from state/spend"
+    )
+
+    module = tmp_path / "upgrade_job.py"
+    module.write_text(
+        "from tests.integration.test_state_evolution import spend_pipeline, spend_v2\n"
+        "from pathlib import Path\n"
+        f"def pipeline():\n    return spend_pipeline({events!r}, Path({str(root)!r}), spend_v2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli(["check", str(root), "--pipeline", "upgrade_job:pipeline"]) == 3
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split() == ["KIND", "NAME", "VERDICT", "DETAILS"]
+    assert printed[1].split()[:4] == ["operator", "spend", "needs", "migration"]
+    assert cli(["check", str(root), "--pipeline", "upgrade_job:nothing"]) == 2
+    assert "cannot be loaded" in capsys.readouterr().err
+    assert DeltaTable(str(root / "_manifest")).version() == manifest_version
+
+    # the checked upgrade, renamed on the way: the state moves to the new operator's table
+    event_table(Path(events), BATCHES[1:])
+    spend_pipeline(events, root, moved).run()
+    snapshots = Snapshots(str(root), spark)
+    assert snapshots.operators() == ["spending"]
+    assert_same(snapshots.state("spending"), model_state(spark, BATCHES))
+    assert_same(snapshots.sink("output"), model_sink(spark, BATCHES))
+    assert check(spend_pipeline(events, root, moved)).exit_code == 0

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark_abs.admin.installing import install_state, installed_table, require_one_row_per_key
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import SchemaMismatchError, StateEvolutionError
+from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
+from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.evolution import (
     StateComparison,
     StateEvolution,
@@ -112,28 +116,39 @@ def migrate_state(
         SourceError: The newest snapshot was read from a source that cannot be rewound.
     """
     stored = compare_stored_state(writer.store, writer.root, plan, evolution)
-    if stored is None or not stored.needs_migration(plan.name):
+    if stored is None:
         return None
-    if not stored.comparison.compatible:
+    moves = stored.needs_migration(plan.name)
+    if moves and not stored.comparison.compatible:
         raise StateEvolutionError(
             f"operator {plan.name!r}: the state stored at {stored.uri} has another schema "
             f"than the operator declares, and the declared evolution does not cover every "
             f"difference; nothing was run or changed. Differences:\n"
             f"{stored.comparison.summary()}"
         )
-    rows = _live_state(writer, plan, stored)
+    snapshots = writer.epochs.snapshots()
+    latest = snapshots[-1] if snapshots else None
+    rows = live_state(writer.store, stored, latest) if moves or plan.ttl_ms else None
+    clockless = without_expiry(plan, rows)
+    if rows is None or not (moves or clockless):
+        return None
     evolution = evolution or StateEvolution()
     what = f"migrated state of operator {plan.name!r}"
-    if evolution.migrate is not None:
+    if not moves:
+        migrated = rows
+    elif evolution.migrate is not None:
         migrated = _migrated(rows, plan, evolution, spark, config, what)
     else:
         migrated = evolve_rows(
             rows, plan.key_columns, stored.comparison, plan.state_schema, evolution, plan.name
         )
     require_one_row_per_key(migrated, plan.key_columns, what)
+    if clockless:
+        migrated = _start_ttl_clocks(plan, migrated, latest)
     changes = "; ".join(
         [f"moved from {stored.table}"] * (stored.table != state_table(plan.name))
-        + [str(c) for c in stored.comparison.migrations]
+        + [str(c) for c in stored.comparison.migrations] * moves
+        + [f"ttl clocks started for {clockless} key(s)"] * bool(clockless)
     )
     info = install_state(
         writer,
@@ -153,14 +168,34 @@ def migrate_state(
     return info
 
 
-def _live_state(writer: EpochWriter, plan: OperatorPlan, stored: StoredState) -> pa.Table:
+def live_state(store: DeltaStore, stored: StoredState, latest: ManifestEntry | None) -> pa.Table:
     """The stored live state as of the newest snapshot (empty without one)."""
-    latest = writer.epochs.snapshots()
-    if latest and stored.table in latest[-1].tables:
-        rows = installed_table(writer.store, stored.table, stored.uri, latest[-1])
+    if latest is not None and stored.table in latest.tables:
+        rows = installed_table(store, stored.table, stored.uri, latest)
         if rows is not None:
             return rows
     return stored.schema.empty_table()
+
+
+def without_expiry(plan: OperatorPlan, rows: pa.Table | None) -> int:
+    """Keys of an operator with a TTL that have no expiry yet (it was declared since)."""
+    if plan.ttl_ms is None or rows is None:
+        return 0
+    return int(rows[TIMEOUT].null_count)
+
+
+def _start_ttl_clocks(plan: OperatorPlan, rows: pa.Table, latest: ManifestEntry | None) -> pa.Table:
+    """``rows`` with an expiry for each key without one: one TTL after the newest snapshot.
+
+    That is the snapshot's watermark for an event-time TTL (the current time without
+    one), and the current time for a processing-time TTL.
+    """
+    assert plan.ttl_ms is not None
+    now = int(time.time() * 1000)
+    watermark = latest.watermark_ms if latest is not None else None
+    base = watermark if plan.timeout is TimeoutMode.EVENT_TIME and watermark else now
+    expiry: Any = pc.fill_null(rows[TIMEOUT], pa.scalar(base + plan.ttl_ms, pa.int64()))
+    return rows.set_column(rows.schema.get_field_index(TIMEOUT), TIMEOUT, expiry)
 
 
 def _migrated(

@@ -10,6 +10,7 @@ changed are written to the snapshot.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -116,8 +117,10 @@ class Operator:
         outputs: Output names and their schemas, in declaration order.
         function: The key-group function; for an operator declared per key, the adapter
             around the per-key function.
-        timeout: The clock key timeouts follow.
+        timeout: The clock key timeouts follow; with ``ttl_ms``, the clock of the TTL.
         evolution: How state stored by an earlier version becomes ``state_schema``.
+        ttl_ms: State time-to-live: a key whose state was not written for longer is
+            removed. Its expiry is kept as the key's ``_timeout``.
     """
 
     name: str
@@ -127,6 +130,7 @@ class Operator:
     function: KeyGroupFunction = field(repr=False)
     timeout: TimeoutMode = TimeoutMode.NONE
     evolution: StateEvolution | None = None
+    ttl_ms: int | None = None
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -143,6 +147,8 @@ def vectorized_operator(
     timeout: TimeoutMode | str = TimeoutMode.NONE,
     name: str | None = None,
     evolution: StateEvolution | None = None,
+    ttl: dt.timedelta | None = None,
+    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
 ) -> Callable[[KeyGroupFunction], Operator]:
     """Declare a vectorized operator: ``fn(rows, state, ctx) -> KeyGroupResult``.
 
@@ -171,6 +177,11 @@ def vectorized_operator(
             keep it when the function is renamed.
         evolution: How state stored by an earlier version of the operator becomes
             ``state_schema``; the next start migrates it once (see :class:`StateEvolution`).
+        ttl: State time-to-live: a key whose state the function has not written for
+            longer is removed (a tombstone in the snapshot of the epoch in which it expires,
+            and the function no longer sees it). Each write starts the key's clock again.
+        ttl_clock: ``"processing_time"`` (the micro-batch's time) or ``"event_time"`` (the
+            key's newest event when it was written, against the watermark).
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
@@ -186,6 +197,8 @@ def vectorized_operator(
             timeout=timeout,
             name=name,
             evolution=evolution,
+            ttl=ttl,
+            ttl_clock=ttl_clock,
         )
 
     return build
@@ -201,6 +214,8 @@ def declare(
     timeout: TimeoutMode | str,
     name: str | None,
     evolution: StateEvolution | None = None,
+    ttl: dt.timedelta | None = None,
+    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
 ) -> Operator:
     """Check a declaration and build its :class:`Operator` (see :func:`vectorized_operator`).
 
@@ -252,6 +267,9 @@ def declare(
             f"operator {op_name!r}: timeout must be one of "
             f"{[m.value for m in TimeoutMode]}, got {timeout!r}"
         ) from None
+    ttl_ms = None
+    if ttl is not None:
+        mode, ttl_ms = _ttl(op_name, ttl, ttl_clock, mode)
     if evolution is not None and not isinstance(evolution, StateEvolution):
         raise OperatorDefinitionError(
             f"operator {op_name!r}: evolution= must be a StateEvolution, got "
@@ -265,4 +283,26 @@ def declare(
         function=fn,
         timeout=mode,
         evolution=evolution,
+        ttl_ms=ttl_ms,
     )
+
+
+def _ttl(
+    name: str, ttl: dt.timedelta, clock: TimeoutMode | str, timeout: TimeoutMode
+) -> tuple[TimeoutMode, int]:
+    """The clock and milliseconds of a declared TTL."""
+    if not isinstance(ttl, dt.timedelta) or ttl <= dt.timedelta(0):
+        raise OperatorDefinitionError(
+            f"operator {name!r}: ttl must be a positive datetime.timedelta, got {ttl!r}"
+        )
+    if timeout is not TimeoutMode.NONE:
+        raise OperatorDefinitionError(
+            f"operator {name!r}: ttl= keeps each key's expiry as its timeout, so it cannot be "
+            f"combined with timeout={timeout.value!r}; drop one of them"
+        )
+    modes = (TimeoutMode.PROCESSING_TIME, TimeoutMode.EVENT_TIME)
+    if clock not in modes:
+        raise OperatorDefinitionError(
+            f"operator {name!r}: ttl_clock must be one of {[m.value for m in modes]}, got {clock!r}"
+        )
+    return TimeoutMode(clock), ttl // dt.timedelta(milliseconds=1)

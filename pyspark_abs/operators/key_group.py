@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pandas as pd
 import pyarrow as pa
@@ -22,7 +23,9 @@ from pyspark_abs.operators.state_diff import (
     expired,
     has_timeouts,
     no_keys,
+    tombstones,
 )
+from pyspark_abs.operators.ttl import event_times_ms, lapsed
 
 
 def run_key_group(
@@ -49,6 +52,10 @@ def run_key_group(
         InvalidTimeoutError: A returned timeout is not allowed.
     """
     where = place(plan.name, epoch, key_group)
+    gone = lapsed(plan, state, clock)
+    expired_state = state.filter(gone) if gone.any() else None
+    if expired_state is not None:
+        state = state.filter(~gone)  # the function no longer sees expired keys
     current = plan.frame(state)
     row_keys = _arrow_keys(rows, plan, where)
     state_keys, input_keys = key_arrays([state, row_keys], plan.key_columns)
@@ -91,7 +98,7 @@ def run_key_group(
     outputs = _outputs(plan, result.output, where, converted)
 
     called = has_rows | fired
-    return apply_state(
+    outcome = apply_state(
         plan,
         state,
         row_keys,
@@ -102,7 +109,20 @@ def run_key_group(
         clock,
         where,
         converted,
+        event_times_ms(plan, rows),
     )
+    return outcome if expired_state is None else _with_expired(plan, outcome, expired_state)
+
+
+def _with_expired(
+    plan: OperatorPlan, outcome: KeyGroupOutcome, expired_state: pa.Table
+) -> KeyGroupOutcome:
+    """``outcome`` with tombstones for the expired keys the function did not write anew."""
+    expired_keys = expired_state.select(list(plan.key_columns))
+    gone, written = key_arrays([expired_keys, outcome.changes], plan.key_columns)
+    removed = expired_keys.filter(~contains(gone, written))
+    changes = pa.concat_tables([outcome.changes, tombstones(plan, removed)])
+    return replace(outcome, changes=changes, keys_delta=outcome.keys_delta - expired_state.num_rows)
 
 
 def _outputs(

@@ -236,6 +236,8 @@ def operator(
     timeout: TimeoutMode | str = TimeoutMode.NONE,
     name: str | None = None,
     evolution: StateEvolution | None = None,
+    ttl: dt.timedelta | None = None,
+    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
 ) -> Callable[[PerKeyFunction], Operator]:
     """Declare a per-key operator: ``fn(key, rows, state)``.
 
@@ -269,8 +271,12 @@ def operator(
             timeout=timeout,
             name=name,
             evolution=evolution,
+            ttl=ttl,
+            ttl_clock=ttl_clock,
         )
-        return replace(declared, function=PerKeyAdapter(fn, declared.key, declared.timeout))
+        # with a TTL, the timeouts are the expiries: KeyState offers none
+        timeouts = TimeoutMode.NONE if declared.ttl_ms is not None else declared.timeout
+        return replace(declared, function=PerKeyAdapter(fn, declared.key, timeouts))
 
     return build
 

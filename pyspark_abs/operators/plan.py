@@ -67,6 +67,7 @@ class OperatorPlan:
         watermark_floor_ms: The watermark of the snapshot this run continues from. A
             restore starts Spark's watermark afresh at 0; with the floor, late rows are
             dropped and timeouts fire as in a run that never restarted.
+        ttl_ms: State time-to-live (see :attr:`Operator.ttl_ms`), on the ``timeout`` clock.
     """
 
     name: str
@@ -82,6 +83,7 @@ class OperatorPlan:
     time_zone: str = "UTC"
     event_time: str | None = None
     watermark_floor_ms: int = 0
+    ttl_ms: int | None = None
 
     def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
         """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
@@ -226,6 +228,14 @@ def resolve_plan(
     state_schema = to_arrow(state, nullable=True)
     if operator.evolution is not None:
         operator.evolution.check(operator.name, operator.key, state_schema)
+    event_time = next((f.name for f in source.schema.fields if EVENT_TIME_MARK in f.metadata), None)
+    event_ttl = operator.ttl_ms is not None and operator.timeout is TimeoutMode.EVENT_TIME
+    if event_ttl and event_time is None:
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: operator {operator.name!r} has an event-time ttl, but the "
+            f"source has no watermark; set one with transform=lambda df: "
+            f"df.withWatermark(<event-time column>, <delay>)"
+        )
     return OperatorPlan(
         name=operator.name,
         key_columns=operator.key,
@@ -236,7 +246,6 @@ def resolve_plan(
         function=operator.function,
         snapshots=snapshots,
         max_state_bytes=max_state_bytes,
-        event_time=next(
-            (f.name for f in source.schema.fields if EVENT_TIME_MARK in f.metadata), None
-        ),
+        event_time=event_time,
+        ttl_ms=operator.ttl_ms,
     )

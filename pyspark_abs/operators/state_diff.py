@@ -23,6 +23,7 @@ from pyspark_abs.operators.contract import (
 )
 from pyspark_abs.operators.keys import (
     BoolArray,
+    IntArray,
     KeyArray,
     contains,
     key_arrays,
@@ -36,6 +37,7 @@ from pyspark_abs.operators.schema import (
     check_columns,
     frame_to_arrow,
 )
+from pyspark_abs.operators.ttl import due, expiries
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ def apply_state(
     clock: Clock,
     where: str,
     converted: Converted,
+    row_times_ms: IntArray | None = None,
 ) -> KeyGroupOutcome:
     """Check the returned state, diff it against the current state, and build the outcome.
 
@@ -103,6 +106,7 @@ def apply_state(
         clock: The epoch's clocks.
         where: Operator, epoch and key group, for messages.
         converted: Converts returned frames to Arrow.
+        row_times_ms: Event time of each input row, for an event-time TTL.
     """
     columns = plan.key_columns
     upserts = _upsert_table(plan, result.state, where, converted)
@@ -134,14 +138,18 @@ def apply_state(
                 f"it was called for"
             )
     _check_timeouts(plan, upserts, clock, where)
+    if plan.ttl_ms is not None and upserts.num_rows:
+        expiry = expiries(plan, up_keys, input_keys, row_times_ms, clock)
+        upserts = upserts.set_column(upserts.schema.get_field_index(TIMEOUT), TIMEOUT, expiry)
 
-    # Keys the function was called for keep no timeout unless it set one again.
+    # Keys the function was called for keep no timeout unless it set one again (a TTL's
+    # expiry stays until the next write).
     reset = (
         called
         & ~contains(state_keys, up_keys)
         & ~contains(state_keys, rm_keys)
         & np.asarray(pc.is_valid(state[TIMEOUT]).to_numpy(zero_copy_only=False), dtype=bool)
-        if has_timeouts(state)
+        if has_timeouts(state) and plan.ttl_ms is None
         else no_keys(state)
     )
     if reset.any():
@@ -169,9 +177,9 @@ def apply_state(
     written = upserts.filter(changed)
     new_state = pa.concat_tables([state.filter(keep), written])
 
-    tombstones = _tombstones(plan, removed.filter(gone))
+    removals = tombstones(plan, removed.filter(gone))
     changes = pa.concat_tables(
-        [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), tombstones]
+        [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), removals]
     )
     return KeyGroupOutcome(
         state=new_state,
@@ -257,7 +265,8 @@ def _removed_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -
     return plan.to_arrow(frame, plan.key_schema, what)
 
 
-def _tombstones(plan: OperatorPlan, keys: pa.Table) -> pa.Table:
+def tombstones(plan: OperatorPlan, keys: pa.Table) -> pa.Table:
+    """Change rows that remove the keys of ``keys``."""
     n = keys.num_rows
     arrays: list[Any] = [keys[k] for k in plan.key_columns]
     arrays += [pa.nulls(n, f.type) for f in plan.state_schema]
@@ -269,6 +278,11 @@ def _check_timeouts(plan: OperatorPlan, upserts: pa.Table, clock: Clock, where: 
     if not has_timeouts(upserts):
         return
     set_ = upserts.filter(pc.is_valid(upserts[TIMEOUT]))
+    if plan.ttl_ms is not None:
+        raise InvalidTimeoutError(
+            f"{where}: returned state sets _timeout, but the operator has a ttl, which keeps "
+            f"each key's expiry there; return state without _timeout"
+        )
     if plan.timeout is TimeoutMode.NONE:
         raise InvalidTimeoutError(
             f"{where}: returned state sets _timeout, but the operator was declared without "
@@ -290,17 +304,7 @@ def _check_timeouts(plan: OperatorPlan, upserts: pa.Table, clock: Clock, where: 
 
 def expired(plan: OperatorPlan, state: pa.Table, has_rows: BoolArray, clock: Clock) -> BoolArray:
     """Keys whose timeout fires now: set, below the threshold, and without rows."""
-    none = np.zeros(state.num_rows, dtype=bool)
-    if plan.timeout is TimeoutMode.NONE or not state.num_rows:
-        return none
-    threshold = (
-        clock.watermark_ms if plan.timeout is TimeoutMode.EVENT_TIME else clock.processing_time_ms
-    )
-    if threshold is None:
-        return none
-    timeouts = state[TIMEOUT].to_numpy()
-    due = np.nan_to_num(timeouts, nan=np.inf) < threshold
-    return np.asarray(due, dtype=bool) & ~has_rows
+    return due(plan, state, clock) & ~has_rows
 
 
 def _rows_equal(before: pa.Table, after: pa.Table) -> BoolArray:

@@ -1,0 +1,162 @@
+"""State TTL against real Spark and Delta: every snapshot is exactly the live state.
+
+The model is plain Python: a count per key, which lapses once the watermark passes the key's
+newest event at its last write plus the TTL. It reuses nothing of the project.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSource,
+    KeyState,
+    Operator,
+    Pipeline,
+    Snapshots,
+    check,
+    operator,
+    restore,
+)
+from tests.support.pipelines import assert_same, event_table
+
+TTL_S = 10
+BATCHES: list[list[tuple[str, int]]] = [
+    [("a", 100), ("b", 101)],
+    [("a", 105), ("c", 120)],
+    [("b", 125), ("d", 126)],
+    [("a", 140)],
+]
+DDL = "word string, count long"
+
+
+def count_words(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    count = state.get({"count": 0})["count"] + len(rows)
+    state.update({"count": count})
+    return {"word": key[0], "count": count}
+
+
+recent = operator(
+    key="word",
+    state_schema="count long",
+    output_schema=DDL,
+    name="recent",
+    ttl=dt.timedelta(seconds=TTL_S),
+    ttl_clock="event_time",
+)(count_words)
+forever = operator(key="word", state_schema="count long", output_schema=DDL, name="recent")(
+    count_words
+)
+
+
+def ttl_pipeline(events: str, root: Path, op: Operator) -> Pipeline:
+    return Pipeline(
+        "recent",
+        DeltaSource(events, max_files_per_trigger=1),
+        op,
+        root=str(root),
+        sinks=str(root / "sink"),
+        config=AbsConfig(key_groups=4, commit_mode="sync"),
+        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
+            "ts", "0 seconds"
+        ),
+    )
+
+
+def model(
+    batches: Sequence[Sequence[tuple[str, int]]],
+    watermarks: Sequence[int],
+    ttl_from: int = 0,
+) -> list[dict[str, tuple[int, int]]]:
+    """Live state ``{word: (count, expiry s)}`` after each batch, the last one a batch without
+    rows at the final watermark. Writes before batch ``ttl_from`` set no expiry; batch
+    ``ttl_from`` gives those keys one TTL after the previous batch's watermark."""
+    state: dict[str, tuple[int, int | None]] = {}
+    history = []
+    for i, (batch, watermark) in enumerate(zip([*batches, []], watermarks, strict=True)):
+        if i == ttl_from and i:
+            start = watermarks[i - 1] + TTL_S
+            state = {w: (c, start if e is None else e) for w, (c, e) in state.items()}
+        state = {w: (c, e) for w, (c, e) in state.items() if e is None or e >= watermark}
+        for word in sorted({w for w, _ in batch}):
+            newest = max(t for w, t in batch if w == word)
+            count = state.get(word, (0, None))[0] + sum(1 for w, _ in batch if w == word)
+            state[word] = (count, max(watermark, newest) + TTL_S if i >= ttl_from else None)
+        history.append(dict(state))
+    return history  # type: ignore[return-value]
+
+
+def watermarks_of(batches: Sequence[Sequence[tuple[str, int]]], floor: int = 0) -> list[int]:
+    """Spark's watermark (delay 0) in each batch and in the batch without rows after them."""
+    marks, seen = [], floor
+    for batch in [*batches, []]:
+        marks.append(seen)
+        seen = max([seen, *(t for _, t in batch)])
+    return marks
+
+
+def as_frame(spark: SparkSession, state: dict[str, tuple[int, int]]) -> DataFrame:
+    rows = [(w, c, e * 1000) for w, (c, e) in sorted(state.items())]
+    return spark.createDataFrame(rows, f"{DDL}, _timeout long")
+
+
+def state_of(snapshots: Snapshots, epoch: int) -> DataFrame:
+    return snapshots.state("recent", epoch, with_metadata=True).select("word", "count", "_timeout")
+
+
+def test_every_snapshot_holds_exactly_the_keys_whose_ttl_has_not_lapsed_and_restore_keeps_clocks(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events, root = event_table(tmp_path / "events", BATCHES), tmp_path / "root"
+    ttl_pipeline(events, root, recent).run()
+    snapshots = Snapshots(str(root), spark)
+    expected = model(BATCHES, watermarks_of(BATCHES))
+    assert [i.epoch for i in snapshots.list()] == list(range(len(expected)))
+    for epoch, state in enumerate(expected):
+        assert_same(state_of(snapshots, epoch), as_frame(spark, state))
+    # b lapsed before its rows of batch 2 arrived: it counts from 1 again
+    assert expected[2]["b"][0] == 1
+
+    # a copy restored after batch 1 keeps the clocks and ends where the original did
+    copy = tmp_path / "copy"
+    restore(str(root), 1, str(copy))
+    assert_same(state_of(Snapshots(str(copy), spark), 1), as_frame(spark, expected[1]))
+    ttl_pipeline(events, copy, recent).run()
+    restored = Snapshots(str(copy), spark)
+    assert_same(
+        state_of(restored, restored.list()[-1].epoch), state_of(snapshots, len(expected) - 1)
+    )
+
+
+def test_a_ttl_added_to_a_running_operator_starts_every_keys_clock_at_the_upgrade(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:2])
+    ttl_pipeline(events, root, forever).run()
+    report = check(ttl_pipeline(events, root, recent))
+    assert (report.exit_code, report.items[0].details) == (
+        3,
+        ("ttl clocks start for 3 key(s) without one",),
+    )
+
+    event_table(Path(events), BATCHES[2:])
+    ttl_pipeline(events, root, recent).run()
+    snapshots = Snapshots(str(root), spark)
+    upgrade = snapshots.list()[2]
+    assert "ttl clocks started for 3 key(s)" in (upgrade.origin or "")
+    # the run after the upgrade starts its watermark at the snapshot's (batch 1's)
+    first = watermarks_of(BATCHES[:2])
+    after = watermarks_of(BATCHES[2:], floor=first[1])
+    expected = model(BATCHES, [*first[:2], *after], ttl_from=2)
+    epochs = [i.epoch for i in snapshots.list()]
+    assert epochs == [0, 1, 2, *range(3, 3 + len(after))]
+    assert_same(state_of(snapshots, epochs[-1]), as_frame(spark, expected[-1]))
+    assert check(ttl_pipeline(events, root, recent)).exit_code == 0

@@ -20,6 +20,9 @@ from pyspark_abs import (
     AbsConfig,
     DeltaSource,
     EpochStatus,
+    Fault,
+    FaultStep,
+    InjectedFault,
     KeyState,
     Operator,
     Pipeline,
@@ -75,14 +78,14 @@ def spend_v2(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
     return {"user": key[0], "total": total}
 
 
-def spend_pipeline(events: str, root: Path, op: Operator) -> Pipeline:
+def spend_pipeline(events: str, root: Path, op: Operator, *faults: Fault) -> Pipeline:
     return Pipeline(
         "spend",
         DeltaSource(events, max_files_per_trigger=1),
         op,
         root=str(root),
         sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
+        config=AbsConfig(key_groups=4, commit_mode="sync", faults=faults),
         transform=lambda df: df.selectExpr("word AS user", "ts AS amount"),
     )
 
@@ -142,6 +145,29 @@ def test_version_two_migrates_the_state_once_and_a_rollback_across_the_migration
     spend_pipeline(events, root, spend_v2).run()
     assert [i.status for i in snapshots.list()[-4:]] == [
         EpochStatus.RESTORED,
+        EpochStatus.RESTORED,
+        EpochStatus.COMMITTED,
+        EpochStatus.COMMITTED,
+    ]
+    assert_same(snapshots.state("spend"), model_state(spark, BATCHES))
+    assert_same(snapshots.sink("output"), model_sink(spark, BATCHES))
+
+
+def test_a_crash_after_the_migration_is_decided_is_finished_by_the_next_start(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:2])
+    spend_pipeline(events, root, spend_v1).run()
+    event_table(Path(events), BATCHES[2:])
+    crash = Fault(FaultStep.AFTER_PREPARED, epoch=2)
+    with pytest.raises(InjectedFault):
+        spend_pipeline(events, root, spend_v2, crash).start(available_now=True)
+    snapshots = Snapshots(str(root), spark)
+    assert snapshots.get(2).status is EpochStatus.PREPARED
+    # the decided schema is in the manifest: recovery commits it, and nothing migrates twice
+    spend_pipeline(events, root, spend_v2).run()
+    assert [i.status for i in snapshots.list()][2:] == [
         EpochStatus.RESTORED,
         EpochStatus.COMMITTED,
         EpochStatus.COMMITTED,

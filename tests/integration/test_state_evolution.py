@@ -33,6 +33,7 @@ from pyspark_abs import (
     operator,
     rollback,
 )
+from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli import main as cli
 from tests.support.pipelines import assert_same, event_table
 
@@ -90,6 +91,14 @@ def spend_pipeline(events: str, root: Path, op: Operator, *faults: Fault) -> Pip
     )
 
 
+def ran_version_one(tmp_path: Path, batches: int) -> tuple[str, Path]:
+    """Events and a root that version 1 ran on over the first ``batches`` batches."""
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:batches])
+    spend_pipeline(events, root, spend_v1).run()
+    return events, root
+
+
 def model_state(spark: SparkSession, batches: Sequence[Batch]) -> DataFrame:
     amounts: dict[str, list[int]] = {}
     for batch in batches:
@@ -112,9 +121,7 @@ def model_sink(spark: SparkSession, batches: Sequence[Batch]) -> DataFrame:
 def test_version_two_migrates_the_state_once_and_a_rollback_across_the_migration_redoes_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    events, root = str(tmp_path / "events"), tmp_path / "root"
-    event_table(Path(events), BATCHES[:2])
-    spend_pipeline(events, root, spend_v1).run()
+    events, root = ran_version_one(tmp_path, 2)
 
     event_table(Path(events), BATCHES[2:])
     spend_pipeline(events, root, spend_v2).run()
@@ -151,14 +158,13 @@ def test_version_two_migrates_the_state_once_and_a_rollback_across_the_migration
     ]
     assert_same(snapshots.state("spend"), model_state(spark, BATCHES))
     assert_same(snapshots.sink("output"), model_sink(spark, BATCHES))
+    assert validate(str(root)) == []
 
 
 def test_a_crash_after_the_migration_is_decided_is_finished_by_the_next_start(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    events, root = str(tmp_path / "events"), tmp_path / "root"
-    event_table(Path(events), BATCHES[:2])
-    spend_pipeline(events, root, spend_v1).run()
+    events, root = ran_version_one(tmp_path, 2)
     event_table(Path(events), BATCHES[2:])
     crash = Fault(FaultStep.AFTER_PREPARED, epoch=2)
     with pytest.raises(InjectedFault):
@@ -186,9 +192,7 @@ def spend_as_text(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> 
 def test_a_change_no_rule_covers_is_refused_before_anything_runs_and_migrate_rewrites_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    events, root = str(tmp_path / "events"), tmp_path / "root"
-    event_table(Path(events), BATCHES[:1])
-    spend_pipeline(events, root, spend_v1).run()
+    events, root = ran_version_one(tmp_path, 1)
     state_version = DeltaTable(str(root / "state" / "spend")).version()
 
     event_table(Path(events), BATCHES[1:2])
@@ -221,9 +225,7 @@ def test_the_upgrade_check_reports_each_operator_and_sink_without_changing_anyth
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    events, root = str(tmp_path / "events"), tmp_path / "root"
-    event_table(Path(events), BATCHES[:1])
-    spend_pipeline(events, root, spend_v1).run()
+    events, root = ran_version_one(tmp_path, 1)
     manifest_version = DeltaTable(str(root / "_manifest")).version()
 
     same = check(spend_pipeline(events, root, spend_v1))

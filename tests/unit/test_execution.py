@@ -26,10 +26,8 @@ from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
 from pyspark_abs.operators.state_diff import KeyGroupOutcome, encode_state
 from pyspark_abs.operators.task import apply_changes, decided_changes
 from tests.support.inputs import arrow_schema
+from tests.support.key_groups import INPUT, OUTPUT, STATE, rows, sort
 
-INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
-STATE = arrow_schema(("count", pa.int64()))
-OUTPUT = (("output", arrow_schema(("word", pa.string()), ("count", pa.int64()))),)
 CLOCK = Clock(processing_time_ms=1_000, watermark_ms=None)
 LIMIT = 4
 
@@ -69,10 +67,6 @@ def plan_for(
     )
 
 
-def rows(*words: str, ts: int = 0) -> pd.DataFrame:
-    return pd.DataFrame({"word": list(words), "ts": [ts] * len(words)})
-
-
 def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupOutcome]:
     state = plan.blob_schema.empty_table()
     outcomes = []
@@ -81,10 +75,6 @@ def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupO
         outcomes.append(outcome)
         state = outcome.state
     return outcomes
-
-
-def sort(table: pa.Table) -> list[dict[str, Any]]:
-    return sorted(table.to_pylist(), key=lambda r: str(r["word"]))
 
 
 EPOCHS = [rows("a", "b", "a"), rows("a", "c"), rows("c"), rows("a", "a", "b")]

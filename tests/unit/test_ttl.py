@@ -7,7 +7,6 @@ import datetime as dt
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from pyspark_abs import (
@@ -24,20 +23,9 @@ from pyspark_abs import (
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan
-from tests.support.inputs import arrow_schema
+from tests.support.key_groups import INPUT, OUTPUT, STATE, rows, sort
 
-INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
-STATE = arrow_schema(("count", pa.int64()))
-OUTPUT = (("output", arrow_schema(("word", pa.string()), ("count", pa.int64()))),)
 TTL_MS = 10_000
-
-
-def rows(*words: str) -> pd.DataFrame:
-    return pd.DataFrame({"word": list(words), "ts": [0] * len(words)})
-
-
-def sort(table: pa.Table) -> list[dict[str, Any]]:
-    return sorted(table.to_pylist(), key=lambda r: str(r["word"]))
 
 
 def count(key: tuple[Any, ...], frame: pd.DataFrame, state: KeyState) -> Any:

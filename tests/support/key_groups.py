@@ -1,0 +1,24 @@
+"""Fixtures of the per-key-group unit tests: a word count's schemas, rows and results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from tests.support.inputs import arrow_schema
+
+INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
+STATE = arrow_schema(("count", pa.int64()))
+OUTPUT = (("output", arrow_schema(("word", pa.string()), ("count", pa.int64()))),)
+
+
+def rows(*words: str, ts: int = 0) -> pd.DataFrame:
+    """Input rows of the words, all at event time ``ts``."""
+    return pd.DataFrame({"word": list(words), "ts": [ts] * len(words)})
+
+
+def sort(table: pa.Table) -> list[dict[str, Any]]:
+    """A table's rows as dicts, by word."""
+    return sorted(table.to_pylist(), key=lambda r: str(r["word"]))

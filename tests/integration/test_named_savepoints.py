@@ -79,6 +79,13 @@ def test_a_named_savepoint_outlives_retention_and_a_rollback_to_it_equals_a_clea
     pipeline(clean, words).run()
     assert_same(snapshots.state(OP), Snapshots(str(clean), spark).state(OP))
     assert_same(snapshots.sink("output"), Snapshots(str(clean), spark).sink("output"))
+    # the name stays on epoch 1: a second rollback to it installs the same snapshot again
+    assert rollback(str(root), "v1").restored_from == 1
+    pipeline(root, words).run()
+    assert_same(snapshots.state(OP), Snapshots(str(clean), spark).state(OP))
+    assert_same(snapshots.sink("output"), Snapshots(str(clean), spark).sink("output"))
+    # names belong to their root: the copy restored from 'v1' has none
+    assert Snapshots(str(copy), spark).tags() == {}
 
     assert untag(str(root), "v1") == 1
     with pytest.raises(SnapshotNotFoundError, match=r"is named 'v1'; the names are 'v2'"):

@@ -31,6 +31,7 @@ from pyspark_abs import (
     StateEvolutionError,
     check,
     operator,
+    restore,
     rollback,
 )
 from pyspark_abs.admin.validation import validate
@@ -145,6 +146,12 @@ def test_version_two_migrates_the_state_once_and_a_rollback_across_the_migration
     # a second start finds nothing to migrate
     spend_pipeline(events, root, spend_v2).run()
     assert len(snapshots.list()) == 5
+
+    # a copy of the version-1 snapshot, started with version 2, migrates there
+    copy = tmp_path / "copy"
+    restore(str(root), 1, str(copy))
+    spend_pipeline(events, copy, spend_v2).run()
+    assert_same(Snapshots(str(copy), spark).state("spend"), model_state(spark, BATCHES))
 
     # rolled back across the migration, version 2 migrates again and ends where it was
     rollback(str(root), 1)

@@ -510,6 +510,11 @@ def measured(
     return wrapped
 
 
+def cpu_seconds(roots: Sequence[int]) -> float:
+    """CPU seconds spent so far by this process and the descendants of ``roots``."""
+    return sum(_cpu_seconds(_descendants([os.getpid(), *roots])).values())
+
+
 def jvm_pid(spark: SparkSession) -> int:
     """The process id of the session's driver JVM."""
     return int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]

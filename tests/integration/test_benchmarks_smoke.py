@@ -20,6 +20,7 @@ import bench_builtin
 import bench_intervals
 import bench_multistage
 import bench_scaling
+import bench_state_scale
 
 TINY = [
     "--records",
@@ -108,3 +109,21 @@ def test_multistage(spark: SparkSession, tmp_path: Path) -> None:
     assert positive(figures["records_per_s"])
     for variant in ("baseline", "abs_async"):
         assert positive(figures["stage_seconds"][variant])
+
+
+def test_state_scale(spark: SparkSession, tmp_path: Path) -> None:
+    plot = tmp_path / "scale.png"
+    argv = ["--keys", "2k,4k", "--records", "500", "--steady-epochs", "1", "--key-groups", "4"]
+    argv += ["--partitions", "2", "--plot", str(plot), "--workdir", str(tmp_path / "w")]
+    figures = bench_state_scale.main(argv)
+    results = figures["results"]
+    assert {v: set(r) for v, r in results.items()} == {
+        v: {"2000", "4000"} for v in ("abs_async", "abs_off", "builtin_rocksdb", "builtin_default")
+    }
+    for variant, by_keys in results.items():
+        for figure in by_keys.values():
+            assert figure["epoch_s"] > 0
+            assert figure["checkpoint_bytes"] > 0
+            assert (figure["delta_bytes"] > 0) == (variant == "abs_async")
+    assert plot.exists()
+    assert plot.with_name("scale_bytes.png").exists()

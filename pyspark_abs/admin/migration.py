@@ -28,6 +28,7 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import SchemaMismatchError, StateEvolutionError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
+from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.evolution import (
     StateComparison,
@@ -37,7 +38,14 @@ from pyspark_abs.operators.evolution import (
 )
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT, same_type
+from pyspark_abs.operators.schema import (
+    DELETED,
+    EPOCH,
+    KEY_GROUP,
+    RESERVED_COLUMNS,
+    TIMEOUT,
+    same_type,
+)
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.root import SnapshotRoot, state_table
 from pyspark_abs.storage.schemas import arrow_schema
@@ -57,12 +65,14 @@ class StoredState:
         table: The stored state table's id: the operator's, or its earlier name's.
         uri: Its location.
         schema: Its current schema.
+        keys: Its key columns.
         comparison: Its key and state columns against the declared ones.
     """
 
     table: str
     uri: str
     schema: pa.Schema
+    keys: tuple[str, ...]
     comparison: StateComparison
 
     def needs_migration(self, operator: str) -> bool:
@@ -94,7 +104,7 @@ def compare_stored_state(
     comparison = compare_state(
         stored_key, stored_state, plan.key_schema, plan.state_schema, evolution
     )
-    return StoredState(table, uri, schema, comparison)
+    return StoredState(table, uri, schema, tuple(keys), comparison)
 
 
 def migrate_state(
@@ -128,10 +138,10 @@ def migrate_state(
         )
     snapshots = writer.epochs.snapshots()
     latest = snapshots[-1] if snapshots else None
-    rows = live_state(writer.store, stored, latest) if moves or plan.ttl_ms else None
-    clockless = without_expiry(plan, rows)
-    if rows is None or not (moves or clockless):
+    clockless = without_expiry(writer.store, plan, stored, latest)
+    if not (moves or clockless):
         return None
+    rows = live_state(writer.store, stored, latest)
     evolution = evolution or StateEvolution()
     what = f"migrated state of operator {plan.name!r}"
     if not moves:
@@ -177,11 +187,18 @@ def live_state(store: DeltaStore, stored: StoredState, latest: ManifestEntry | N
     return stored.schema.empty_table()
 
 
-def without_expiry(plan: OperatorPlan, rows: pa.Table | None) -> int:
-    """Keys of an operator with a TTL that have no expiry yet (it was declared since)."""
-    if plan.ttl_ms is None or rows is None:
+def without_expiry(
+    store: DeltaStore, plan: OperatorPlan, stored: StoredState, latest: ManifestEntry | None
+) -> int:
+    """Live keys of an operator with a TTL that have no expiry yet (it was declared since).
+
+    Reads only the key and bookkeeping columns of the newest snapshot's state.
+    """
+    if plan.ttl_ms is None or latest is None or stored.table not in latest.table_versions:
         return 0
-    return int(rows[TIMEOUT].null_count)
+    columns = [*stored.keys, EPOCH, DELETED, TIMEOUT]
+    changes = store.read(stored.uri, latest.table_versions[stored.table], columns)
+    return int(latest_per_key(changes, stored.keys, latest.epoch)[TIMEOUT].null_count)
 
 
 def _start_ttl_clocks(plan: OperatorPlan, rows: pa.Table, latest: ManifestEntry | None) -> pa.Table:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pyspark_abs.admin.migration import compare_stored_state, live_state, without_expiry
+from pyspark_abs.admin.migration import compare_stored_state, without_expiry
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
@@ -157,7 +157,7 @@ def _operator_item(
     if not comparison.compatible:
         lines = comparison.summary().splitlines()
         return CheckItem("operator", plan.name, Verdict.INCOMPATIBLE, tuple(lines))
-    clockless = without_expiry(plan, live_state(store, stored, latest)) if plan.ttl_ms else 0
+    clockless = without_expiry(store, plan, stored, latest)
     if not stored.needs_migration(plan.name) and not clockless:
         return CheckItem("operator", plan.name, Verdict.COMPATIBLE)
     lines = [f"state moves from {stored.table}"] * (stored.table != state_table(plan.name))

@@ -21,6 +21,7 @@ import bench_intervals
 import bench_multistage
 import bench_scaling
 import bench_state_scale
+import probe_map_state
 
 TINY = [
     "--records",
@@ -127,3 +128,10 @@ def test_state_scale(spark: SparkSession, tmp_path: Path) -> None:
             assert (figure["delta_bytes"] > 0) == (variant == "abs_async")
     assert plot.exists()
     assert plot.with_name("scale_bytes.png").exists()
+
+
+def test_map_state_probe(spark: SparkSession) -> None:
+    argv = ["--keys", "500", "--records", "200", "--epochs", "1", "--key-groups", "2"]
+    figures = probe_map_state.main([*argv, "--partitions", "2"])
+    assert figures["epoch_s"] > 0
+    assert figures["checkpoint_bytes"] > 0

@@ -53,9 +53,11 @@ def event_times_ms(plan: OperatorPlan, rows: pd.DataFrame) -> IntArray | None:
     values = rows[column]
     if values.dtype.kind == "M":
         utc = values.dt.tz_convert("UTC") if values.dt.tz is not None else values
-        millis = (utc - pd.Timestamp(0, tz=utc.dt.tz)) // pd.Timedelta(milliseconds=1)
-        return np.asarray(millis.to_numpy(), dtype=np.int64)
-    return np.asarray(values.to_numpy(), dtype=np.int64) // 1000  # microseconds
+        millis = (utc - pd.Timestamp(0, tz=utc.dt.tz)) / pd.Timedelta(milliseconds=1)
+    else:
+        millis = values.astype("float64") / 1000  # microseconds
+    # a row without an event time counts as the watermark (see expiries)
+    return np.asarray(millis.fillna(np.iinfo(np.int64).min // 2).to_numpy(), dtype=np.int64)
 
 
 def expiries(

@@ -158,3 +158,15 @@ def test_a_ttl_is_declared_with_a_clock_and_not_with_timeouts() -> None:
     for kwargs, message in refused:
         with pytest.raises(OperatorDefinitionError, match=message):
             vectorized_operator(**declared, **kwargs)(noop)
+
+
+def test_a_row_without_an_event_time_counts_as_the_watermark() -> None:
+    plan = ttl_plan(TimeoutMode.EVENT_TIME)
+    frame = pd.DataFrame(
+        {"word": ["a", "b"], "ts": pd.to_datetime(["NaT", "1970-01-01 00:00:09"], utc=True)}
+    )
+    first = run_key_group(plan, 0, frame, plan.blob_schema.empty_table(), Clock(0, 5_000), 0)
+    assert {r["word"]: r["_timeout"] for r in first.changes.to_pylist()} == {
+        "a": 15_000,
+        "b": 19_000,
+    }

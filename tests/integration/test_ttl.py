@@ -160,3 +160,38 @@ def test_a_ttl_added_to_a_running_operator_starts_every_keys_clock_at_the_upgrad
     assert epochs == [0, 1, 2, *range(3, 3 + len(after))]
     assert_same(state_of(snapshots, epochs[-1]), as_frame(spark, expected[-1]))
     assert check(ttl_pipeline(events, root, recent)).exit_code == 0
+
+
+def test_a_processing_time_ttl_shorter_than_an_epoch_keeps_only_each_epochs_keys(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # a TTL of 1 ms lapses before the next micro-batch starts, whatever the wall clock says
+    brief = operator(
+        key="word",
+        state_schema="count long",
+        output_schema=DDL,
+        name="recent",
+        ttl=dt.timedelta(milliseconds=1),
+    )(count_words)
+    events, root = event_table(tmp_path / "events", BATCHES), tmp_path / "root"
+    pipeline = Pipeline(
+        "recent",
+        DeltaSource(events, max_files_per_trigger=1),
+        brief,
+        root=str(root),
+        sinks=str(root / "sink"),
+        config=AbsConfig(key_groups=4, commit_mode="sync"),
+        transform=lambda df: df.select("word"),
+    )
+    pipeline.run()
+    snapshots = Snapshots(str(root), spark)
+    states = [snapshots.state("recent", i.epoch) for i in snapshots.list()]
+    for epoch, batch in enumerate(BATCHES):
+        counts: dict[str, int] = {}
+        for word, _ in batch:
+            counts[word] = counts.get(word, 0) + 1
+        expected = spark.createDataFrame(sorted(counts.items()), DDL)
+        assert_same(states[epoch], expected)
+    # after the input, an epoch with no rows removes every key, and the run stops idle
+    assert states[len(BATCHES)].count() == 0
+    assert snapshots.list()[-1].state_keys == 0

@@ -5,6 +5,7 @@ The model is plain Python over the input events; it knows nothing of the migrati
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -287,6 +288,13 @@ def test_the_upgrade_check_reports_each_operator_and_sink_without_changing_anyth
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split() == ["KIND", "NAME", "VERDICT", "DETAILS"]
     assert printed[1].split()[:4] == ["operator", "spend", "needs", "migration"]
+    assert cli(["check", str(root), "--pipeline", "upgrade_job:pipeline", "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == 3
+    assert [(i["kind"], i["verdict"]) for i in report["items"]] == [
+        ("operator", "needs migration"),
+        ("sink", "compatible"),
+    ]
     assert cli(["check", str(root), "--pipeline", "upgrade_job:nothing"]) == 2
     assert "cannot be loaded" in capsys.readouterr().err
     assert DeltaTable(str(root / "_manifest")).version() == manifest_version

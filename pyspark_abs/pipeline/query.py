@@ -94,9 +94,10 @@ class PipelineQuery:
         Raises:
             AbsError: The pipeline failed; the error says where and what to do.
         """
+        interrupted = False
         try:
             if self._stop_when_idle:
-                ended = self._await_idle(timeout, stop=True)
+                ended, interrupted = self._await_idle(timeout, stop=True)
             elif timeout is None:
                 self.query.awaitTermination()
                 ended = True
@@ -106,7 +107,7 @@ class PipelineQuery:
             self._finish(failed=True)
             self._raise(err)
         if ended:
-            self._finish(failed=False)
+            self._finish(failed=interrupted)
         return ended
 
     def process_all_available(self) -> None:
@@ -125,8 +126,14 @@ class PipelineQuery:
             self._finish(failed=True)
             self._raise(err)
 
-    def _await_idle(self, timeout: int | None, stop: bool) -> bool:
-        """Wait for the next idle epoch (or the end of the query), then maybe stop."""
+    def _await_idle(self, timeout: int | None, stop: bool) -> tuple[bool, bool]:
+        """Wait for the next idle epoch (or the end of the query), then maybe stop.
+
+        Returns whether the query has ended, and whether stopping it interrupted a
+        micro-batch. Spark runs timeout micro-batches back to back, so the stop may cut the
+        one after the idle epoch short; like :meth:`stop`, the run then ends without an
+        error and leaves that epoch to the next start.
+        """
         coordinator = self._coordinator
         if not isinstance(coordinator, EpochCoordinator):
             raise ConfigError(
@@ -138,13 +145,15 @@ class PipelineQuery:
         waited = 0
         while timeout is None or waited < timeout:
             if self.query.awaitTermination(1):
-                return True
+                return True, False
             waited += 1
             if coordinator.wait_for_idle(seen, timeout=0):
-                if stop:
-                    self.query.stop()
-                return stop
-        return False
+                if not stop:
+                    return False, False
+                failed_before = coordinator.failure is not None
+                self.query.stop()
+                return True, not failed_before and coordinator.failure is not None
+        return False, False
 
     def stop(self, *, savepoint: str | None = None) -> SnapshotInfo | None:
         """Stop the query, commit every PREPARED epoch, and stop the committer.

@@ -7,7 +7,7 @@ newest event at its last write plus the TTL. It reuses nothing of the project.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
+    EpochStatus,
     KeyState,
     Operator,
     Pipeline,
@@ -56,7 +57,16 @@ forever = operator(key="word", state_schema="count long", output_schema=DDL, nam
 )
 
 
-def ttl_pipeline(events: str, root: Path, op: Operator) -> Pipeline:
+def with_event_time(df: DataFrame) -> DataFrame:
+    return df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark("ts", "0 seconds")
+
+
+def ttl_pipeline(
+    events: str,
+    root: Path,
+    op: Operator,
+    transform: Callable[[DataFrame], DataFrame] = with_event_time,
+) -> Pipeline:
     return Pipeline(
         "recent",
         DeltaSource(events, max_files_per_trigger=1),
@@ -64,9 +74,7 @@ def ttl_pipeline(events: str, root: Path, op: Operator) -> Pipeline:
         root=str(root),
         sinks=str(root / "sink"),
         config=AbsConfig(key_groups=4, commit_mode="sync"),
-        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
-            "ts", "0 seconds"
-        ),
+        transform=transform,
     )
 
 
@@ -174,18 +182,11 @@ def test_a_processing_time_ttl_shorter_than_an_epoch_keeps_only_each_epochs_keys
         ttl=dt.timedelta(milliseconds=1),
     )(count_words)
     events, root = event_table(tmp_path / "events", BATCHES), tmp_path / "root"
-    pipeline = Pipeline(
-        "recent",
-        DeltaSource(events, max_files_per_trigger=1),
-        brief,
-        root=str(root),
-        sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
-        transform=lambda df: df.select("word"),
-    )
-    pipeline.run()
+    ttl_pipeline(events, root, brief, lambda df: df.select("word")).run()
     snapshots = Snapshots(str(root), spark)
-    states = [snapshots.state("recent", i.epoch) for i in snapshots.list()]
+    # the stop after the idle epoch may cut the next micro-batch short: left for recovery
+    committed = [i for i in snapshots.list() if i.status is EpochStatus.COMMITTED]
+    states = [snapshots.state("recent", i.epoch) for i in committed]
     for epoch, batch in enumerate(BATCHES):
         counts: dict[str, int] = {}
         for word, _ in batch:
@@ -194,4 +195,4 @@ def test_a_processing_time_ttl_shorter_than_an_epoch_keeps_only_each_epochs_keys
         assert_same(states[epoch], expected)
     # after the input, an epoch with no rows removes every key, and the run stops idle
     assert states[len(BATCHES)].count() == 0
-    assert snapshots.list()[-1].state_keys == 0
+    assert committed[-1].state_keys == 0

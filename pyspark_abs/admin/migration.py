@@ -107,6 +107,51 @@ def compare_stored_state(
     return StoredState(table, uri, schema, tuple(keys), comparison)
 
 
+@dataclass(frozen=True)
+class Migration:
+    """What a start does with an operator's stored state (see :func:`plan_migration`).
+
+    Attributes:
+        stored: The stored state against the declaration.
+        operator: The operator's id.
+        clockless: Live keys that get a TTL expiry (the TTL was declared since).
+    """
+
+    stored: StoredState
+    operator: str
+    clockless: int
+
+    @property
+    def moved(self) -> bool:
+        """Whether the state moves from the table of the operator's earlier name."""
+        return self.stored.table != state_table(self.operator)
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether the state is rewritten by the evolution rules (or refused)."""
+        return self.stored.needs_migration(self.operator)
+
+    @property
+    def needed(self) -> bool:
+        """Whether a start installs a migration epoch."""
+        return self.rewrites or bool(self.clockless)
+
+
+def plan_migration(
+    store: DeltaStore,
+    root: str,
+    plan: OperatorPlan,
+    evolution: StateEvolution | None,
+    latest: ManifestEntry | None,
+) -> Migration | None:
+    """What a start on ``root`` does with the operator's stored state; None without any."""
+    stored = compare_stored_state(store, root, plan, evolution)
+    if stored is None:
+        return None
+    clockless = without_expiry(store, plan, stored, latest) if stored.comparison.compatible else 0
+    return Migration(stored, plan.name, clockless)
+
+
 def migrate_state(
     writer: EpochWriter,
     plan: OperatorPlan,
@@ -125,10 +170,12 @@ def migrate_state(
         SchemaMismatchError: A migration function failed or returned the wrong columns.
         SourceError: The newest snapshot was read from a source that cannot be rewound.
     """
-    stored = compare_stored_state(writer.store, writer.root, plan, evolution)
-    if stored is None:
+    snapshots = writer.epochs.snapshots()
+    latest = snapshots[-1] if snapshots else None
+    migration = plan_migration(writer.store, writer.root, plan, evolution, latest)
+    if migration is None:
         return None
-    moves = stored.needs_migration(plan.name)
+    stored, moves, clockless = migration.stored, migration.rewrites, migration.clockless
     if moves and not stored.comparison.compatible:
         raise StateEvolutionError(
             f"operator {plan.name!r}: the state stored at {stored.uri} has another schema "
@@ -136,10 +183,7 @@ def migrate_state(
             f"difference; nothing was run or changed. Differences:\n"
             f"{stored.comparison.summary()}"
         )
-    snapshots = writer.epochs.snapshots()
-    latest = snapshots[-1] if snapshots else None
-    clockless = without_expiry(writer.store, plan, stored, latest)
-    if not (moves or clockless):
+    if not migration.needed:
         return None
     rows = live_state(writer.store, stored, latest)
     evolution = evolution or StateEvolution()
@@ -156,7 +200,7 @@ def migrate_state(
     if clockless:
         migrated = _start_ttl_clocks(plan, migrated, latest)
     changes = "; ".join(
-        [f"moved from {stored.table}"] * (stored.table != state_table(plan.name))
+        [f"moved from {stored.table}"] * migration.moved
         + [str(c) for c in stored.comparison.migrations] * moves
         + [f"ttl clocks started for {clockless} key(s)"] * bool(clockless)
     )

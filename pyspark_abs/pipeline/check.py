@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pyspark_abs.admin.migration import compare_stored_state, without_expiry
+from pyspark_abs.admin.migration import plan_migration
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
@@ -149,19 +149,19 @@ def check(pipeline: Pipeline, root: str | None = None) -> UpgradeReport:
 def _operator_item(
     store: DeltaStore, root: str, pipeline: Pipeline, latest: ManifestEntry | None
 ) -> CheckItem:
-    plan, evolution = pipeline.plan, pipeline.operator.evolution
-    stored = compare_stored_state(store, root, plan, evolution)
-    if stored is None:
+    plan = pipeline.plan
+    migration = plan_migration(store, root, plan, pipeline.operator.evolution, latest)
+    if migration is None:
         return CheckItem("operator", plan.name, Verdict.NEW, ("no stored state; starts empty",))
-    comparison = stored.comparison
+    comparison = migration.stored.comparison
     if not comparison.compatible:
         lines = comparison.summary().splitlines()
         return CheckItem("operator", plan.name, Verdict.INCOMPATIBLE, tuple(lines))
-    clockless = without_expiry(store, plan, stored, latest)
-    if not stored.needs_migration(plan.name) and not clockless:
+    if not migration.needed:
         return CheckItem("operator", plan.name, Verdict.COMPATIBLE)
-    lines = [f"state moves from {stored.table}"] * (stored.table != state_table(plan.name))
+    lines = [f"state moves from {migration.stored.table}"] * migration.moved
     lines += [str(change) for change in comparison.migrations]
+    clockless = migration.clockless
     lines += [f"ttl clocks start for {clockless} key(s) without one"] * bool(clockless)
     if latest is not None:
         try:

@@ -61,6 +61,10 @@ class AbsConfig:
             group whose state outgrows it fails its epoch with a ``StateTooLargeError``
             (nothing of the epoch is committed) instead of exhausting the memory of a
             Python worker or of Spark's state store.
+        local_state_dir: Directory on each executor for the key groups' live state, with
+            snapshots on ("": the executor's temporary directory). It needs room for about
+            the live state, LZ4-compressed Arrow, and is rebuilt from the snapshot root
+            when lost.
         faults: Faults to inject at named protocol steps, for tests and demos.
     """
 
@@ -73,6 +77,7 @@ class AbsConfig:
     compaction_every_epochs: int = 0
     compaction_ratio: float = 10.0
     max_key_group_state_bytes: int = 256 * 1024 * 1024
+    local_state_dir: str = ""
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     def __new__(cls, *args: object, **kwargs: object) -> AbsConfig:
@@ -118,6 +123,10 @@ class AbsConfig:
                 f"snapshot_interval={self.snapshot_interval} groups the commits of snapshots, "
                 f"but snapshots=False takes none (each epoch's outputs are committed alone); "
                 f"set snapshot_interval=1 or snapshots=True"
+            )
+        if not isinstance(self.local_state_dir, str):
+            raise ConfigError(
+                f"local_state_dir must be a directory path (a string), got {self.local_state_dir!r}"
             )
         for fault in self.faults:
             if not isinstance(fault, Fault):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 import pyarrow as pa
 
-from pyspark_abs.errors import OperatorDefinitionError
+from pyspark_abs.errors import OperatorDefinitionError, StateTooLargeError
 from pyspark_abs.operators.contract import KeyGroupFunction, Operator, TimeoutMode
 from pyspark_abs.operators.schema import (
     DELETED,
@@ -45,6 +45,60 @@ class DecidedReplay:
     files: tuple[str, ...]
 
 
+class LiveState(Protocol):
+    """Where a key group's live state is kept between epochs.
+
+    Spark's state store keeps one value per key group, ``stored``: the state itself
+    (:class:`StateInSpark`) or a small reference to it kept elsewhere.
+    """
+
+    def load(
+        self, plan: OperatorPlan, key_group: int, stored: bytes, batch_id: int | None
+    ) -> pa.Table:
+        """The key group's state (blob schema) that ``stored`` holds or refers to."""
+        ...
+
+    def save(
+        self,
+        plan: OperatorPlan,
+        key_group: int,
+        state: pa.Table,
+        batch_id: int | None,
+        replaced: bytes | None,
+    ) -> bytes:
+        """Keep the key group's new state; the value for Spark's state store.
+
+        ``replaced`` is the value it replaces (None: the key group had no state).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class StateInSpark:
+    """The whole state of a key group is one blob in Spark's state store.
+
+    Every change rewrites and checkpoints the whole blob; used when snapshots are off,
+    since there is then no snapshot to rebuild the state from.
+    """
+
+    def load(
+        self, plan: OperatorPlan, key_group: int, stored: bytes, batch_id: int | None
+    ) -> pa.Table:
+        """Decode the blob."""
+        return plan.state_codec.decode(stored)
+
+    def save(
+        self,
+        plan: OperatorPlan,
+        key_group: int,
+        state: pa.Table,
+        batch_id: int | None,
+        replaced: bytes | None,
+    ) -> bytes:
+        """Encode the blob (see :meth:`OperatorPlan.encode_state`)."""
+        return plan.encode_state(state, key_group, batch_id)
+
+
 @dataclass(frozen=True)
 class OperatorPlan:
     """An operator resolved against its input: everything the tasks need, picklable.
@@ -68,6 +122,7 @@ class OperatorPlan:
             restore starts Spark's watermark afresh at 0; with the floor, late rows are
             dropped and timeouts fire as in a run that never restarted.
         ttl_ms: State time-to-live (see :attr:`Operator.ttl_ms`), on the ``timeout`` clock.
+        live_state: Where key groups keep their state between epochs.
     """
 
     name: str
@@ -84,6 +139,7 @@ class OperatorPlan:
     event_time: str | None = None
     watermark_floor_ms: int = 0
     ttl_ms: int | None = None
+    live_state: LiveState = field(default_factory=StateInSpark)
 
     def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
         """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
@@ -165,6 +221,26 @@ class OperatorPlan:
     def state_codec(self) -> BatchCodec:
         """Codec of the key-group state blob."""
         return BatchCodec(self.blob_schema, f"state of operator {self.name!r}", compress=True)
+
+    def encode_state(self, state: pa.Table, key_group: int, batch_id: int | None) -> bytes:
+        """Encode a key group's state as one blob.
+
+        Raises:
+            StateTooLargeError: The state, as Arrow before compression (what a Python worker
+                holds in memory), is larger than ``max_state_bytes``.
+        """
+        message = self.state_codec.message(state)
+        bound = self.max_state_bytes
+        if bound is not None and message.size > bound:
+            raise StateTooLargeError(
+                f"operator {self.name!r}, epoch {batch_id}, key group {key_group}: the key "
+                f"group's state is {message.size:,} bytes encoded ({state.num_rows:,} keys), "
+                f"above max_key_group_state_bytes={bound:,}; the epoch is not committed. "
+                f"Spread the keys over more key groups (raise key_groups; on an existing "
+                f"checkpoint roll back to the latest epoch first) or raise "
+                f"max_key_group_state_bytes"
+            )
+        return self.state_codec.frame(message)
 
     @cached_property
     def change_codec(self) -> BatchCodec:

@@ -14,7 +14,6 @@ from pyspark_abs.errors import (
     InvalidTimeoutError,
     OperatorError,
     SchemaMismatchError,
-    StateTooLargeError,
 )
 from pyspark_abs.operators.contract import (
     Clock,
@@ -190,24 +189,15 @@ def apply_state(
     )
 
 
-def encode_state(plan: OperatorPlan, state: pa.Table, key_group: int, epoch: int | None) -> bytes:
-    """Encode a key group's state as the blob kept in Spark's state store.
-
-    Raises:
-        StateTooLargeError: The state, as Arrow before compression (what a Python worker
-            holds in memory), is larger than the plan's ``max_state_bytes``.
-    """
-    message = plan.state_codec.message(state)
-    bound = plan.max_state_bytes
-    if bound is not None and message.size > bound:
-        raise StateTooLargeError(
-            f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: the key group's "
-            f"state is {message.size:,} bytes encoded ({state.num_rows:,} keys), above "
-            f"max_key_group_state_bytes={bound:,}; the epoch is not committed. Spread the "
-            f"keys over more key groups (raise key_groups; on an existing checkpoint roll "
-            f"back to the latest epoch first) or raise max_key_group_state_bytes"
-        )
-    return plan.state_codec.frame(message)
+def apply_changes(plan: OperatorPlan, state: pa.Table, changes: pa.Table) -> pa.Table:
+    """A key group's state (blob schema) after one epoch's changes (change schema)."""
+    if not changes.num_rows:
+        return state
+    state_keys, changed_keys = key_arrays([state, changes], plan.key_columns)
+    kept = state.filter(~contains(state_keys, changed_keys))
+    deleted = np.asarray(changes[DELETED].to_numpy(zero_copy_only=False), dtype=object)
+    live = changes.filter(pa.array(deleted != True))  # noqa: E712 (null counts as live)
+    return pa.concat_tables([kept, live.select(plan.blob_schema.names).cast(plan.blob_schema)])
 
 
 def earliest_timeout(state: pa.Table) -> int | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,21 +28,16 @@ from pyspark_abs.operators.contract import (
 )
 from pyspark_abs.operators.envelope import envelope_frame
 from pyspark_abs.operators.key_group import run_key_group
-from pyspark_abs.operators.keys import (
-    contains,
-    key_arrays,
-)
 from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
 from pyspark_abs.operators.schema import (
-    DELETED,
     KEY_GROUP,
     RESTORE,
     instant_columns,
     localize,
 )
 from pyspark_abs.operators.state_diff import (
+    apply_changes,
     earliest_timeout,
-    encode_state,
 )
 
 if TYPE_CHECKING:
@@ -82,10 +76,12 @@ class KeyGroupTask:
         restored = None
         if RESTORE in rows.columns:
             restored, rows = _split_restore(plan, rows, key_group, group_state.exists)
+        batch_id = current_epoch()
+        stored: bytes | None = group_state.get[0] if group_state.exists else None
         if restored is not None:
             state = restored
-        elif group_state.exists:
-            state = plan.state_codec.decode(group_state.get[0])
+        elif stored is not None:
+            state = plan.live_state.load(plan, key_group, stored, batch_id)
         else:
             state = plan.blob_schema.empty_table()
         clock = Clock(
@@ -93,21 +89,21 @@ class KeyGroupTask:
         )
         if restored is not None and not len(rows):
             # Only restore rows: install the key group's state; the function runs on data.
-            group_state.update((encode_state(plan, state, key_group, current_epoch()),))
+            group_state.update((plan.live_state.save(plan, key_group, state, batch_id, None),))
             _set_timeout(plan, group_state, earliest_timeout(state), clock)
             return
-        epoch = current_epoch()
-        replay = plan.replay_of(epoch)
+        replay = plan.replay_of(batch_id)
         if replay is not None:
             yield from _install_decided(plan, replay, key_group, state, group_state, clock)
             return
-        outcome = run_key_group(plan, key_group, rows, state, clock, epoch)
+        outcome = run_key_group(plan, key_group, rows, state, clock, batch_id)
 
         if not outcome.state.num_rows:
             if group_state.exists:
                 group_state.remove()
         elif outcome.changes.num_rows or restored is not None:
-            group_state.update((encode_state(plan, outcome.state, key_group, epoch),))
+            saved = plan.live_state.save(plan, key_group, outcome.state, batch_id, stored)
+            group_state.update((saved,))
         _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
 
         changes = None
@@ -135,10 +131,12 @@ def _install_decided(
     Yields one envelope row naming the key group when it had decided changes, so that the
     coordinator can tell every changed key group was reached.
     """
-    changes = decided_changes(plan, replay, key_group)
+    changes = epoch_changes(plan, replay.epoch, replay.files, key_group)
     installed = apply_changes(plan, state, changes)
     if installed.num_rows:
-        group_state.update((encode_state(plan, installed, key_group, replay.epoch),))
+        stored = group_state.get[0] if group_state.exists else None
+        saved = plan.live_state.save(plan, key_group, installed, replay.batch_id, stored)
+        group_state.update((saved,))
     elif group_state.exists:
         group_state.remove()
     _set_timeout(plan, group_state, earliest_timeout(installed), clock)
@@ -146,46 +144,43 @@ def _install_decided(
         yield envelope_frame(key_group, (changes, b""), 0, [])
 
 
-_DECIDED: dict[tuple[str, ...], pa.Table] = {}
-"""The state changes of the decided epoch being replayed, read once per Python worker."""
+_CHANGES: dict[tuple[str, ...], pa.Table] = {}
+"""The state changes of the decided epoch read last, read once per Python worker."""
 
 
-def decided_changes(plan: OperatorPlan, replay: DecidedReplay, key_group: int) -> pa.Table:
-    """The state changes ``replay``'s epoch decided for ``key_group`` (change schema).
+def epoch_changes(
+    plan: OperatorPlan, epoch: int, files: tuple[str, ...], key_group: int
+) -> pa.Table:
+    """The state changes (change schema) decided epoch ``epoch`` made to ``key_group``.
+
+    Args:
+        plan: The operator.
+        epoch: The decided epoch, for messages.
+        files: The epoch's pre-committed state-change files (absolute locations).
+        key_group: The key group.
 
     Raises:
         OperatorError: The epoch's files cannot be read (e.g. vacuumed).
     """
-    changes = _DECIDED.get(replay.files)
+    changes = _CHANGES.get(files)
     if changes is None:
         columns = [*plan.change_schema.names, KEY_GROUP]
         try:
             changes = (
-                pq.read_table(list(replay.files), columns=columns)
-                if replay.files
+                pq.read_table(list(files), columns=columns)
+                if files
                 else plan.change_schema.append(pa.field(KEY_GROUP, pa.int32())).empty_table()
             )
         except (OSError, pa.ArrowException) as err:
             raise OperatorError(
-                f"operator {plan.name!r}: Spark replays epoch {replay.epoch}, which is already "
-                f"decided, but its state changes cannot be read ({err}). Roll back to the "
-                f"newest intact snapshot with pyspark_abs.rollback and start again"
+                f"operator {plan.name!r}: epoch {epoch} is decided, but its state changes "
+                f"cannot be read ({err}). Roll back to the newest intact snapshot with "
+                f"pyspark_abs.rollback and start again"
             ) from err
-        _DECIDED.clear()
-        _DECIDED[replay.files] = changes
+        _CHANGES.clear()
+        _CHANGES[files] = changes
     mine = pc.equal(changes[KEY_GROUP], pa.scalar(key_group, pa.int32()))
     return changes.filter(mine).select(plan.change_schema.names).cast(plan.change_schema)
-
-
-def apply_changes(plan: OperatorPlan, state: pa.Table, changes: pa.Table) -> pa.Table:
-    """A key group's state (blob schema) after one epoch's changes (change schema)."""
-    if not changes.num_rows:
-        return state
-    state_keys, changed_keys = key_arrays([state, changes], plan.key_columns)
-    kept = state.filter(~contains(state_keys, changed_keys))
-    deleted = np.asarray(changes[DELETED].to_numpy(zero_copy_only=False), dtype=object)
-    live = changes.filter(pa.array(deleted != True))  # noqa: E712 (null counts as live)
-    return pa.concat_tables([kept, live.select(plan.blob_schema.names).cast(plan.blob_schema)])
 
 
 def _without(frame: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -32,7 +32,7 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
 from pyspark_abs.operators.keygroups import key_group_column
-from pyspark_abs.operators.plan import OperatorPlan, resolve_plan
+from pyspark_abs.operators.plan import LiveState, OperatorPlan, StateInSpark, resolve_plan
 from pyspark_abs.operators.schema import (
     KEY_GROUP,
     to_arrow,
@@ -60,6 +60,7 @@ from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
+from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.protocol.replay import decided_replays
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
@@ -306,12 +307,24 @@ class Pipeline:
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
+                live_state=self._live_state(layout, writer.root_id, lineage.epoch_base),
             )
             query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
         except BaseException:
             run.close()
             raise
         return PipelineQuery(query, run, self, recovered, available_now and stop_when_idle)
+
+    def _live_state(
+        self, layout: SnapshotLayout, root_id: str | None, epoch_base: int
+    ) -> LiveState:
+        """Local files rebuilt from the snapshots; without snapshots, Spark's state store."""
+        if not self.config.snapshots:
+            return StateInSpark()
+        state = layout.targets[0]
+        return LocalLiveState.for_root(
+            self.root, root_id, state.table, state.uri, self.config.local_state_dir, epoch_base
+        )
 
     def run(self) -> PipelineQuery:
         """Process everything available now, wait until done, and return the query.

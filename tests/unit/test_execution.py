@@ -22,9 +22,9 @@ from pyspark_abs import (
 )
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
-from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
-from pyspark_abs.operators.state_diff import KeyGroupOutcome, encode_state
-from pyspark_abs.operators.task import apply_changes, decided_changes
+from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.state_diff import KeyGroupOutcome, apply_changes
+from pyspark_abs.operators.task import epoch_changes
 from tests.support.inputs import arrow_schema
 from tests.support.key_groups import INPUT, OUTPUT, STATE, rows, sort
 
@@ -111,7 +111,7 @@ def test_applying_an_epochs_changes_gives_its_state(form: str) -> None:
         assert sort(state) == sort(outcome.state)
 
 
-def test_decided_changes_are_read_per_key_group(tmp_path: Path) -> None:
+def test_a_decided_epochs_changes_are_read_per_key_group(tmp_path: Path) -> None:
     plan = plan_for(per_key, None)
     changes = run_epochs(plan, EPOCHS[:1])[0].changes
     files = []
@@ -119,12 +119,11 @@ def test_decided_changes_are_read_per_key_group(tmp_path: Path) -> None:
         path = tmp_path / f"part-{group}.parquet"
         pq.write_table(changes.append_column("_key_group", pa.array([group] * 2, pa.int32())), path)
         files.append(str(path))
-    replay = DecidedReplay(batch_id=0, epoch=0, files=tuple(files))
-    assert sort(decided_changes(plan, replay, 7)) == sort(changes)
-    assert decided_changes(plan, replay, 5).num_rows == 0
-    missing = DecidedReplay(batch_id=1, epoch=1, files=(str(tmp_path / "gone.parquet"),))
-    with pytest.raises(OperatorError, match="epoch 1, which is already decided"):
-        decided_changes(plan, missing, 7)
+    assert sort(epoch_changes(plan, 0, tuple(files), 7)) == sort(changes)
+    assert epoch_changes(plan, 0, tuple(files), 5).num_rows == 0
+    missing = (str(tmp_path / "gone.parquet"),)
+    with pytest.raises(OperatorError, match="epoch 1 is decided, but its state changes"):
+        epoch_changes(plan, 1, missing, 7)
 
 
 def test_both_forms_snapshot_identically() -> None:
@@ -385,11 +384,11 @@ def test_nested_state_values_are_diffed() -> None:
 def test_a_key_group_state_above_the_bound_is_refused() -> None:
     plan = dataclasses.replace(plan_for(vectorized_fn=vectorized), max_state_bytes=600)
     small = run_key_group(plan, 3, rows("a", "b"), plan.blob_schema.empty_table(), CLOCK, 0)
-    assert len(encode_state(plan, small.state, 3, 0)) <= 600
+    assert len(plan.encode_state(small.state, 3, 0)) <= 600
     words = [f"word-{i}" for i in range(200)]
     large = run_key_group(plan, 3, rows(*words), small.state, CLOCK, 1)
     with pytest.raises(StateTooLargeError) as raised:
-        encode_state(plan, large.state, 3, 1)
+        plan.encode_state(large.state, 3, 1)
     message = str(raised.value)
     assert message.startswith("operator 'wc', epoch 1, key group 3: the key group's state is ")
     assert "(202 keys), above max_key_group_state_bytes=600" in message

@@ -1,0 +1,295 @@
+"""Live state on the executors' local disks, rebuilt from the snapshot root when missing.
+
+With snapshots on, a key group's live state between epochs is a file on the local disk of
+the executor that ran it, not a value in Spark's state store. Spark's state store keeps only
+a *marker* per key group: the epoch that last changed the key group and a random token
+naming the file written then. A steady epoch therefore adds to Spark's checkpoint a few
+dozen bytes per changed key group, and to the snapshot (the Delta state table) only the
+changed keys: bytes follow the change, not the size of the state.
+
+The marker is what makes the file trustworthy: it reaches Spark's state store only if the
+task that wrote the file succeeded, and its token names exactly that file, so a retried or
+zombie task, another run, or a restore never makes a key group read another's state.
+
+A missing file (another executor, a lost disk, a new cluster) is rebuilt from the snapshot
+root, which holds every decided change: the newest snapshot older than the running epoch,
+plus the pre-committed changes of decided epochs after it up to the marker's epoch (see
+:func:`rebuild_steps`). The first key group that misses on an executor splits that snapshot
+into one base file per key group for the others (one read of the state table per executor
+and snapshot), under a file lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from pyspark_abs.errors import AbsError, StateEncodingError
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.operators.changelog import latest_per_key
+from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
+from pyspark_abs.operators.state_diff import apply_changes
+from pyspark_abs.operators.task import epoch_changes
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
+
+MARKER = b"ABSL"
+_EPOCH_BYTES = 8
+_TOKEN_BYTES = 16
+_COMPLETE = "_complete"
+
+
+def encode_marker(epoch: int, token: bytes) -> bytes:
+    """The value Spark's state store keeps for a key group whose state is on local disk."""
+    return MARKER + epoch.to_bytes(_EPOCH_BYTES, "little", signed=True) + token
+
+
+def decode_marker(stored: bytes) -> tuple[int, bytes] | None:
+    """The epoch and token of a marker, or None if ``stored`` is a state blob."""
+    if stored[: len(MARKER)] != MARKER:
+        return None
+    if len(stored) != len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES:
+        raise StateEncodingError(
+            f"a live-state marker in Spark's state store has {len(stored)} bytes, not "
+            f"{len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES}; the checkpoint is damaged. Roll "
+            f"back to the newest snapshot with pyspark_abs.rollback and start again"
+        )
+    epoch = int.from_bytes(stored[len(MARKER) : len(MARKER) + _EPOCH_BYTES], "little", signed=True)
+    return epoch, stored[len(MARKER) + _EPOCH_BYTES :]
+
+
+@dataclass(frozen=True)
+class RebuildSteps:
+    """How to rebuild a key group's state as of an epoch from the snapshot root.
+
+    Attributes:
+        base: The snapshot to start from (None: start empty).
+        changes: PREPARED entries of the decided epochs to apply after it, oldest first.
+    """
+
+    base: ManifestEntry | None
+    changes: tuple[ManifestEntry, ...]
+
+
+def rebuild_steps(epochs: EpochLog, table: str, marker_epoch: int, epoch: int) -> RebuildSteps:
+    """How to rebuild the state ``marker_epoch`` left, for the micro-batch of ``epoch``.
+
+    No epoch after ``marker_epoch`` and before ``epoch`` changed the key group (the marker
+    names the last that did), so any snapshot in between holds its state; a later decided
+    epoch (one Spark replays) may have, so no snapshot from ``epoch`` on is used. If the
+    newest snapshot before ``epoch`` is older than ``marker_epoch`` (not committed yet,
+    or grouped by ``snapshot_interval``), the decided epochs after it up to ``marker_epoch``
+    are applied from their pre-committed files.
+
+    Args:
+        epochs: The root's manifest, read during the micro-batch of ``epoch``.
+        table: The operator's state table id.
+        marker_epoch: The epoch that last changed the key group.
+        epoch: The epoch of the running micro-batch.
+    """
+    earlier = [s for s in epochs.snapshots() if s.epoch < epoch and table in s.table_versions]
+    base = earlier[-1] if earlier else None
+    start = -1 if base is None else base.epoch
+    if start >= marker_epoch:
+        return RebuildSteps(base, ())
+    changes = []
+    for candidate in range(start + 1, marker_epoch + 1):
+        entry = epochs.prepared(candidate)
+        if entry is not None and table in entry.tables:
+            changes.append(entry)
+    return RebuildSteps(base, tuple(changes))
+
+
+@dataclass(frozen=True)
+class LocalLiveState:
+    """Key groups' live state in files on the executor's local disk (see the module).
+
+    Attributes:
+        root: The snapshot root.
+        root_key: Identifies the root among those whose state shares the directory.
+        table: The operator's state table id.
+        uri: The state table's location.
+        directory: Where the files go ("": the executor's temporary directory).
+        epoch_base: The epoch of Spark's micro-batch 0 in this checkpoint.
+    """
+
+    root: str
+    root_key: str
+    table: str
+    uri: str
+    directory: str
+    epoch_base: int
+
+    @staticmethod
+    def for_root(
+        root: str, root_id: str | None, table: str, uri: str, directory: str, epoch_base: int
+    ) -> LocalLiveState:
+        """The local live state of one operator of a root (``root_id`` None: an old root)."""
+        key = root_id or hashlib.blake2b(root.encode(), digest_size=8).hexdigest()
+        return LocalLiveState(root, key, table, uri, directory, epoch_base)
+
+    def load(
+        self, plan: OperatorPlan, key_group: int, stored: bytes, batch_id: int | None
+    ) -> pa.Table:
+        """The key group's state the marker ``stored`` names (a blob is decoded).
+
+        Raises:
+            StateEncodingError: The marker is damaged.
+            OperatorError: The state has to be rebuilt, and a decided epoch's files are gone.
+        """
+        marker = decode_marker(stored)
+        if marker is None:  # a checkpoint written before live state moved to local disk
+            return plan.state_codec.decode(stored)
+        marker_epoch, token = marker
+        path = self._file(plan, key_group, marker_epoch, token)
+        try:
+            return plan.state_codec.decode(path.read_bytes())
+        except (FileNotFoundError, StateEncodingError):
+            pass  # gone, or a torn file of a crashed host: rebuild it
+        state = self._rebuild(plan, key_group, marker_epoch, self._epoch(plan, batch_id))
+        _write(path, plan.encode_state(state, key_group, batch_id))
+        return state
+
+    def save(
+        self,
+        plan: OperatorPlan,
+        key_group: int,
+        state: pa.Table,
+        batch_id: int | None,
+        replaced: bytes | None,
+    ) -> bytes:
+        """Write the key group's new state to a new file and return its marker.
+
+        Files older than the one replaced are deleted: Spark never goes back past it,
+        while a retry of this micro-batch still reads it.
+        """
+        epoch = self._epoch(plan, batch_id)
+        token = uuid.uuid4().bytes
+        _write(
+            self._file(plan, key_group, epoch, token), plan.encode_state(state, key_group, batch_id)
+        )
+        previous = decode_marker(replaced) if replaced is not None else None
+        if previous is not None:
+            self._prune(plan, key_group, previous[0])
+        return encode_marker(epoch, token)
+
+    def _epoch(self, plan: OperatorPlan, batch_id: int | None) -> int:
+        if batch_id is None:
+            raise AbsError(
+                f"operator {plan.name!r}: live state is kept per epoch, but this Spark task "
+                f"runs outside a streaming micro-batch"
+            )
+        return self.epoch_base + batch_id
+
+    def _home(self, plan: OperatorPlan) -> Path:
+        top = Path(self.directory or tempfile.gettempdir())
+        return top / "pyspark-abs-state" / self.root_key / plan.name
+
+    def _file(self, plan: OperatorPlan, key_group: int, epoch: int, token: bytes) -> Path:
+        folder = self._home(plan) / f"kg-{key_group}"
+        return folder / f"{epoch:012d}-{token.hex()}.abs"
+
+    def _prune(self, plan: OperatorPlan, key_group: int, kept_epoch: int) -> None:
+        folder = self._home(plan) / f"kg-{key_group}"
+        for path in folder.glob("*.abs"):
+            if int(path.name.split("-", 1)[0]) < kept_epoch:
+                path.unlink(missing_ok=True)
+
+    def _rebuild(
+        self, plan: OperatorPlan, key_group: int, marker_epoch: int, epoch: int
+    ) -> pa.Table:
+        steps = rebuild_steps(self._manifest(epoch), self.table, marker_epoch, epoch)
+        state = (
+            plan.blob_schema.empty_table()
+            if steps.base is None
+            else self._base(plan, steps.base, key_group)
+        )
+        for entry in steps.changes:
+            uri = entry.tables[self.table]
+            files = tuple(f"{uri}/{f.path}" for f in entry.files if f.table == self.table)
+            state = apply_changes(plan, state, epoch_changes(plan, entry.epoch, files, key_group))
+        return state
+
+    def _manifest(self, epoch: int) -> EpochLog:
+        """The manifest, read once per Python worker and micro-batch."""
+        uri = SnapshotRoot(self.root).manifest_uri
+        cached = _MANIFESTS.get(uri)
+        if cached is None or cached[0] != epoch:
+            cached = (epoch, load_epoch_log(DeltaStore(), uri))
+            _MANIFESTS.clear()
+            _MANIFESTS[uri] = cached
+        return cached[1]
+
+    def _base(self, plan: OperatorPlan, snapshot: ManifestEntry, key_group: int) -> pa.Table:
+        """The key group's state in ``snapshot``, split per key group once per executor."""
+        home = self._home(plan)
+        folder = home / f"base-{snapshot.table_versions[self.table]}"
+        with _locked(home / "base.lock", exclusive=False):
+            if (folder / _COMPLETE).exists():
+                return _read_base(plan, folder, key_group)
+        with _locked(home / "base.lock", exclusive=True):
+            if not (folder / _COMPLETE).exists():
+                self._split(plan, snapshot, folder)
+            return _read_base(plan, folder, key_group)
+
+    def _split(self, plan: OperatorPlan, snapshot: ManifestEntry, folder: Path) -> None:
+        for old in folder.parent.glob("base-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        columns = [*plan.blob_schema.names, KEY_GROUP, EPOCH, DELETED]
+        version = snapshot.table_versions[self.table]
+        changes = DeltaStore().read(self.uri, version, columns)
+        live = latest_per_key(changes, plan.key_columns, snapshot.epoch)
+        groups = np.asarray(live[KEY_GROUP].to_numpy(zero_copy_only=False), dtype=np.int64)
+        order = np.argsort(groups, kind="stable")
+        live = live.take(order).select(plan.blob_schema.names).cast(plan.blob_schema)
+        groups = groups[order]
+        bounds = np.flatnonzero(np.diff(groups)) + 1
+        folder.mkdir(parents=True, exist_ok=True)
+        for start, end in zip(np.r_[0, bounds], np.r_[bounds, len(groups)], strict=True):
+            if end > start:
+                part = live.slice(int(start), int(end - start))
+                _write(folder / f"kg-{groups[start]}.abs", plan.state_codec.encode(part))
+        (folder / _COMPLETE).touch()
+
+
+_MANIFESTS: dict[str, tuple[int, EpochLog]] = {}
+
+
+def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:
+    try:
+        return plan.state_codec.decode((folder / f"kg-{key_group}.abs").read_bytes())
+    except FileNotFoundError:
+        return plan.blob_schema.empty_table()  # the key group had no keys in the snapshot
+
+
+def _write(path: Path, blob: bytes) -> None:
+    """Write a file whole or not at all: a crash leaves at most a temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    temporary.write_bytes(blob)
+    os.replace(temporary, path)
+
+
+@contextmanager
+def _locked(path: Path, *, exclusive: bool) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

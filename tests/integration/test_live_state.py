@@ -1,0 +1,127 @@
+"""Live state on local disk: Spark's state store holds markers, lost files are rebuilt.
+
+With snapshots on, each key group's state lives in a file under ``local_state_dir`` and
+Spark's state store keeps a 28-byte marker naming it. These tests delete the files at the
+worst moments and check that the run's snapshots and sink still equal a direct count of the
+input, as an uninterrupted run would give.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import SparkSession
+
+from pyspark_abs import EpochStatus, Fault, FaultStep, InjectedFault, Pipeline, Snapshots
+from pyspark_abs.admin.validation import validate
+from tests.support.inputs import write_epochs
+from tests.support.pipelines import (
+    assert_same,
+    assert_word_counts,
+    expected_sink,
+    expected_state,
+    word_pipeline,
+)
+
+EPOCHS = (
+    "a b c a",
+    "b d e",
+    "a f a g h",
+    "i b c j k l m n o p q r s t",
+    "c c d u v w x y z",
+    "i j k b e a l m n o p q r s t",
+)
+"""Epoch 3 changes many keys, epoch 4 others in the same key groups, epoch 5 epoch 3's again:
+a key group rebuilt for epoch 4 without epoch 3's changes shows in epoch 5's counts."""
+
+
+def stored_values(spark: SparkSession, checkpoint: Path) -> list[bytes]:
+    """The values of Spark's state store (one per key group), read with Spark's state reader."""
+    rows = spark.read.format("statestore").load(str(checkpoint)).select("value").collect()
+    return [bytes(r.value.groupState.blob) for r in rows]
+
+
+def assert_live_state_is_the_snapshot(
+    spark: SparkSession, pipeline: Pipeline, local: Path, root: Path
+) -> int:
+    """Each key group's live state file that Spark's markers name holds exactly the newest
+    snapshot's state of that key group; returns how many files were compared."""
+    snapshot = Snapshots(str(root)).state_table("word_count")
+    compared = 0
+    for value in stored_values(spark, root / "_checkpoint"):
+        epoch, token = value[4:12], value[12:]
+        name = f"{int.from_bytes(epoch, 'little'):012d}-{token.hex()}.abs"
+        found = list(local.rglob(f"kg-*/{name}"))
+        if not found:
+            continue  # not read since its file was lost: rebuilt when the key group runs
+        live = pipeline.plan.state_codec.decode(found[0].read_bytes())
+        group = int(found[0].parent.name.removeprefix("kg-"))
+        mine = snapshot.filter(pc.equal(snapshot["_key_group"], group))
+        expected = dict(zip(mine["word"].to_pylist(), mine["count"].to_pylist(), strict=True))
+        assert dict(zip(live["word"].to_pylist(), live["count"].to_pylist(), strict=True)) == (
+            expected
+        ), f"key group {group}"
+        compared += 1
+    return compared
+
+
+def test_spark_keeps_markers_and_lost_files_are_rebuilt_from_the_snapshots(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
+    root = tmp_path / "root"
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    values = stored_values(spark, root / "_checkpoint")
+    assert values
+    assert {(v[:4], len(v)) for v in values} == {(b"ABSL", 28)}
+    assert list(local.rglob("kg-*/*.abs")), "the state is on local disk"
+
+    shutil.rmtree(local)  # a new cluster: the executors' disks are empty
+    write_epochs(tmp_path / "in", EPOCHS[:5])
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    for lost in sorted(local.rglob("kg-*/*.abs"))[::2]:  # some key groups lose their file
+        lost.unlink()
+    write_epochs(tmp_path / "in", EPOCHS)
+    pipeline = word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local))
+    pipeline.run()
+    assert assert_live_state_is_the_snapshot(spark, pipeline, local, root) >= 3
+
+    assert_word_counts(spark, root, EPOCHS)
+    assert validate(str(root)) == []
+
+
+@pytest.mark.parametrize("lose", [False, True], ids=["files kept", "files lost"])
+def test_a_replay_after_a_crash_rebuilds_from_a_snapshot_and_later_prepared_epochs(
+    spark: SparkSession, tmp_path: Path, lose: bool
+) -> None:
+    """With snapshot_interval 3 the newest snapshot (epoch 2) is older than the key groups'
+    markers when epoch 4 crashes after PREPARED: a rebuild applies epoch 3's pre-committed
+    changes to snapshot 2, then the replay of decided epoch 4 installs its changes."""
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root = tmp_path / "root"
+    settings = {"snapshot_interval": 3, "commit_mode": "async", "local_state_dir": str(local)}
+    crash = (Fault(FaultStep.AFTER_PREPARED, 4),)
+    with pytest.raises(InjectedFault, match="'after_prepared' of epoch 4"):
+        word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings).run()
+    statuses = [(i.epoch, i.status) for i in Snapshots(str(root)).list()]
+    assert statuses[-2:] == [(3, EpochStatus.PREPARED), (4, EpochStatus.PREPARED)]
+    if lose:
+        shutil.rmtree(local)
+    pipeline = word_pipeline(spark, inputs, root, bronze=True, **settings)
+    pipeline.run()
+    assert assert_live_state_is_the_snapshot(spark, pipeline, local, root) >= 3
+
+    snapshots = Snapshots(str(root), spark)
+    readable = [i.epoch for i in snapshots.list() if i.status is not EpochStatus.MERGED]
+    assert readable == [2, 4, 5]
+    for epoch in readable:
+        assert_same(
+            snapshots.state("word_count", epoch), expected_state(spark, EPOCHS[: epoch + 1])
+        )
+    assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
+    assert validate(str(root)) == []

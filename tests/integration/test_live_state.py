@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
@@ -59,7 +60,7 @@ def assert_live_state_is_the_snapshot(
             continue  # not read since its file was lost: rebuilt when the key group runs
         live = pipeline.plan.state_codec.decode(found[0].read_bytes())
         group = int(found[0].parent.name.removeprefix("kg-"))
-        mine = snapshot.filter(pc.equal(snapshot["_key_group"], group))
+        mine = snapshot.filter(pc.equal(snapshot["_key_group"], pa.scalar(group, pa.int32())))
         expected = dict(zip(mine["word"].to_pylist(), mine["count"].to_pylist(), strict=True))
         assert dict(zip(live["word"].to_pylist(), live["count"].to_pylist(), strict=True)) == (
             expected

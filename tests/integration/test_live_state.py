@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,7 +106,11 @@ def test_a_replay_after_a_crash_rebuilds_from_a_snapshot_and_later_prepared_epoc
     local = tmp_path / "local"
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    settings = {"snapshot_interval": 3, "commit_mode": "async", "local_state_dir": str(local)}
+    settings: dict[str, Any] = {
+        "snapshot_interval": 3,
+        "commit_mode": "async",
+        "local_state_dir": str(local),
+    }
     crash = (Fault(FaultStep.AFTER_PREPARED, 4),)
     with pytest.raises(InjectedFault, match="'after_prepared' of epoch 4"):
         word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings).run()

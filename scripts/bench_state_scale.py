@@ -18,7 +18,8 @@ Variants: ``abs_async`` (snapshots every epoch, asynchronous commit), ``abs_off`
 checkpointing), ``builtin_default`` (Spark's default HDFS-backed store). Variants are
 interleaved (the order rotates each repeat) and the figures are medians over the steady
 epochs of every repeat. The last line printed is one JSON object; ``results`` maps variant to
-N (a string) to ``{"epoch_s", "cpu_s", "checkpoint_bytes", "delta_bytes"}``.
+N (a string) to ``{"epoch_s", "cpu_s", "checkpoint_bytes", "delta_bytes", "local_bytes"}``
+(``local_bytes``: live-state files pyspark-abs wrote to the local disk, not durable).
 
     python scripts/bench_state_scale.py [--keys 500000,2000000,8000000,32000000]
         [--records 200000] [--steady-epochs 3] [--repeats 1] [--plot PATH]
@@ -65,7 +66,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "builtin_default": {},
 }
 VARIANTS = [*ABS, *BUILTIN]
-FIGURES = ("epoch_s", "cpu_s", "checkpoint_bytes", "delta_bytes")
+FIGURES = ("epoch_s", "cpu_s", "checkpoint_bytes", "delta_bytes", "local_bytes")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Epoch:
     cpu_s: float
     checkpoint_bytes: int
     delta_bytes: int
+    local_bytes: int
 
 
 def generate(directory: Path, keys: int, records: int, epochs: int) -> list[Path]:
@@ -116,6 +118,7 @@ class Layout:
     checkpoint: Path
     delta: Path | None
     sink: Path
+    local: Path | None = None
 
 
 @contextmanager
@@ -155,8 +158,8 @@ def abs_query(
 ) -> Iterator[tuple[Callable[[], None], Layout]]:
     """The pyspark-abs keyed count; an epoch is done once it is committed."""
     root = run_dir / "root"
-    layout = Layout(root / "_checkpoint", root, run_dir / "counts")
-    config = AbsConfig(key_groups=key_groups, **ABS[variant])
+    layout = Layout(root / "_checkpoint", root, run_dir / "counts", run_dir / "local")
+    config = AbsConfig(key_groups=key_groups, local_state_dir=str(layout.local), **ABS[variant])
     pipeline = Pipeline(
         "scale", source, _bench.keyed_count, root=str(root), sinks=str(layout.sink), config=config
     )
@@ -201,6 +204,7 @@ def run_variant(
         for path in files[1:]:
             checkpoint = file_sizes(layout.checkpoint)
             delta = _delta_sizes(layout)
+            local = file_sizes(layout.local) if layout.local else {}
             cpu = _bench.cpu_seconds([jvm])
             started = time.perf_counter()
             shutil.copy(path, landing / path.name)
@@ -211,6 +215,7 @@ def run_variant(
                     cpu_s=_bench.cpu_seconds([jvm]) - cpu,
                     checkpoint_bytes=added_bytes(checkpoint, file_sizes(layout.checkpoint)),
                     delta_bytes=added_bytes(delta, _delta_sizes(layout)),
+                    local_bytes=added_bytes(local, file_sizes(layout.local)) if layout.local else 0,
                 )
             )
     costs.setdefault(variant, _bench.RunCosts()).merge(sampler.costs)
@@ -310,14 +315,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def print_table(results: dict[str, dict[str, dict[str, float]]], keys: Sequence[int]) -> None:
     """One row per variant and N: the steady epoch's medians."""
-    header = ("variant", "N keys", "epoch s", "CPU s", "ckpt MB", "Delta MB")
-    print("\n{:<16} {:>11} {:>8} {:>7} {:>8} {:>9}".format(*header))
+    header = ("variant", "N keys", "epoch s", "CPU s", "ckpt MB", "Delta MB", "local MB")
+    print("\n{:<16} {:>11} {:>8} {:>7} {:>8} {:>9} {:>9}".format(*header))
     for variant, by_keys in results.items():
         for n in keys:
             r = by_keys[str(n)]
             print(
                 f"{variant:<16} {n:>11,} {r['epoch_s']:>8.2f} {r['cpu_s']:>7.2f} "
-                f"{r['checkpoint_bytes'] / 1e6:>8.2f} {r['delta_bytes'] / 1e6:>9.2f}"
+                f"{r['checkpoint_bytes'] / 1e6:>8.2f} {r['delta_bytes'] / 1e6:>9.2f} "
+                f"{r['local_bytes'] / 1e6:>9.2f}"
             )
 
 

@@ -307,7 +307,7 @@ class Pipeline:
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
-                live_state=self._live_state(layout, writer.root_id, lineage.epoch_base),
+                live_state=self._live_state(layout, writer.root_id, lineage.epoch_base, remote),
             )
             query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
         except BaseException:
@@ -316,10 +316,14 @@ class Pipeline:
         return PipelineQuery(query, run, self, recovered, available_now and stop_when_idle)
 
     def _live_state(
-        self, layout: SnapshotLayout, root_id: str | None, epoch_base: int
+        self, layout: SnapshotLayout, root_id: str | None, epoch_base: int, remote: bool
     ) -> LiveState:
-        """Local files rebuilt from the snapshots; without snapshots, Spark's state store."""
-        if not self.config.snapshots:
+        """Where key groups keep their live state in this run.
+
+        Local files rebuilt from the snapshots; Spark's state store without snapshots, or
+        through Spark Connect, whose tasks do not see their micro-batch's id.
+        """
+        if not self.config.snapshots or remote:
             return StateInSpark()
         state = layout.targets[0]
         return LocalLiveState.for_root(

@@ -126,6 +126,7 @@ def test_state_scale(spark: SparkSession, tmp_path: Path) -> None:
             assert figure["epoch_s"] > 0
             assert figure["checkpoint_bytes"] > 0
             assert (figure["delta_bytes"] > 0) == (variant == "abs_async")
+            assert (figure["local_bytes"] > 0) == (variant == "abs_async")
     assert plot.exists()
     assert plot.with_name("scale_bytes.png").exists()
 

@@ -79,10 +79,12 @@ def count_keys(rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
     per key group of 2,000 keys, this about 0.2 ms.
     """
     keys, seen = np.unique(rows["key"].to_numpy(), return_counts=True)
-    at = pd.Index(state["key"].to_numpy()).get_indexer(pd.Index(keys))
-    known = at >= 0
+    # hash the epoch's few keys and scan the state, not the other way round
+    slot = pc.index_in(pa.array(state["key"].to_numpy()), value_set=pa.array(keys))
+    at = np.asarray(pc.fill_null(slot, -1).to_numpy(), dtype=np.int64)
+    known = np.flatnonzero(at >= 0)
     counts = seen.astype(np.int64)
-    counts[known] += state["count"].to_numpy()[at[known]].astype(np.int64)
+    counts[at[known]] += state["count"].to_numpy()[known].astype(np.int64)
     return pd.DataFrame({"key": keys, "count": counts})
 
 

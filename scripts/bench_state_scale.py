@@ -19,7 +19,10 @@ checkpointing), ``builtin_default`` (Spark's default HDFS-backed store). Variant
 interleaved (the order rotates each repeat) and the figures are medians over the steady
 epochs of every repeat. The last line printed is one JSON object; ``results`` maps variant to
 N (a string) to ``{"epoch_s", "cpu_s", "checkpoint_bytes", "delta_bytes", "local_bytes"}``
-(``local_bytes``: live-state files pyspark-abs wrote to the local disk, not durable).
+(``local_bytes``: live-state files pyspark-abs wrote to the local disk, not durable). A run
+that fails (Spark's default store runs out of a 4 GB heap at 32M keys) is left out of
+``results`` and its error is in ``failed``; the JVM may not survive it, so the variants run
+after it at that N fail too.
 
     python scripts/bench_state_scale.py [--keys 500000,2000000,8000000,32000000]
         [--records 200000] [--steady-epochs 3] [--repeats 1] [--plot PATH]
@@ -274,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: dict[str, dict[str, dict[str, float]]] = {v: {} for v in variants}
     loads: dict[str, dict[str, float]] = {v: {} for v in variants}
     memory: dict[str, dict[str, dict[str, float]]] = {v: {} for v in variants}
+    failed: dict[str, dict[str, str]] = {v: {} for v in variants}
     with _bench.workdir(args.workdir) as work:
         for keys in args.keys:
             files = generate(work / f"input-{keys}", keys, args.records, args.steady_epochs)
@@ -282,9 +286,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for repeat in range(args.repeats):
                 shift = repeat % len(variants)
                 for variant in variants[shift:] + variants[:shift]:
-                    load_s, epochs = run_variant(
-                        spark, work, variant, files, args.key_groups, costs
-                    )
+                    try:
+                        load_s, epochs = run_variant(
+                            spark, work, variant, files, args.key_groups, costs
+                        )
+                    except Exception as err:  # e.g. Spark's JVM ran out of heap
+                        failed[variant][str(keys)] = f"{type(err).__name__}: {err}"[:300]
+                        print(f"N={keys:>11,} {variant:<16} failed: {err}"[:300], flush=True)
+                        continue
                     steady[variant] += epochs
                     loads[variant][str(keys)] = round(load_s, 2)
                     print(
@@ -293,8 +302,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         flush=True,
                     )
             for variant in variants:
-                results[variant][str(keys)] = medians(steady[variant])
-                memory[variant][str(keys)] = costs[variant].memory()
+                if steady[variant]:
+                    results[variant][str(keys)] = medians(steady[variant])
+                if variant in costs:
+                    memory[variant][str(keys)] = costs[variant].memory()
             shutil.rmtree(work / f"input-{keys}", ignore_errors=True)
     print_table(results, args.keys)
     figures = {
@@ -306,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "load_s": loads,
         "memory_peaks": memory,
         "results": results,
+        "failed": {v: f for v, f in failed.items() if f},
     }
     if args.plot is not None:
         plot(args.plot, results)
@@ -319,6 +331,9 @@ def print_table(results: dict[str, dict[str, dict[str, float]]], keys: Sequence[
     print("\n{:<16} {:>11} {:>8} {:>7} {:>8} {:>9} {:>9}".format(*header))
     for variant, by_keys in results.items():
         for n in keys:
+            if str(n) not in by_keys:
+                print(f"{variant:<16} {n:>11,}   failed (see above)")
+                continue
             r = by_keys[str(n)]
             print(
                 f"{variant:<16} {n:>11,} {r['epoch_s']:>8.2f} {r['cpu_s']:>7.2f} "

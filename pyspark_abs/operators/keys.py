@@ -48,11 +48,22 @@ def key_arrays(tables: Sequence[pa.Table], columns: Sequence[str]) -> list[KeyAr
 
 
 def positions(keys: KeyArray, among: KeyArray) -> IntArray:
-    """For each key, its row in ``among`` (keys there are unique), or -1."""
+    """For each key, its row in ``among`` (keys there are unique), or -1.
+
+    Arrow hashes the value set, so a few keys looked up among many rows (changed keys in a
+    key group's whole state, every epoch) hash the few and scan the many instead.
+    """
     if not len(keys) or not len(among):
         return np.full(len(keys), -1, dtype=np.int64)
-    found: Any = pc.index_in(keys, value_set=among)
-    return np.asarray(pc.fill_null(found, -1).to_numpy(), dtype=np.int64)
+    if len(among) > 4 * len(keys) and len(pc.unique(keys)) == len(keys):
+        hit: Any = pc.index_in(among, value_set=keys)
+        at = np.asarray(pc.fill_null(hit, -1).to_numpy(), dtype=np.int64)
+        rows = np.flatnonzero(at >= 0)
+        found = np.full(len(keys), -1, dtype=np.int64)
+        found[at[rows]] = rows
+        return found
+    looked_up: Any = pc.index_in(keys, value_set=among)
+    return np.asarray(pc.fill_null(looked_up, -1).to_numpy(), dtype=np.int64)
 
 
 def contains(keys: KeyArray, among: KeyArray) -> BoolArray:

@@ -62,10 +62,13 @@ class BatchCodec:
         batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=self.schema)
         return batch.serialize()
 
-    def frame(self, message: pa.Buffer) -> bytes:
-        """A blob holding a message made by :meth:`message`."""
-        if not self._compress:
-            return _PLAIN + self._fingerprint + message.to_pybytes()
+    def frame(self, message: pa.Buffer, *, compress: bool | None = None) -> bytes:
+        """A blob holding a message made by :meth:`message`.
+
+        It is compressed if the codec compresses, unless ``compress`` says otherwise.
+        """
+        if not (self._compress if compress is None else compress):
+            return b"".join((_PLAIN, self._fingerprint, memoryview(message)))
         packed = pa.compress(message, codec="lz4", asbytes=True)
         return b"".join(
             (_COMPRESSED, self._fingerprint, message.size.to_bytes(_LENGTH, "little"), packed)

@@ -161,7 +161,7 @@ class LocalLiveState:
         except (FileNotFoundError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
         state = self._rebuild(plan, key_group, marker_epoch, self._epoch(plan, batch_id))
-        _write(path, plan.encode_state(state, key_group, batch_id))
+        _write(path, plan.encode_state(state, key_group, batch_id, compress=False))
         return state
 
     def save(
@@ -180,7 +180,8 @@ class LocalLiveState:
         epoch = self._epoch(plan, batch_id)
         token = uuid.uuid4().bytes
         _write(
-            self._file(plan, key_group, epoch, token), plan.encode_state(state, key_group, batch_id)
+            self._file(plan, key_group, epoch, token),
+            plan.encode_state(state, key_group, batch_id, compress=False),
         )
         previous = decode_marker(replaced) if replaced is not None else None
         if previous is not None:
@@ -262,7 +263,10 @@ class LocalLiveState:
         for start, end in zip(np.r_[0, bounds], np.r_[bounds, len(groups)], strict=True):
             if end > start:
                 part = live.slice(int(start), int(end - start))
-                _write(folder / f"kg-{groups[start]}.abs", plan.state_codec.encode(part))
+                _write(
+                    folder / f"kg-{groups[start]}.abs",
+                    plan.state_codec.frame(plan.state_codec.message(part), compress=False),
+                )
         (folder / _COMPLETE).touch()
 
 

@@ -1,4 +1,7 @@
+import random
+
 import pyarrow as pa
+import pytest
 
 from pyspark_abs.operators.keys import contains, key_arrays, positions, repeated
 
@@ -23,3 +26,15 @@ def test_repeated_keys() -> None:
     assert repeated(keys).tolist() == [True, False, True, True, True, False]
     assert not repeated(pa.array([1, 2, 3])).any()
     assert positions(pa.array([1]), pa.array([], pa.int64())).tolist() == [-1]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_positions_match_a_dictionary_lookup(seed: int) -> None:
+    """Both ways of looking up (few keys among many rows, or not), repeated keys and nulls."""
+    rng = random.Random(seed)
+    among = rng.sample(range(1000), rng.randint(0, 300)) + [None] * rng.randint(0, 1)
+    rng.shuffle(among)
+    keys = [rng.choice([*range(1000), None]) for _ in range(rng.randint(0, 80))]
+    row = {k: i for i, k in enumerate(among)}
+    expected = [row.get(k, -1) for k in keys]
+    assert positions(pa.array(keys, pa.int64()), pa.array(among, pa.int64())).tolist() == expected

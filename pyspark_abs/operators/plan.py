@@ -222,10 +222,16 @@ class OperatorPlan:
         """Codec of the key-group state blob."""
         return BatchCodec(self.blob_schema, f"state of operator {self.name!r}", compress=True)
 
-    def encode_state(
-        self, state: pa.Table, key_group: int, batch_id: int | None, *, compress: bool = True
-    ) -> bytes:
-        """Encode a key group's state as one blob (LZ4-compressed unless told otherwise).
+    def encode_state(self, state: pa.Table, key_group: int, batch_id: int | None) -> bytes:
+        """Encode a key group's state as one LZ4-compressed blob.
+
+        Raises:
+            StateTooLargeError: See :meth:`state_message`.
+        """
+        return self.state_codec.frame(self.state_message(state, key_group, batch_id))
+
+    def state_message(self, state: pa.Table, key_group: int, batch_id: int | None) -> pa.Buffer:
+        """A key group's state as an Arrow IPC message, not framed yet.
 
         Raises:
             StateTooLargeError: The state, as Arrow before compression (what a Python worker
@@ -242,7 +248,7 @@ class OperatorPlan:
                 f"checkpoint roll back to the latest epoch first) or raise "
                 f"max_key_group_state_bytes"
             )
-        return self.state_codec.frame(message, compress=compress)
+        return message
 
     @cached_property
     def change_codec(self) -> BatchCodec:

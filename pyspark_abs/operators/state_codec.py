@@ -62,17 +62,21 @@ class BatchCodec:
         batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=self.schema)
         return batch.serialize()
 
-    def frame(self, message: pa.Buffer, *, compress: bool | None = None) -> bytes:
-        """A blob holding a message made by :meth:`message`.
+    def frame(self, message: pa.Buffer) -> bytes:
+        """A blob holding a message made by :meth:`message`."""
+        return b"".join(self.frame_parts(message))
+
+    def frame_parts(
+        self, message: pa.Buffer, *, compress: bool | None = None
+    ) -> tuple[bytes | pa.Buffer, ...]:
+        """The blob of :meth:`frame` in parts, to write without joining them first.
 
         It is compressed if the codec compresses, unless ``compress`` says otherwise.
         """
         if not (self._compress if compress is None else compress):
-            return b"".join((_PLAIN, self._fingerprint, memoryview(message)))
+            return (_PLAIN + self._fingerprint, message)
         packed = pa.compress(message, codec="lz4", asbytes=True)
-        return b"".join(
-            (_COMPRESSED, self._fingerprint, message.size.to_bytes(_LENGTH, "little"), packed)
-        )
+        return (_COMPRESSED + self._fingerprint + message.size.to_bytes(_LENGTH, "little"), packed)
 
     def encode(self, table: pa.Table) -> bytes:
         """Encode a table that has exactly this codec's schema.
@@ -82,18 +86,22 @@ class BatchCodec:
         """
         return self.frame(self.message(table))
 
-    def decode(self, blob: bytes) -> pa.Table:
+    def decode(self, blob: bytes | pa.Buffer) -> pa.Table:
         """Decode a blob made by :meth:`encode` with the same schema.
+
+        ``blob`` may be an Arrow buffer (a memory-mapped file, say); the table then shares it.
 
         Raises:
             StateEncodingError: The blob is damaged or was written with another schema.
         """
-        magic = blob[:_MAGIC_BYTES]
+        view = blob if isinstance(blob, pa.Buffer) else pa.py_buffer(blob)
+        header = view[: _HEADER + _LENGTH].to_pybytes()
+        magic = header[:_MAGIC_BYTES]
         if magic not in (_PLAIN, _COMPRESSED):
             raise StateEncodingError(
                 f"cannot decode {self._what}: not a pyspark-abs blob (bad magic bytes)"
             )
-        if blob[_MAGIC_BYTES:_HEADER] != self._fingerprint:
+        if header[_MAGIC_BYTES:_HEADER] != self._fingerprint:
             raise StateEncodingError(
                 f"cannot decode {self._what}: it was written with another schema than "
                 f"{self.schema.names}; the declared schema changed since the checkpoint was "
@@ -101,10 +109,10 @@ class BatchCodec:
             )
         try:
             if magic == _PLAIN:
-                message = pa.py_buffer(blob)[_HEADER:]
+                message = view[_HEADER:]
             else:
-                size = int.from_bytes(blob[_HEADER : _HEADER + _LENGTH], "little")
-                message = pa.decompress(blob[_HEADER + _LENGTH :], size, codec="lz4")
+                size = int.from_bytes(header[_HEADER : _HEADER + _LENGTH], "little")
+                message = pa.decompress(view[_HEADER + _LENGTH :], size, codec="lz4")
             batch = pa.ipc.read_record_batch(message, self.schema)
         except (pa.ArrowInvalid, OSError) as err:
             raise StateEncodingError(f"cannot decode {self._what}: damaged blob: {err}") from None

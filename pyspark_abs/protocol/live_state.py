@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,11 +157,11 @@ class LocalLiveState:
         marker_epoch, token = marker
         path = self._file(plan, key_group, marker_epoch, token)
         try:
-            return plan.state_codec.decode(path.read_bytes())
-        except (FileNotFoundError, StateEncodingError):
+            return _read(plan, path)
+        except (OSError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
         state = self._rebuild(plan, key_group, marker_epoch, self._epoch(plan, batch_id))
-        _write(path, plan.encode_state(state, key_group, batch_id, compress=False))
+        self._write_state(plan, path, state, key_group, batch_id)
         return state
 
     def save(
@@ -179,14 +179,20 @@ class LocalLiveState:
         """
         epoch = self._epoch(plan, batch_id)
         token = uuid.uuid4().bytes
-        _write(
-            self._file(plan, key_group, epoch, token),
-            plan.encode_state(state, key_group, batch_id, compress=False),
+        self._write_state(
+            plan, self._file(plan, key_group, epoch, token), state, key_group, batch_id
         )
         previous = decode_marker(replaced) if replaced is not None else None
         if previous is not None:
             self._prune(plan, key_group, previous[0])
         return encode_marker(epoch, token)
+
+    @staticmethod
+    def _write_state(
+        plan: OperatorPlan, path: Path, state: pa.Table, key_group: int, batch_id: int | None
+    ) -> None:
+        message = plan.state_message(state, key_group, batch_id)
+        _write(path, plan.state_codec.frame_parts(message, compress=False))
 
     def _epoch(self, plan: OperatorPlan, batch_id: int | None) -> int:
         if batch_id is None:
@@ -263,9 +269,10 @@ class LocalLiveState:
         for start, end in zip(np.r_[0, bounds], np.r_[bounds, len(groups)], strict=True):
             if end > start:
                 part = live.slice(int(start), int(end - start))
+                message = plan.state_codec.message(part)
                 _write(
                     folder / f"kg-{groups[start]}.abs",
-                    plan.state_codec.frame(plan.state_codec.message(part), compress=False),
+                    plan.state_codec.frame_parts(message, compress=False),
                 )
         (folder / _COMPLETE).touch()
 
@@ -275,16 +282,24 @@ _MANIFESTS: dict[str, tuple[int, EpochLog]] = {}
 
 def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:
     try:
-        return plan.state_codec.decode((folder / f"kg-{key_group}.abs").read_bytes())
+        return _read(plan, folder / f"kg-{key_group}.abs")
     except FileNotFoundError:
         return plan.blob_schema.empty_table()  # the key group had no keys in the snapshot
 
 
-def _write(path: Path, blob: bytes) -> None:
+def _read(plan: OperatorPlan, path: Path) -> pa.Table:
+    """A state file, memory-mapped: the table shares the file's pages instead of a copy."""
+    with pa.memory_map(str(path)) as mapped:
+        return plan.state_codec.decode(mapped.read_buffer())
+
+
+def _write(path: Path, parts: Sequence[bytes | pa.Buffer]) -> None:
     """Write a file whole or not at all: a crash leaves at most a temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    temporary.write_bytes(blob)
+    with temporary.open("wb") as out:
+        for part in parts:
+            out.write(part)
     os.replace(temporary, path)
 
 

@@ -94,7 +94,7 @@ class KeyGroupTask:
             return
         replay = plan.replay_of(batch_id)
         if replay is not None:
-            yield from _install_decided(plan, replay, key_group, state, group_state, clock)
+            yield from _install_decided(plan, replay, key_group, state, stored, group_state, clock)
             return
         outcome = run_key_group(plan, key_group, rows, state, clock, batch_id)
 
@@ -123,10 +123,13 @@ def _install_decided(
     replay: DecidedReplay,
     key_group: int,
     state: pa.Table,
+    stored: bytes | None,
     group_state: GroupState,
     clock: Clock,
 ) -> Iterator[pd.DataFrame]:
     """Give the key group the state its decided epoch committed, not a recomputed one.
+
+    ``stored`` is the value Spark's state store kept for ``state``.
 
     Yields one envelope row naming the key group when it had decided changes, so that the
     coordinator can tell every changed key group was reached.
@@ -134,7 +137,6 @@ def _install_decided(
     changes = epoch_changes(plan, replay.epoch, replay.files, key_group)
     installed = apply_changes(plan, state, changes)
     if installed.num_rows:
-        stored = group_state.get[0] if group_state.exists else None
         saved = plan.live_state.save(plan, key_group, installed, replay.batch_id, stored)
         group_state.update((saved,))
     elif group_state.exists:

@@ -124,9 +124,15 @@ class AbsConfig:
                 f"but snapshots=False takes none (each epoch's outputs are committed alone); "
                 f"set snapshot_interval=1 or snapshots=True"
             )
-        if not isinstance(self.local_state_dir, str):
+        local = self.local_state_dir
+        if not isinstance(local, str) or (
+            local and ("://" in local or not Path(local).is_absolute())
+        ):
             raise ConfigError(
-                f"local_state_dir must be a directory path (a string), got {self.local_state_dir!r}"
+                f"local_state_dir must be an absolute path on the executors' local disk (or "
+                f"empty for their temporary directory), got {local!r}: a relative path "
+                f"depends on each executor's working directory, and remote storage is what "
+                f"the snapshot root is for"
             )
         for fault in self.faults:
             if not isinstance(fault, Fault):

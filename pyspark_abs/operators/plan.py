@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 import pandas as pd
 import pyarrow as pa
 
-from pyspark_abs.errors import OperatorDefinitionError, StateTooLargeError
+from pyspark_abs.errors import OperatorDefinitionError, StateEncodingError, StateTooLargeError
 from pyspark_abs.operators.contract import KeyGroupFunction, Operator, TimeoutMode
 from pyspark_abs.operators.schema import (
     DELETED,
@@ -24,7 +24,7 @@ from pyspark_abs.operators.schema import (
     resolve_struct,
     to_arrow,
 )
-from pyspark_abs.operators.state_codec import BatchCodec
+from pyspark_abs.operators.state_codec import BatchCodec, decode_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -84,7 +84,18 @@ class StateInSpark:
     def load(
         self, plan: OperatorPlan, key_group: int, stored: bytes, batch_id: int | None
     ) -> pa.Table:
-        """Decode the blob."""
+        """Decode the blob.
+
+        Raises:
+            StateEncodingError: The checkpoint holds a marker of live state on local disk.
+        """
+        if decode_marker(stored) is not None:
+            raise StateEncodingError(
+                f"operator {plan.name!r}, key group {key_group}: the checkpoint keeps this key "
+                f"group's state on the executors' local disk (it was written with snapshots "
+                f"on), which this run (snapshots off, or through Spark Connect) cannot read. "
+                f"Start it with snapshots on outside Spark Connect, or give it a new checkpoint"
+            )
         return plan.state_codec.decode(stored)
 
     def save(

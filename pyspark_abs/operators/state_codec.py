@@ -117,3 +117,28 @@ class BatchCodec:
         except (pa.ArrowInvalid, OSError) as err:
             raise StateEncodingError(f"cannot decode {self._what}: damaged blob: {err}") from None
         return pa.Table.from_batches([batch], schema=self.schema)
+
+
+MARKER = b"ABSL"
+"""Magic bytes of a live-state marker (see :mod:`pyspark_abs.protocol.live_state`)."""
+_EPOCH_BYTES = 8
+_TOKEN_BYTES = 16
+
+
+def encode_marker(epoch: int, token: bytes) -> bytes:
+    """The value Spark's state store keeps for a key group whose state is on local disk."""
+    return MARKER + epoch.to_bytes(_EPOCH_BYTES, "little", signed=True) + token
+
+
+def decode_marker(stored: bytes) -> tuple[int, bytes] | None:
+    """The epoch and token of a marker, or None if ``stored`` is a state blob."""
+    if stored[: len(MARKER)] != MARKER:
+        return None
+    if len(stored) != len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES:
+        raise StateEncodingError(
+            f"a live-state marker in Spark's state store has {len(stored)} bytes, not "
+            f"{len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES}; the checkpoint is damaged. Roll "
+            f"back to the newest snapshot with pyspark_abs.rollback and start again"
+        )
+    epoch = int.from_bytes(stored[len(MARKER) : len(MARKER) + _EPOCH_BYTES], "little", signed=True)
+    return epoch, stored[len(MARKER) + _EPOCH_BYTES :]

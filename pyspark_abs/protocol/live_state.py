@@ -42,34 +42,13 @@ from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
+from pyspark_abs.operators.state_codec import decode_marker, encode_marker
 from pyspark_abs.operators.state_diff import apply_changes
 from pyspark_abs.operators.task import epoch_changes
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
-MARKER = b"ABSL"
-_EPOCH_BYTES = 8
-_TOKEN_BYTES = 16
 _COMPLETE = "_complete"
-
-
-def encode_marker(epoch: int, token: bytes) -> bytes:
-    """The value Spark's state store keeps for a key group whose state is on local disk."""
-    return MARKER + epoch.to_bytes(_EPOCH_BYTES, "little", signed=True) + token
-
-
-def decode_marker(stored: bytes) -> tuple[int, bytes] | None:
-    """The epoch and token of a marker, or None if ``stored`` is a state blob."""
-    if stored[: len(MARKER)] != MARKER:
-        return None
-    if len(stored) != len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES:
-        raise StateEncodingError(
-            f"a live-state marker in Spark's state store has {len(stored)} bytes, not "
-            f"{len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES}; the checkpoint is damaged. Roll "
-            f"back to the newest snapshot with pyspark_abs.rollback and start again"
-        )
-    epoch = int.from_bytes(stored[len(MARKER) : len(MARKER) + _EPOCH_BYTES], "little", signed=True)
-    return epoch, stored[len(MARKER) + _EPOCH_BYTES :]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,15 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import EpochStatus, Fault, FaultStep, InjectedFault, Pipeline, Snapshots
+from pyspark_abs import (
+    EpochStatus,
+    Fault,
+    FaultStep,
+    InjectedFault,
+    Pipeline,
+    Snapshots,
+    StateEncodingError,
+)
 from pyspark_abs.admin.validation import validate
 from tests.support.inputs import write_epochs
 from tests.support.pipelines import (
@@ -130,4 +138,22 @@ def test_a_replay_after_a_crash_rebuilds_from_a_snapshot_and_later_prepared_epoc
             snapshots.state("word_count", epoch), expected_state(spark, EPOCHS[: epoch + 1])
         )
     assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
+    assert validate(str(root)) == []
+
+
+def test_a_restart_with_snapshots_off_is_refused_and_loses_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Snapshots off keeps state in Spark's store and cannot read local files: the restart
+    fails clearly, and the next start with snapshots on goes on as if it never happened."""
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    root = tmp_path / "root"
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    write_epochs(tmp_path / "in", EPOCHS)
+    off = word_pipeline(spark, inputs, root, bronze=True, snapshots=False)
+    with pytest.raises(StateEncodingError, match=r"written with snapshots on\), which this run"):
+        off.run()
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []

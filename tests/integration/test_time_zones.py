@@ -8,6 +8,7 @@ three are compared with what Spark itself computes from the input in the same zo
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -89,7 +90,9 @@ def pipeline(bronze: Path, root: Path, sink: Path) -> Pipeline:
         latest,
         root=str(root),
         sinks={"output": str(sink)},
-        config=AbsConfig(key_groups=2, commit_mode="sync"),
+        config=AbsConfig(
+            key_groups=2, commit_mode="sync", local_state_dir=str(root.parent / "local")
+        ),
     )
 
 
@@ -158,6 +161,7 @@ def test_a_restart_and_an_edit_in_another_time_zone_keep_every_instant(
     bronze, root, sink = tmp_path / "bronze", tmp_path / "root", tmp_path / "sink"
     write_bronze(bronze, EPOCHS[:1])
     pipeline(bronze, root, sink).run()  # in UTC
+    shutil.rmtree(tmp_path / "local")  # a new cluster: the state is rebuilt from the snapshot
     spark.conf.set("spark.sql.session.timeZone", "America/New_York")
     write_bronze(bronze, EPOCHS[1:])
     pipeline(bronze, root, sink).run()

@@ -40,6 +40,8 @@ def test_from_mapping_converts_strings() -> None:
         ({"max_key_group_state_bytes": "0"}, "max_key_group_state_bytes must be a positive"),
         ({"snapshot_interval": "0"}, "snapshot_interval must be a positive integer, got 0"),
         ({"snapshot_interval": "often"}, "snapshot_interval: cannot read 'often' as int"),
+        ({"local_state_dir": "state"}, "local_state_dir must be an absolute path .* got 'state'"),
+        ({"local_state_dir": "s3://b/x"}, "local_state_dir must be an absolute path"),
         ({"snapshot_interval": True}, "snapshot_interval must be a positive integer, got True"),
         (
             {"snapshot_interval": "3", "snapshots": "false"},

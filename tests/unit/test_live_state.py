@@ -11,7 +11,8 @@ import pytest
 from pyspark_abs.errors import StateEncodingError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.protocol.live_state import decode_marker, encode_marker, rebuild_steps
+from pyspark_abs.operators.state_codec import decode_marker, encode_marker
+from pyspark_abs.protocol.live_state import rebuild_steps
 from tests.support.manifest import entry
 
 TABLE = "state/op"

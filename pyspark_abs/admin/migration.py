@@ -175,8 +175,8 @@ def migrate_state(
     migration = plan_migration(writer.store, writer.root, plan, evolution, latest)
     if migration is None:
         return None
-    stored, moves, clockless = migration.stored, migration.rewrites, migration.clockless
-    if moves and not stored.comparison.compatible:
+    stored, rewrites, clockless = migration.stored, migration.rewrites, migration.clockless
+    if rewrites and not stored.comparison.compatible:
         raise StateEvolutionError(
             f"operator {plan.name!r}: the state stored at {stored.uri} has another schema "
             f"than the operator declares, and the declared evolution does not cover every "
@@ -188,7 +188,7 @@ def migrate_state(
     rows = live_state(writer.store, stored, latest)
     evolution = evolution or StateEvolution()
     what = f"migrated state of operator {plan.name!r}"
-    if not moves:
+    if not rewrites:
         migrated = rows
     elif evolution.migrate is not None:
         migrated = _migrated(rows, plan, evolution, spark, config, what)
@@ -201,7 +201,7 @@ def migrate_state(
         migrated = _start_ttl_clocks(plan, migrated, latest)
     changes = "; ".join(
         [f"moved from {stored.table}"] * migration.moved
-        + [str(c) for c in stored.comparison.migrations] * moves
+        + [str(c) for c in stored.comparison.migrations] * rewrites
         + [f"ttl clocks started for {clockless} key(s)"] * bool(clockless)
     )
     info = install_state(

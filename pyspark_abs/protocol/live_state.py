@@ -21,15 +21,16 @@ and snapshot), under a file lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -157,7 +158,7 @@ class LocalLiveState:
         while a retry of this micro-batch still reads it.
         """
         epoch = self._epoch(plan, batch_id)
-        token = uuid.uuid4().bytes
+        token = os.urandom(16)
         self._write_state(
             plan, self._file(plan, key_group, epoch, token), state, key_group, batch_id
         )
@@ -168,7 +169,7 @@ class LocalLiveState:
 
     @staticmethod
     def _write_state(
-        plan: OperatorPlan, path: Path, state: pa.Table, key_group: int, batch_id: int | None
+        plan: OperatorPlan, path: str, state: pa.Table, key_group: int, batch_id: int | None
     ) -> None:
         message = plan.state_message(state, key_group, batch_id)
         _write(path, plan.state_codec.frame_parts(message, compress=False))
@@ -182,18 +183,20 @@ class LocalLiveState:
         return self.epoch_base + batch_id
 
     def _home(self, plan: OperatorPlan) -> Path:
-        top = Path(self.directory or tempfile.gettempdir())
-        return top / "pyspark-abs-state" / self.root_key / plan.name
+        return Path(_home(self.directory, self.root_key, plan.name))
 
-    def _file(self, plan: OperatorPlan, key_group: int, epoch: int, token: bytes) -> Path:
-        folder = self._home(plan) / f"kg-{key_group}"
-        return folder / f"{epoch:012d}-{token.hex()}.abs"
+    def _file(self, plan: OperatorPlan, key_group: int, epoch: int, token: bytes) -> str:
+        home = _home(self.directory, self.root_key, plan.name)
+        return f"{home}/kg-{key_group}/{epoch:012d}-{token.hex()}.abs"
 
     def _prune(self, plan: OperatorPlan, key_group: int, kept_epoch: int) -> None:
-        folder = self._home(plan) / f"kg-{key_group}"
-        for path in folder.glob("*.abs"):
-            if int(path.name.split("-", 1)[0]) < kept_epoch:
-                path.unlink(missing_ok=True)
+        folder = f"{_home(self.directory, self.root_key, plan.name)}/kg-{key_group}"
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                epoch, dash, _ = entry.name.partition("-")
+                if dash and epoch.isdigit() and int(epoch) < kept_epoch:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
 
     def _rebuild(
         self, plan: OperatorPlan, key_group: int, marker_epoch: int, epoch: int
@@ -250,7 +253,7 @@ class LocalLiveState:
                 part = live.slice(int(start), int(end - start))
                 message = plan.state_codec.message(part)
                 _write(
-                    folder / f"kg-{groups[start]}.abs",
+                    str(folder / f"kg-{groups[start]}.abs"),
                     plan.state_codec.frame_parts(message, compress=False),
                 )
         (folder / _COMPLETE).touch()
@@ -261,22 +264,38 @@ _MANIFESTS: dict[str, tuple[int, EpochLog]] = {}
 
 def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:
     try:
-        return _read(plan, folder / f"kg-{key_group}.abs")
+        return _read(plan, str(folder / f"kg-{key_group}.abs"))
     except FileNotFoundError:
         return plan.blob_schema.empty_table()  # the key group had no keys in the snapshot
 
 
-def _read(plan: OperatorPlan, path: Path) -> pa.Table:
+@lru_cache(maxsize=64)
+def _home(directory: str, root_key: str, operator: str) -> str:
+    """The folder of one operator's live state files on this host."""
+    top = directory or tempfile.gettempdir()
+    return os.path.join(top, "pyspark-abs-state", root_key, operator)
+
+
+def _read(plan: OperatorPlan, path: str) -> pa.Table:
     """A state file, memory-mapped: the table shares the file's pages instead of a copy."""
-    with pa.memory_map(str(path)) as mapped:
+    with pa.memory_map(path) as mapped:
         return plan.state_codec.decode(mapped.read_buffer())
 
 
-def _write(path: Path, parts: Sequence[bytes | pa.Buffer]) -> None:
-    """Write a file whole or not at all: a crash leaves at most a temporary file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    with temporary.open("wb") as out:
+def _write(path: str, parts: Sequence[bytes | pa.Buffer]) -> None:
+    """Write a file whole or not at all: a crash leaves at most a temporary file.
+
+    The temporary file's name is the file's own with a prefix, unique because every name
+    is written once (it holds a random token, or is written under the base lock).
+    """
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, f".{name}.tmp")
+    try:
+        out = open(temporary, "wb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        os.makedirs(folder, exist_ok=True)
+        out = open(temporary, "wb")  # noqa: SIM115
+    with out:
         for part in parts:
             out.write(part)
     os.replace(temporary, path)

@@ -90,6 +90,8 @@ class DeltaStore:
     def __init__(self) -> None:
         self._tables: dict[str, DeltaTable] = {}
         self._lock = threading.Lock()
+        self._swapped: dict[str, DeltaTable] = {}  # after compare-and-swap appends
+        self._swap_lock = threading.Lock()
 
     def ensure_root(self, root: str) -> None:
         """Create the snapshot root if needed and check that it is writable.
@@ -280,15 +282,26 @@ class DeltaStore:
                 committed first; nothing was appended.
         """
         if expected_version is None:
-            table = self.open(uri)
-        else:
-            try:
-                table = DeltaTable(uri, version=expected_version)
-            except DeltaError as err:
-                raise ConcurrentWriteError(
-                    f"cannot append to the table at {uri} as of version {expected_version}: "
-                    f"{brief_error(err)}"
-                ) from None
+            return self._append(self.open(uri), uri, rows, None)
+        with self._swap_lock:
+            table = self._swapped.pop(uri, None)
+            if table is None or table.version() != expected_version:
+                try:
+                    table = DeltaTable(uri, version=expected_version)
+                except DeltaError as err:
+                    raise ConcurrentWriteError(
+                        f"cannot append to the table at {uri} as of version "
+                        f"{expected_version}: {brief_error(err)}"
+                    ) from None
+            version = self._append(table, uri, rows, expected_version)
+            # the next append expects this version: keep the table instead of reloading it
+            with contextlib.suppress(DeltaError, OSError):
+                table.update_incremental()
+                self._swapped[uri] = table
+            return version
+
+    @staticmethod
+    def _append(table: DeltaTable, uri: str, rows: pa.Table, expected_version: int | None) -> int:
         sink = pa.BufferOutputStream()
         pq.write_table(rows, sink, compression="snappy")
         data = sink.getvalue()

@@ -141,7 +141,7 @@ class LocalLiveState:
         except (OSError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
         state = self._rebuild(plan, key_group, marker_epoch, self._epoch(plan, batch_id))
-        self._write_state(plan, path, state, key_group, batch_id)
+        _create(path, _parts(plan, state, key_group, batch_id))
         return state
 
     def save(
@@ -154,25 +154,27 @@ class LocalLiveState:
     ) -> bytes:
         """Write the key group's new state to a new file and return its marker.
 
-        Files older than the one replaced are deleted: Spark never goes back past it,
-        while a retry of this micro-batch still reads it.
+        Files older than the one replaced are stale: Spark never goes back past it, while a
+        retry of this micro-batch still reads it. One stale file becomes the new file
+        (renamed and overwritten: on ext4 that costs a tenth of creating a file), the rest
+        are deleted.
+
+        The file is written in place, not through a temporary file: its name holds a fresh
+        random token, and nothing reads it before Spark commits the marker naming it, which
+        it does only once the task has succeeded.
         """
         epoch = self._epoch(plan, batch_id)
         token = os.urandom(16)
-        self._write_state(
-            plan, self._file(plan, key_group, epoch, token), state, key_group, batch_id
-        )
+        parts = _parts(plan, state, key_group, batch_id)
+        path = self._file(plan, key_group, epoch, token)
         previous = decode_marker(replaced) if replaced is not None else None
-        if previous is not None:
-            self._prune(plan, key_group, previous[0])
+        stale = self._stale(plan, key_group, previous[0]) if previous is not None else []
+        for extra in stale[1:]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(extra)
+        if not (stale and _recycle(stale[0], path, parts)):
+            _create(path, parts)
         return encode_marker(epoch, token)
-
-    @staticmethod
-    def _write_state(
-        plan: OperatorPlan, path: str, state: pa.Table, key_group: int, batch_id: int | None
-    ) -> None:
-        message = plan.state_message(state, key_group, batch_id)
-        _write(path, plan.state_codec.frame_parts(message, compress=False))
 
     def _epoch(self, plan: OperatorPlan, batch_id: int | None) -> int:
         if batch_id is None:
@@ -189,14 +191,20 @@ class LocalLiveState:
         home = _home(self.directory, self.root_key, plan.name)
         return f"{home}/kg-{key_group}/{epoch:012d}-{token.hex()}.abs"
 
-    def _prune(self, plan: OperatorPlan, key_group: int, kept_epoch: int) -> None:
+    def _stale(self, plan: OperatorPlan, key_group: int, kept_epoch: int) -> list[str]:
+        """The key group's files older than ``kept_epoch``."""
         folder = f"{_home(self.directory, self.root_key, plan.name)}/kg-{key_group}"
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                epoch, dash, _ = entry.name.partition("-")
-                if dash and epoch.isdigit() and int(epoch) < kept_epoch:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+        try:
+            with os.scandir(folder) as entries:
+                return [
+                    entry.path
+                    for entry in entries
+                    if (name := entry.name.partition("-"))[1]
+                    and name[0].isdigit()
+                    and int(name[0]) < kept_epoch
+                ]
+        except FileNotFoundError:
+            return []
 
     def _rebuild(
         self, plan: OperatorPlan, key_group: int, marker_epoch: int, epoch: int
@@ -252,7 +260,7 @@ class LocalLiveState:
             if end > start:
                 part = live.slice(int(start), int(end - start))
                 message = plan.state_codec.message(part)
-                _write(
+                _create(
                     str(folder / f"kg-{groups[start]}.abs"),
                     plan.state_codec.frame_parts(message, compress=False),
                 )
@@ -282,23 +290,37 @@ def _read(plan: OperatorPlan, path: str) -> pa.Table:
         return plan.state_codec.decode(mapped.read_buffer())
 
 
-def _write(path: str, parts: Sequence[bytes | pa.Buffer]) -> None:
-    """Write a file whole or not at all: a crash leaves at most a temporary file.
+def _parts(
+    plan: OperatorPlan, state: pa.Table, key_group: int, batch_id: int | None
+) -> tuple[bytes | pa.Buffer, ...]:
+    """A key group's state as the parts of its file, uncompressed (memory-mapped on reads)."""
+    message = plan.state_message(state, key_group, batch_id)
+    return plan.state_codec.frame_parts(message, compress=False)
 
-    The temporary file's name is the file's own with a prefix, unique because every name
-    is written once (it holds a random token, or is written under the base lock).
-    """
-    folder, name = os.path.split(path)
-    temporary = os.path.join(folder, f".{name}.tmp")
+
+def _create(path: str, parts: Sequence[bytes | pa.Buffer]) -> None:
+    """Write a file, creating its folder if needed."""
     try:
-        out = open(temporary, "wb")  # noqa: SIM115 - closed below
+        out = open(path, "wb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
-        os.makedirs(folder, exist_ok=True)
-        out = open(temporary, "wb")  # noqa: SIM115
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        out = open(path, "wb")  # noqa: SIM115
     with out:
         for part in parts:
             out.write(part)
-    os.replace(temporary, path)
+
+
+def _recycle(stale: str, path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
+    """Rename a stale file to ``path`` and overwrite it; False if another task took it."""
+    try:
+        os.rename(stale, path)
+    except FileNotFoundError:
+        return False
+    with open(path, "r+b") as out:
+        for part in parts:
+            out.write(part)
+        out.truncate()
+    return True
 
 
 @contextmanager

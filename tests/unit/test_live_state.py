@@ -5,14 +5,19 @@ replays)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from pyspark_abs.errors import StateEncodingError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.operators.contract import TimeoutMode
+from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_codec import decode_marker, encode_marker
-from pyspark_abs.protocol.live_state import rebuild_steps
+from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
+from tests.support.key_groups import INPUT, OUTPUT, STATE
 from tests.support.manifest import entry
 
 TABLE = "state/op"
@@ -62,3 +67,64 @@ def test_a_rebuild_applies_exactly_the_changes_up_to_the_marker(seed: int) -> No
     assert applied == {e for e in touched if e <= marker}
     assert [c.epoch for c in steps.changes] == sorted(c.epoch for c in steps.changes)
     assert all(base < c.epoch <= marker for c in steps.changes)
+
+
+def word_plan() -> OperatorPlan:
+    return OperatorPlan(
+        name="wc",
+        key_columns=("word",),
+        input_schema=INPUT,
+        state_schema=STATE,
+        outputs=OUTPUT,
+        timeout=TimeoutMode.NONE,
+        function=lambda rows, state, ctx: None,
+    )
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
+    seed: int, tmp_path: Path
+) -> None:
+    """Spark's side modelled directly: every attempt of a micro-batch reads the marker
+    committed for the previous version; failed attempts and zombies write files whose
+    markers are never committed, before or after the attempt that commits. Every committed
+    marker must read back exactly the state written with it, in a file holding nothing else,
+    and stale files must not pile up."""
+    rng = random.Random(seed)
+    plan = word_plan()
+    live = LocalLiveState.for_root("/root", "r", "state/wc", "/root/state", str(tmp_path), 0)
+    folder = tmp_path / "pyspark-abs-state" / "r" / "wc" / "kg-5"
+    committed: list[bytes | None] = [None]  # the marker of each state-store version
+    written: dict[bytes, tuple[dict[str, int], int]] = {}  # each marker's state and bytes
+    for batch in range(rng.randint(3, 25)):
+        previous = committed[-1]
+        if rng.random() < 0.25:  # the key group did not change: the marker stays
+            committed.append(previous)
+            continue
+        attempts = []
+        for _attempt in range(rng.randint(1, 3)):
+            if previous is not None:
+                loaded = live.load(plan, 5, previous, batch)
+                pairs = zip(loaded["word"].to_pylist(), loaded["count"].to_pylist(), strict=True)
+                assert dict(pairs) == written[previous][0]
+            counts = {
+                f"w{rng.randint(0, 30)}": rng.randint(1, 99) for _ in range(rng.randint(1, 6))
+            }
+            state = pa.table(
+                {
+                    "word": list(counts),
+                    "count": list(counts.values()),
+                    "_timeout": [None] * len(counts),
+                }
+            ).cast(plan.blob_schema)
+            marker = live.save(plan, 5, state, batch, previous)
+            frame = plan.state_codec.frame_parts(plan.state_codec.message(state), compress=False)
+            written[marker] = (counts, sum(len(part) for part in frame))
+            attempts.append(marker)
+        winner = rng.choice(attempts)
+        committed.append(winner)
+        files = {p.name: p.stat().st_size for p in folder.iterdir()}
+        assert files[f"{batch:012d}-{winner[12:].hex()}.abs"] == written[winner][1]
+        kept = -1 if previous is None else int.from_bytes(previous[4:12], "little")
+        assert all(int(name.split("-")[0]) >= kept for name in files), files
+        assert len(files) <= 2 * 3, files  # this batch's attempts and the replaced one's

@@ -27,7 +27,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from deltalake.exceptions import DeltaError
 
-from pyspark_abs.errors import AbsError, StateEncodingError
+from pyspark_abs.errors import AbsError, SnapshotDamagedError, StateEncodingError, StorageError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
@@ -47,7 +48,7 @@ from pyspark_abs.operators.state_codec import decode_marker, encode_marker
 from pyspark_abs.operators.state_diff import apply_changes
 from pyspark_abs.operators.task import epoch_changes
 from pyspark_abs.storage.root import SnapshotRoot
-from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore, brief_error
 
 _COMPLETE = "_complete"
 
@@ -140,8 +141,11 @@ class LocalLiveState:
             return _read(plan, path)
         except (OSError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
-        state = self._rebuild(plan, key_group, marker_epoch, self._epoch(plan, batch_id))
-        _create(path, _parts(plan, state, key_group, batch_id))
+        epoch = self._epoch(plan, batch_id)
+        state = self._rebuild(plan, key_group, marker_epoch, epoch)
+        self._guarded(
+            plan, epoch, key_group, path, _create, _parts(plan, state, key_group, batch_id)
+        )
         return state
 
     def save(
@@ -172,9 +176,29 @@ class LocalLiveState:
         for extra in stale[1:]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(extra)
-        if not (stale and _recycle(stale[0], path, parts)):
-            _create(path, parts)
+        if not (stale and self._guarded(plan, epoch, key_group, path, _recycle(stale[0]), parts)):
+            self._guarded(plan, epoch, key_group, path, _create, parts)
         return encode_marker(epoch, token)
+
+    def _guarded(
+        self,
+        plan: OperatorPlan,
+        epoch: int,
+        key_group: int,
+        path: str,
+        write: Callable[[str, Sequence[bytes | pa.Buffer]], bool],
+        parts: Sequence[bytes | pa.Buffer],
+    ) -> bool:
+        """``write(path, parts)``, its failure reported as a :class:`StorageError`."""
+        try:
+            return write(path, parts)
+        except OSError as err:
+            raise StorageError(
+                f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: cannot write "
+                f"the key group's live state to {path}: {err}. Give local_state_dir "
+                f"(spark.abs.localStateDir) a writable local directory with room for the "
+                f"state; nothing of the epoch is committed, and restarting replays it"
+            ) from None
 
     def _epoch(self, plan: OperatorPlan, batch_id: int | None) -> int:
         if batch_id is None:
@@ -248,7 +272,16 @@ class LocalLiveState:
             shutil.rmtree(old, ignore_errors=True)
         columns = [*plan.blob_schema.names, KEY_GROUP, EPOCH, DELETED]
         version = snapshot.table_versions[self.table]
-        changes = DeltaStore().read(self.uri, version, columns)
+        try:
+            changes = DeltaStore().read(self.uri, version, columns)
+        except (OSError, pa.ArrowException, DeltaError) as err:
+            raise SnapshotDamagedError(
+                f"operator {plan.name!r}: live state missing on this executor is rebuilt from "
+                f"snapshot {snapshot.epoch} (version {version} of {self.table} at "
+                f"{self.uri}), which cannot be read: {brief_error(err)}. Run validate on the "
+                f"snapshot root, roll back to the newest intact snapshot it names, and start "
+                f"again"
+            ) from None
         live = latest_per_key(changes, plan.key_columns, snapshot.epoch)
         groups = np.asarray(live[KEY_GROUP].to_numpy(zero_copy_only=False), dtype=np.int64)
         order = np.argsort(groups, kind="stable")
@@ -298,8 +331,8 @@ def _parts(
     return plan.state_codec.frame_parts(message, compress=False)
 
 
-def _create(path: str, parts: Sequence[bytes | pa.Buffer]) -> None:
-    """Write a file, creating its folder if needed."""
+def _create(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
+    """Write a file, creating its folder if needed; True."""
     try:
         out = open(path, "wb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
@@ -308,19 +341,27 @@ def _create(path: str, parts: Sequence[bytes | pa.Buffer]) -> None:
     with out:
         for part in parts:
             out.write(part)
-
-
-def _recycle(stale: str, path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
-    """Rename a stale file to ``path`` and overwrite it; False if another task took it."""
-    try:
-        os.rename(stale, path)
-    except FileNotFoundError:
-        return False
-    with open(path, "r+b") as out:
-        for part in parts:
-            out.write(part)
-        out.truncate()
     return True
+
+
+def _recycle(stale: str) -> Callable[[str, Sequence[bytes | pa.Buffer]], bool]:
+    """A writer that renames ``stale`` to its path and overwrites it.
+
+    The writer returns False if another task took the stale file first.
+    """
+
+    def write(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
+        try:
+            os.rename(stale, path)
+        except FileNotFoundError:
+            return False
+        with open(path, "r+b") as out:
+            for part in parts:
+                out.write(part)
+            out.truncate()
+        return True
+
+    return write
 
 
 @contextmanager

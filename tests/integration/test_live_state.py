@@ -23,8 +23,10 @@ from pyspark_abs import (
     FaultStep,
     InjectedFault,
     Pipeline,
+    SnapshotDamagedError,
     Snapshots,
     StateEncodingError,
+    StorageError,
 )
 from pyspark_abs.admin.validation import validate
 from tests.support.inputs import write_epochs
@@ -157,3 +159,49 @@ def test_a_restart_with_snapshots_off_is_refused_and_loses_nothing(
     word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
     assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []
+
+
+def test_an_unwritable_local_state_dir_fails_the_epoch_clearly_and_loses_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A local_state_dir that cannot hold files (here: below a regular file) fails the first
+    epoch with a StorageError naming the path and the setting; nothing is committed, and a
+    restart with a usable directory gives the counts of an uninterrupted run."""
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
+    root = tmp_path / "root"
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the directory should be")
+    unwritable = word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(blocked))
+    with pytest.raises(
+        StorageError, match=r"epoch 0, key group \d+: cannot write the key group's live state"
+    ) as raised:
+        unwritable.run()
+    assert "local_state_dir (spark.abs.localStateDir)" in str(raised.value)
+    assert Snapshots(str(root)).list() == []  # epoch 0 was recorded ABORTED
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(tmp_path / "ok")).run()
+    assert_word_counts(spark, root, EPOCHS[:3])
+
+
+def test_a_rebuild_from_an_unreadable_snapshot_fails_with_the_snapshot_named(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Local files lost and the snapshot they are rebuilt from damaged in a way the start's
+    check cannot see (state files overwritten with zeros, sizes kept): the epoch fails with
+    SnapshotDamagedError naming the snapshot, and commits nothing."""
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    root = tmp_path / "root"
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    shutil.rmtree(local)
+    for data in (root / "state" / "word_count").glob("*.parquet"):
+        data.write_bytes(bytes(data.stat().st_size))
+    before = [(i.epoch, i.status) for i in Snapshots(str(root)).list()]
+    write_epochs(tmp_path / "in", EPOCHS[:3])
+    with pytest.raises(
+        SnapshotDamagedError,
+        match=r"rebuilt from snapshot 1 \(version \d+ of state/word_count at .*\), which cannot "
+        r"be read: .*Run validate",
+    ):
+        word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    after = [(i.epoch, i.status) for i in Snapshots(str(root)).list()]
+    assert after == before

@@ -131,6 +131,8 @@ class LocalLiveState:
         Raises:
             StateEncodingError: The marker is damaged.
             OperatorError: The state has to be rebuilt, and a decided epoch's files are gone.
+            SnapshotDamagedError: The state has to be rebuilt, and its snapshot is unreadable.
+            StorageError: The rebuilt state cannot be written to ``local_state_dir``.
         """
         marker = decode_marker(stored)
         if marker is None:  # a checkpoint written before live state moved to local disk
@@ -143,9 +145,7 @@ class LocalLiveState:
             pass  # gone, or a torn file of a crashed host: rebuild it
         epoch = self._epoch(plan, batch_id)
         state = self._rebuild(plan, key_group, marker_epoch, epoch)
-        self._guarded(
-            plan, epoch, key_group, path, _create, _parts(plan, state, key_group, batch_id)
-        )
+        _guarded(plan, epoch, key_group, path, _create, _parts(plan, state, key_group, batch_id))
         return state
 
     def save(
@@ -166,6 +166,10 @@ class LocalLiveState:
         The file is written in place, not through a temporary file: its name holds a fresh
         random token, and nothing reads it before Spark commits the marker naming it, which
         it does only once the task has succeeded.
+
+        Raises:
+            StateTooLargeError: See :meth:`OperatorPlan.state_message`.
+            StorageError: The file cannot be written to ``local_state_dir``.
         """
         epoch = self._epoch(plan, batch_id)
         token = os.urandom(16)
@@ -176,29 +180,9 @@ class LocalLiveState:
         for extra in stale[1:]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(extra)
-        if not (stale and self._guarded(plan, epoch, key_group, path, _recycle(stale[0]), parts)):
-            self._guarded(plan, epoch, key_group, path, _create, parts)
+        if not (stale and _guarded(plan, epoch, key_group, path, _recycle(stale[0]), parts)):
+            _guarded(plan, epoch, key_group, path, _create, parts)
         return encode_marker(epoch, token)
-
-    def _guarded(
-        self,
-        plan: OperatorPlan,
-        epoch: int,
-        key_group: int,
-        path: str,
-        write: Callable[[str, Sequence[bytes | pa.Buffer]], bool],
-        parts: Sequence[bytes | pa.Buffer],
-    ) -> bool:
-        """``write(path, parts)``, its failure reported as a :class:`StorageError`."""
-        try:
-            return write(path, parts)
-        except OSError as err:
-            raise StorageError(
-                f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: cannot write "
-                f"the key group's live state to {path}: {err}. Give local_state_dir "
-                f"(spark.abs.localStateDir) a writable local directory with room for the "
-                f"state; nothing of the epoch is committed, and restarting replays it"
-            ) from None
 
     def _epoch(self, plan: OperatorPlan, batch_id: int | None) -> int:
         if batch_id is None:
@@ -329,6 +313,26 @@ def _parts(
     """A key group's state as the parts of its file, uncompressed (memory-mapped on reads)."""
     message = plan.state_message(state, key_group, batch_id)
     return plan.state_codec.frame_parts(message, compress=False)
+
+
+def _guarded(
+    plan: OperatorPlan,
+    epoch: int,
+    key_group: int,
+    path: str,
+    write: Callable[[str, Sequence[bytes | pa.Buffer]], bool],
+    parts: Sequence[bytes | pa.Buffer],
+) -> bool:
+    """``write(path, parts)``, its failure reported as a :class:`StorageError`."""
+    try:
+        return write(path, parts)
+    except OSError as err:
+        raise StorageError(
+            f"operator {plan.name!r}, epoch {epoch}, key group {key_group}: cannot write "
+            f"the key group's live state to {path}: {err}. Give local_state_dir "
+            f"(spark.abs.localStateDir) a writable local directory with room for the "
+            f"state; nothing of the epoch is committed, and restarting replays it"
+        ) from None
 
 
 def _create(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:

@@ -7,11 +7,29 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from pyspark_abs.operators.contract import TimeoutMode
+from pyspark_abs.operators.plan import OperatorPlan
 from tests.support.inputs import arrow_schema
 
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
 STATE = arrow_schema(("count", pa.int64()))
 OUTPUT = (("output", arrow_schema(("word", pa.string()), ("count", pa.int64()))),)
+
+
+def word_plan(
+    function: Any, timeout: TimeoutMode = TimeoutMode.NONE, **fields: Any
+) -> OperatorPlan:
+    """A word count's plan (operator ``wc``) running ``function``; ``fields`` override."""
+    settings: dict[str, Any] = {"outputs": OUTPUT, **fields}
+    return OperatorPlan(
+        name="wc",
+        key_columns=("word",),
+        input_schema=INPUT,
+        state_schema=STATE,
+        timeout=timeout,
+        function=function,
+        **settings,
+    )
 
 
 def rows(*words: str, ts: int = 0) -> pd.DataFrame:

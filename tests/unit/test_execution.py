@@ -26,7 +26,7 @@ from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_diff import KeyGroupOutcome, apply_changes
 from pyspark_abs.operators.task import epoch_changes
 from tests.support.inputs import arrow_schema
-from tests.support.key_groups import INPUT, OUTPUT, STATE, rows, sort
+from tests.support.key_groups import INPUT, OUTPUT, rows, sort, word_plan
 
 CLOCK = Clock(processing_time_ms=1_000, watermark_ms=None)
 LIMIT = 4
@@ -56,15 +56,8 @@ def plan_for(
     timeout: TimeoutMode = TimeoutMode.NONE,
     outputs: tuple[tuple[str, pa.Schema], ...] = OUTPUT,
 ) -> OperatorPlan:
-    return OperatorPlan(
-        name="wc",
-        key_columns=("word",),
-        input_schema=INPUT,
-        state_schema=STATE,
-        outputs=outputs,
-        timeout=timeout,
-        function=PerKeyAdapter(per_key_fn, ("word",), timeout) if per_key_fn else vectorized_fn,
-    )
+    function = PerKeyAdapter(per_key_fn, ("word",), timeout) if per_key_fn else vectorized_fn
+    return word_plan(function, timeout, outputs=outputs)
 
 
 def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupOutcome]:

@@ -13,11 +13,9 @@ import pytest
 from pyspark_abs.errors import StateEncodingError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.operators.contract import TimeoutMode
-from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_codec import decode_marker, encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
-from tests.support.key_groups import INPUT, OUTPUT, STATE
+from tests.support.key_groups import word_plan
 from tests.support.manifest import entry
 
 TABLE = "state/op"
@@ -69,18 +67,6 @@ def test_a_rebuild_applies_exactly_the_changes_up_to_the_marker(seed: int) -> No
     assert all(base < c.epoch <= marker for c in steps.changes)
 
 
-def word_plan() -> OperatorPlan:
-    return OperatorPlan(
-        name="wc",
-        key_columns=("word",),
-        input_schema=INPUT,
-        state_schema=STATE,
-        outputs=OUTPUT,
-        timeout=TimeoutMode.NONE,
-        function=lambda rows, state, ctx: None,
-    )
-
-
 @pytest.mark.parametrize("seed", range(60))
 def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
     seed: int, tmp_path: Path
@@ -91,7 +77,7 @@ def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
     marker must read back exactly the state written with it, in a file holding nothing else,
     and stale files must not pile up."""
     rng = random.Random(seed)
-    plan = word_plan()
+    plan = word_plan(lambda rows, state, ctx: None)
     live = LocalLiveState.for_root("/root", "r", "state/wc", "/root/state", str(tmp_path), 0)
     folder = tmp_path / "pyspark-abs-state" / "r" / "wc" / "kg-5"
     committed: list[bytes | None] = [None]  # the marker of each state-store version

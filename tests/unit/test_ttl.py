@@ -23,7 +23,7 @@ from pyspark_abs import (
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan
-from tests.support.key_groups import INPUT, OUTPUT, STATE, rows, sort
+from tests.support.key_groups import rows, sort, word_plan
 
 TTL_MS = 10_000
 
@@ -35,17 +35,8 @@ def count(key: tuple[Any, ...], frame: pd.DataFrame, state: KeyState) -> Any:
 
 
 def ttl_plan(clock: TimeoutMode, fn: Any = None) -> OperatorPlan:
-    return OperatorPlan(
-        name="wc",
-        key_columns=("word",),
-        input_schema=INPUT,
-        state_schema=STATE,
-        outputs=OUTPUT,
-        timeout=clock,
-        function=fn or PerKeyAdapter(count, ("word",), TimeoutMode.NONE),
-        event_time="ts",
-        ttl_ms=TTL_MS,
-    )
+    function = fn or PerKeyAdapter(count, ("word",), TimeoutMode.NONE)
+    return word_plan(function, clock, event_time="ts", ttl_ms=TTL_MS)
 
 
 def test_a_processing_time_ttl_removes_keys_not_written_for_longer() -> None:

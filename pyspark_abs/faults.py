@@ -119,7 +119,10 @@ def crash_or_raise(fault: Fault, where: str) -> None:
     if fault.action is FaultAction.EXIT:
         os._exit(EXIT_CODE)
     if fault.action is FaultAction.PAUSE:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Sent to the process, the stop may be taken by another thread while this one runs on
+        # past the step (seen: a zombie passing its lease check before it stopped); sent to
+        # this thread, it takes effect before the call returns.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     if fault.action is FaultAction.RAISE:
         raise InjectedFault(f"injected fault at {where}")
 

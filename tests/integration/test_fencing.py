@@ -49,12 +49,6 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
     assert_word_counts(spark, root, EPOCHS)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="quarantined: in 2 of 5 clean-clone CI runs the resumed zombie reached its table "
-    "commit of epoch 1 past the lease check and was stopped only by Delta's conflict check "
-    "(CommitError 'Concurrent transaction failed'); the race is not found yet, see the note",
-)
 def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -157,7 +157,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def fill(directory: Path) -> None:
-    """Fill the file system of ``directory`` up to the last byte."""
+    """Fill the file system of ``directory`` up to the last byte, once.
+
+    Only once: a task attempt of the failed run that starts after the test freed the disk
+    would otherwise fill it again under the restarted run.
+    """
+    try:
+        (directory / "filled").touch(exist_ok=False)
+    except FileExistsError:
+        return
     with (directory / "filler").open("ab") as out:
         try:
             while True:

@@ -58,9 +58,13 @@ if TYPE_CHECKING:
         StorageError,
         StorageIOError,
         TableSchemaError,
+        UpstreamNotReadyError,
         UserCodeError,
     )
     from pyspark_abs.faults import Fault, FaultAction, FaultStep
+    from pyspark_abs.job.cut import JobSnapshot
+    from pyspark_abs.job.declaration import Job
+    from pyspark_abs.job.query import JobQuery
     from pyspark_abs.manifest.entries import EpochStatus
     from pyspark_abs.manifest.info import SnapshotInfo
     from pyspark_abs.operators.contract import (
@@ -81,7 +85,7 @@ if TYPE_CHECKING:
     from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
     from pyspark_abs.snapshots.reading import Snapshots
-    from pyspark_abs.sources import DeltaSource, FileSource, KafkaSource
+    from pyspark_abs.sources import ChannelSource, DeltaSource, FileSource, KafkaSource
 
 __version__ = "0.1.0"
 
@@ -90,6 +94,9 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.admin.tags": ("tag", "untag"),
     "pyspark_abs.config": ("AbsConfig",),
     "pyspark_abs.faults": ("Fault", "FaultAction", "FaultStep"),
+    "pyspark_abs.job.cut": ("JobSnapshot",),
+    "pyspark_abs.job.declaration": ("Job",),
+    "pyspark_abs.job.query": ("JobQuery",),
     "pyspark_abs.manifest.entries": ("EpochStatus",),
     "pyspark_abs.manifest.info": ("SnapshotInfo",),
     "pyspark_abs.operators.contract": (
@@ -110,7 +117,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.protocol.listeners": ("SnapshotListener",),
     "pyspark_abs.session": ("local_session",),
     "pyspark_abs.snapshots.reading": ("Snapshots",),
-    "pyspark_abs.sources": ("DeltaSource", "FileSource", "KafkaSource"),
+    "pyspark_abs.sources": ("ChannelSource", "DeltaSource", "FileSource", "KafkaSource"),
 }
 """The public names imported on first use, by the module that defines them.
 

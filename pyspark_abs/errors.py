@@ -146,6 +146,10 @@ class SourceError(StorageIOError):
     """A streaming source cannot read its table (missing table or log, unreadable change)."""
 
 
+class UpstreamNotReadyError(SourceError):
+    """A stage's upstream stages have not committed the epoch its first micro-batch reads."""
+
+
 class QuiescenceError(ProtocolError):
     """A pipeline did not reach quiescence within its bound on epochs."""
 

@@ -21,6 +21,7 @@ state to the operator in that micro-batch (with any partition or key-group count
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -39,6 +40,7 @@ from pyspark_abs.admin.installing import (
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
+    ManifestError,
     PipelineMismatchError,
     SchemaMismatchError,
     SnapshotDamagedError,
@@ -51,7 +53,8 @@ from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
 from pyspark_abs.protocol.epoch_writer import EpochWriter
-from pyspark_abs.sources.rewind import require_rewindable
+from pyspark_abs.sources.channel_plan import realigned
+from pyspark_abs.sources.rewind import require_no_channels, require_rewindable
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import (
     SINK_PREFIX,
@@ -100,6 +103,7 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     writer.recover()
     target = snapshot_of(writer.epochs, epoch, root)
     require_rewindable(target, root, f"roll back to {shown(epoch)}")
+    require_no_channels(target, root, f"roll back to {shown(epoch)}")
     restore_epoch = next_epoch(writer.epochs)
     try:
         return _roll_back(store, writer, target, restore_epoch, config)
@@ -108,6 +112,41 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
         raise type(err)(
             f"rollback of {root} to {shown(epoch)} (restore epoch {restore_epoch}): {err}"
         ) from None
+
+
+def rollback_stage(
+    root: str, epoch: int, restore_epoch: int, *, config: AbsConfig | None = None
+) -> SnapshotInfo:
+    """Roll one stage of a job back to ``epoch`` as restore epoch ``restore_epoch``.
+
+    Every stage of a job rollback gets the same restore epoch, and a stage's channels
+    resume at upstream epoch ``restore_epoch + 1``, so the stages keep one epoch
+    numbering. Repeating it is safe: a restore epoch left PREPARED is finished, and a
+    RESTORED one is returned as it is.
+
+    Raises:
+        SnapshotNotFoundError: ``epoch`` is not a snapshot of the stage.
+        ManifestError: The stage already has another epoch ``restore_epoch``.
+        CommitError: A table could not be restored; repeating the rollback finishes it.
+    """
+    root = normalize_uri(root)
+    config = config if config is not None else AbsConfig()
+    store = DeltaStore()
+    writer = open_writer(store, root, None, config)
+    writer.recover()
+    done = writer.epochs.latest(restore_epoch)
+    if done is not None:
+        if done.is_restore and done.restored_from == epoch:
+            return SnapshotInfo.from_entry(done)
+        raise ManifestError(
+            f"job rollback of {root} to epoch {epoch}: the stage already has an epoch "
+            f"{restore_epoch} ({done.status}, {done.origin or 'a micro-batch'}), which was to "
+            f"be the job's restore epoch. Run validate on the root"
+        )
+    target = snapshot_of(writer.epochs, epoch, root)
+    require_rewindable(target, root, f"roll back to epoch {epoch}")
+    moved = replace(target, source_offsets=realigned(target.source_offsets, restore_epoch + 1))
+    return _roll_back(store, writer, moved, restore_epoch, config)
 
 
 def _roll_back(
@@ -214,6 +253,7 @@ def restore(
     source = open_writer(store, root, None, config)
     target = snapshot_of(source.epochs, epoch, root)
     require_rewindable(target, root, f"restore {shown(epoch)} into {into}")
+    require_no_channels(target, root, f"restore {shown(epoch)} into {into}")
     if into == root:
         raise SnapshotRootError(
             f"restore copies a snapshot into another root; to go back to {shown(epoch)} in "

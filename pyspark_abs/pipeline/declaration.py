@@ -26,6 +26,7 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
+    UpstreamNotReadyError,
 )
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.manifest.log import EpochLog
@@ -66,11 +67,14 @@ from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import RewindableSource
 from pyspark_abs.sources.backedge_log import in_flight_count
+from pyspark_abs.sources.channel import Channel, ChannelSource
+from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.storage.root import (
     BACKEDGE_PREFIX,
     SINK_PREFIX,
     STATE_PREFIX,
     SnapshotRoot,
+    sink_table,
 )
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
@@ -79,6 +83,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+_NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,39 @@ class Pipeline:
             )
         self.listeners = tuple(listeners)
 
+    def channel(self, output: str | None = None) -> ChannelSource:
+        """This pipeline's sink of ``output``, as the input channel of a downstream stage.
+
+        The downstream pipeline reads it one epoch of this pipeline per micro-batch, so its
+        epoch ``n`` holds exactly this pipeline's epoch-``n`` output, and the two form one
+        job (see :class:`~pyspark_abs.job.declaration.Job`).
+
+        Args:
+            output: The output; may be left out when the pipeline has one sink.
+
+        Raises:
+            OperatorDefinitionError: ``output`` has no sink (it is unknown or loops back).
+        """
+        if output is None and len(self.sinks) == 1:
+            output = next(iter(self.sinks))
+        if output not in self.sinks:
+            raise OperatorDefinitionError(
+                f"pipeline {self.name!r} has no sink for output {output!r}; its sinks are "
+                f"{sorted(self.sinks)}. Name one of them"
+            )
+        return ChannelSource(
+            (
+                Channel(
+                    name=self.name if len(self.sinks) == 1 else f"{self.name}.{output}",
+                    stage=self.name,
+                    root=self.root,
+                    table=sink_table(output),
+                    uri=normalize_uri(self.sinks[output].path),
+                    schema=to_spark(dict(self.plan.outputs)[output]).json(),
+                ),
+            )
+        )
+
     @property
     def snapshots(self) -> Snapshots:
         """Read access to this pipeline's snapshots."""
@@ -268,6 +307,8 @@ class Pipeline:
                 recovered = writer.recover()
                 migrate_state(writer, self.plan, self.operator.evolution, self.spark, self.config)
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
+                if lineage.fresh:
+                    self._require_upstream_ready(lineage)
                 self._check_key_groups(lineage)
             for spec in table_specs(layout, self.plan):
                 store.ensure_table(spec)
@@ -314,6 +355,31 @@ class Pipeline:
             run.close()
             raise
         return PipelineQuery(query, run, self, recovered, available_now and stop_when_idle)
+
+    def _require_upstream_ready(self, lineage: Lineage) -> None:
+        """Refuse to start a fresh checkpoint on channels that have nothing to read yet.
+
+        Spark runs a fresh checkpoint's first micro-batch at once, whatever its sources
+        have; on channels without the epoch it reads first, that micro-batch would read
+        nothing and take an epoch number that its upstream stages have not used.
+
+        Raises:
+            UpstreamNotReadyError: An upstream stage has not committed that epoch.
+        """
+        if not isinstance(self.source, ChannelSource):
+            return
+        first = self.source.starting_epoch
+        restored = channel_offsets(lineage.restore.source_offsets if lineage.restore else None)
+        if restored:
+            first = restored[0].epoch
+        waiting = self.source.waiting_for(first)
+        if waiting:
+            raise UpstreamNotReadyError(
+                f"pipeline {self.name!r} has nothing to read yet: channels {waiting} have not "
+                f"committed upstream epoch {first}, which this stage's first micro-batch "
+                f"reads. Start the upstream stages first, or run the stages together as a "
+                f"Job, which starts each stage once its upstream stages are ahead"
+            )
 
     def _live_state(
         self, layout: SnapshotLayout, root_id: str | None, epoch_base: int, remote: bool
@@ -427,7 +493,21 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         elif processing_time:
             writer = writer.trigger(processingTime=processing_time)
-        return writer.start()
+        if not isinstance(self.source, ChannelSource):
+            return writer.start()
+        # A no-data micro-batch would take an epoch number without reading an upstream
+        # epoch, and the stage's epochs would drift from its upstream stages'. The query
+        # takes its own copy of the session's conf when it starts.
+        conf = self.spark.conf
+        before = conf.get(_NO_DATA_BATCHES, None)
+        conf.set(_NO_DATA_BATCHES, "false")
+        try:
+            return writer.start()
+        finally:
+            if before is None:
+                conf.unset(_NO_DATA_BATCHES)
+            else:
+                conf.set(_NO_DATA_BATCHES, before)
 
     def _check_back_edges(self, sinks: Mapping[str, SinkLike] | SinkLike | None) -> None:
         if not self.back_edges:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pyspark_abs.errors import AlignmentError, PrecommitFileError
 from pyspark_abs.protocol.barrier import BarrierMarker
+from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.storage.files import FileEntry
 
 
@@ -127,6 +128,26 @@ def check_files(
             f"{_few(problems, '; ')}. Nothing was committed; restart the query to replay "
             f"the epoch"
         )
+
+
+def check_channel_epoch(pipeline: str, epoch: int, source_offsets: str | None) -> None:
+    """Require a stage's epoch to read exactly its upstream stages' epoch of the same number.
+
+    The channel source reads one upstream epoch per micro-batch, so micro-batch ``epoch``
+    must end right after upstream epoch ``epoch``.
+
+    Raises:
+        AlignmentError: The micro-batch read another upstream epoch.
+    """
+    for offset in channel_offsets(source_offsets):
+        if offset.epoch != epoch + 1:
+            raise AlignmentError(
+                f"pipeline {pipeline!r}: epoch {epoch} read its channels up to upstream "
+                f"epoch {offset.epoch - 1}, not {epoch}: the stage's epochs no longer match "
+                f"its upstream stages'. Was the stage started on a checkpoint of another "
+                f"job, or restored without its upstream stages? Roll back the whole job "
+                f"(Job.rollback) to realign it"
+            )
 
 
 def _few(items: Sequence[object], separator: str = ", ") -> str:

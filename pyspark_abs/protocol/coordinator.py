@@ -49,7 +49,7 @@ from pyspark_abs.faults import FaultStep
 from pyspark_abs.manifest.entries import EpochDecision, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import closes_group
-from pyspark_abs.protocol.alignment import align, check_files
+from pyspark_abs.protocol.alignment import align, check_channel_epoch, check_files
 from pyspark_abs.protocol.barrier import MARKER_DDL, BarrierMarker
 from pyspark_abs.protocol.committer import Group, OrderedCommitter
 from pyspark_abs.protocol.compaction import BackgroundCompactor, CompactionPolicy
@@ -265,6 +265,7 @@ class EpochCoordinator:
             )
         self.epochs_run += 1
         offsets = self.checkpoint.offsets(batch_id)
+        check_channel_epoch(self.layout.pipeline, epoch, offsets.source_offsets)
         # Step 1: process and pre-commit, in one Spark job.
         started = time.perf_counter()
         try:

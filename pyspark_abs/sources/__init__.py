@@ -1,11 +1,19 @@
 """Streaming sources that a restore can rewind to a snapshot's offsets."""
 
+from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.files import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
 
-RewindableSource = DeltaSource | FileSource | KafkaSource
+RewindableSource = DeltaSource | FileSource | KafkaSource | ChannelSource
 """A source that a restore can start right after a snapshot's offsets."""
-REWINDABLE = (DeltaSource, FileSource, KafkaSource)
+REWINDABLE = (DeltaSource, FileSource, KafkaSource, ChannelSource)
 
-__all__ = ["REWINDABLE", "DeltaSource", "FileSource", "KafkaSource", "RewindableSource"]
+__all__ = [
+    "REWINDABLE",
+    "ChannelSource",
+    "DeltaSource",
+    "FileSource",
+    "KafkaSource",
+    "RewindableSource",
+]

@@ -168,6 +168,8 @@ def read_file(path: str, fmt: Format, schema: pa.Schema, *, header: bool = True)
     try:
         with fs.open_input_file(location) as native:
             stream: Any = native  # pyarrow's readers take its files; its stubs say IO
+            if fmt in ("json", "csv") and native.size() == 0:
+                return schema.empty_table()  # as Spark reads it; pyarrow refuses empty input
             if fmt == "parquet":
                 table = pq.read_table(stream)
             elif fmt == "json":

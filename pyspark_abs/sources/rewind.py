@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.sources.channel import ChannelSource
+from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.files import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
@@ -27,7 +29,7 @@ def unrewindable(source_offsets: str | None) -> list[str]:
 
 
 def _rewindable(line: str) -> bool:
-    for parse in (DeltaSource.offset_of, FileSource.offset_of):
+    for parse in (DeltaSource.offset_of, FileSource.offset_of, ChannelSource.offset_of):
         try:
             parse(line)
             return True
@@ -55,4 +57,19 @@ def require_rewindable(snapshot: ManifestEntry, root: str, action: str) -> None:
             f"pyspark_abs.DeltaSource, FileSource or KafkaSource can be rewound: read files "
             f"with FileSource, or land the input in a bronze Delta table and read it with "
             f"DeltaSource (see the README's Savepoints section)"
+        )
+
+
+def require_no_channels(snapshot: ManifestEntry, root: str, action: str) -> None:
+    """Refuse ``action`` on one stage of a job: its epochs must stay its upstreams'.
+
+    Raises:
+        ConfigError: The snapshot read channels of upstream stages.
+    """
+    if channel_offsets(snapshot.source_offsets):
+        raise ConfigError(
+            f"cannot {action}: {root} is a stage of a job (epoch {snapshot.epoch} read the "
+            f"outputs of upstream stages through a ChannelSource), and its epochs must keep "
+            f"matching its upstream stages'. Nothing was changed. Roll back the whole job "
+            f"with Job.rollback (or `pyspark-abs job rollback`)"
         )

@@ -16,6 +16,7 @@ from pyspark_abs.sources.files import (
     Landed,
     list_files,
     next_files,
+    Format,
     read_file,
 )
 from pyspark_abs.sources.rewind import unrewindable
@@ -71,6 +72,13 @@ def test_every_format_reads_with_the_declared_schema(tmp_path: Path) -> None:
     assert read_file(str(tmp_path / "x.parquet"), "parquet", schema).equals(want)
     text = read_file(str(tmp_path / "x.txt"), "text", pa.schema([pa.field("value", pa.string())]))
     assert text.column("value").to_pylist() == ["one line", "another"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_an_empty_file_has_no_rows_as_in_spark(tmp_path: Path, fmt: Format) -> None:
+    schema = pa.schema([pa.field("word", pa.string())])
+    (tmp_path / "empty").write_text("")
+    assert read_file(str(tmp_path / "empty"), fmt, schema).equals(schema.empty_table())
 
 
 def test_listing_skips_hidden_and_temporary_files(tmp_path: Path) -> None:

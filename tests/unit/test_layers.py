@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("snapshots",),
     ("admin",),
     ("pipeline",),
+    ("job",),
     ("cli", "testing", "examples", "__main__", ""),
 ]
 """Lowest first: a module may import its own layer and the layers before it.

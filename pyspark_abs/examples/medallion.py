@@ -1,0 +1,150 @@
+"""A medallion job: bronze JSON files, silver dedup, gold totals, and a fan-in audit.
+
+::
+
+    bronze ──► silver ──► gold
+       │          │
+       └──► audit ◄┘        (fan-in: one ChannelSource over both channels)
+
+* ``bronze`` lands JSON-lines files of payment events, one file per epoch, keyed by user;
+  the source may deliver an event more than once (a producer's retry).
+* ``silver`` drops events it has seen before (state: the event ids seen).
+* ``gold`` keeps each user's total and number of events (state: both).
+* ``audit`` reads bronze and silver together and counts, per user, the events landed and
+  the events kept; their difference is the duplicates silver dropped.
+
+Every stage is a :class:`~pyspark_abs.Pipeline` with its own snapshot root under the job's
+root, and its sinks in ``<root>/tables``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import SparkSession
+
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.job.declaration import Job
+from pyspark_abs.operators.contract import (
+    KeyGroupContext,
+    KeyGroupResult,
+    Operator,
+    vectorized_operator,
+)
+from pyspark_abs.pipeline.declaration import Pipeline
+from pyspark_abs.sources import ChannelSource, FileSource
+
+EVENT_DDL = "event_id string, user string, amount long"
+STAGES = ("bronze", "silver", "gold", "audit")
+
+
+@vectorized_operator(key="user", state_schema="files long", output_schema=EVENT_DDL)
+def land(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Bronze: pass events through, keeping no state."""
+    return KeyGroupResult(output=rows[["event_id", "user", "amount"]])
+
+
+@vectorized_operator(key="event_id", state_schema="user string", output_schema=EVENT_DDL)
+def dedup(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Silver: emit each event id once, the first time it arrives."""
+    fresh = rows.drop_duplicates("event_id")
+    fresh = fresh[~fresh["event_id"].isin(state["event_id"])]
+    return KeyGroupResult(
+        state=fresh[["event_id", "user"]], output=fresh[["event_id", "user", "amount"]]
+    )
+
+
+@vectorized_operator(
+    key="user",
+    state_schema="total long, events long",
+    output_schema="user string, total long, events long",
+)
+def totals(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Gold: each user's running total and number of events."""
+    seen = rows.groupby("user", sort=False)["amount"].agg(["sum", "size"]).reset_index()
+    merged = seen.merge(state[["user", "total", "events"]], on="user", how="left")
+    merged["total"] = merged["total"].fillna(0).astype("int64") + merged["sum"]
+    merged["events"] = merged["events"].fillna(0).astype("int64") + merged["size"]
+    updated = merged[["user", "total", "events"]]
+    return KeyGroupResult(state=updated, output=updated)
+
+
+@vectorized_operator(
+    key="user",
+    state_schema="landed long, kept long",
+    output_schema="user string, landed long, kept long",
+)
+def audit(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Audit (fan-in): per user, events landed in bronze and kept by silver."""
+    counts = (
+        pd.crosstab(rows["user"], rows["channel"])
+        .reindex(columns=["bronze", "silver"], fill_value=0)
+        .reset_index()
+    )
+    merged = counts.merge(state[["user", "landed", "kept"]], on="user", how="left")
+    merged["landed"] = merged["landed"].fillna(0).astype("int64") + merged["bronze"]
+    merged["kept"] = merged["kept"].fillna(0).astype("int64") + merged["silver"]
+    updated = merged[["user", "landed", "kept"]]
+    return KeyGroupResult(state=updated, output=updated)
+
+
+def build(
+    spark: SparkSession,
+    input_dir: str,
+    root: str,
+    *,
+    config: AbsConfig | None = None,
+    stage_configs: Mapping[str, AbsConfig] | None = None,
+) -> Job:
+    """The medallion job over the JSON-lines files in ``input_dir``, one file per epoch.
+
+    Args:
+        spark: The session (the stages' sources need it active).
+        input_dir: Where event files land.
+        root: The job's root; each stage's snapshot root and sinks go under it.
+        config: Every stage's configuration (default: from ``spark.abs.*``).
+        stage_configs: Configurations of single stages, by stage name.
+    """
+    del spark  # the sources read the active session; the argument says one must exist
+    configs = dict(stage_configs or {})
+
+    def stage(name: str, source: FileSource | ChannelSource, operator: Operator) -> Pipeline:
+        return Pipeline(
+            name,
+            source,
+            operator,
+            root=f"{root}/stages/{name}",
+            sinks=f"{root}/tables/{name}",
+            config=configs.get(name, config),
+        )
+
+    bronze = stage(
+        "bronze", FileSource(input_dir, "json", EVENT_DDL, max_files_per_trigger=1), land
+    )
+    silver = stage("silver", bronze.channel(), dedup)
+    gold = stage("gold", silver.channel(), totals)
+    checks = stage("audit", ChannelSource.of(bronze.channel(), silver.channel()), audit)
+    return Job("medallion", root, [bronze, silver, gold, checks])
+
+
+def write_events(input_dir: str | Path, files: Sequence[Sequence[tuple[str, str, int]]]) -> None:
+    """Land one JSON-lines file per epoch: ``(event_id, user, amount)`` per event.
+
+    Files get increasing modification times, so the file source reads them in order.
+    """
+    directory = Path(input_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    start = len(list(directory.glob("events-*.json")))
+    for number, events in enumerate(files, start=start):
+        path = directory / f"events-{number:05d}.json"
+        path.write_text(
+            "".join(
+                json.dumps({"event_id": e, "user": u, "amount": a}) + "\n" for e, u, a in events
+            )
+        )
+        stamp = 1_700_000_000 + number * 10
+        os.utime(path, (stamp, stamp))

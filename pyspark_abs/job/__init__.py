@@ -1,0 +1,1 @@
+"""Jobs: several pipelines joined by channels, snapshotted as one consistent cut."""

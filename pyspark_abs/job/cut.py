@@ -1,0 +1,71 @@
+"""Job snapshots: which epochs form one consistent cut over every stage (no I/O).
+
+Every stage of a job numbers its epochs like its upstream stages (a channel is read one
+upstream epoch per micro-batch), so epoch ``n`` of every stage is one consistent cut: each
+stage's state and outputs at ``n`` came from exactly its upstream stages' outputs up to
+``n``. Job snapshot ``n`` exists once every stage can be read as of ``n``.
+
+A stage can be read as of ``n`` when ``n`` is one of its snapshots, or when ``n`` was idle in
+it (a no-data micro-batch that changed nothing, which is not recorded): then its newest
+epoch before ``n``, if that is a snapshot and the stage has recorded a later epoch, holds the
+same state and outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageEpochs:
+    """What a stage's manifest says about its epochs.
+
+    Attributes:
+        stage: The stage's name.
+        recorded: Epochs with a PREPARED entry (processed or restore epochs).
+        snapshots: Epochs that are readable snapshots (COMMITTED or RESTORED).
+    """
+
+    stage: str
+    recorded: frozenset[int]
+    snapshots: frozenset[int]
+
+    @classmethod
+    def of(cls, stage: str, recorded: Iterable[int], snapshots: Iterable[int]) -> StageEpochs:
+        """The epochs of ``stage``."""
+        return cls(stage, frozenset(recorded), frozenset(snapshots))
+
+    def epoch_for(self, epoch: int) -> int | None:
+        """The stage epoch whose snapshot is the stage as of job epoch ``epoch``, or None."""
+        if epoch in self.snapshots:
+            return epoch
+        if epoch in self.recorded or not any(e > epoch for e in self.recorded):
+            return None
+        before = max((e for e in self.recorded if e < epoch), default=None)
+        return before if before in self.snapshots else None
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One consistent cut of a job: every stage's snapshot as of job epoch ``epoch``.
+
+    Attributes:
+        epoch: The job epoch.
+        stages: Each stage's epoch whose snapshot it reads: ``epoch`` itself, or an earlier
+            one when ``epoch`` was idle in the stage.
+    """
+
+    epoch: int
+    stages: Mapping[str, int]
+
+
+def job_snapshots(stages: Sequence[StageEpochs]) -> list[JobSnapshot]:
+    """The job snapshots, oldest first: the epochs every stage can be read as of."""
+    candidates = sorted(set().union(*(s.snapshots for s in stages))) if stages else []
+    found = []
+    for epoch in candidates:
+        cut = {s.stage: s.epoch_for(epoch) for s in stages}
+        if all(e is not None for e in cut.values()):
+            found.append(JobSnapshot(epoch, {k: v for k, v in cut.items() if v is not None}))
+    return found

@@ -1,0 +1,355 @@
+"""Jobs: pipelines joined by channels, with job-wide snapshots, reads and rollback.
+
+A :class:`Job` is a graph of stages. Each stage is a :class:`~pyspark_abs.Pipeline` with its
+own snapshot root; a stage whose source is a :class:`~pyspark_abs.sources.ChannelSource`
+reads other stages' sinks one upstream epoch per micro-batch. Every stage therefore
+numbers its epochs like the stages it reads, and epoch ``n`` of all stages is one
+consistent cut of the job: the job snapshot ``n`` (see :mod:`~pyspark_abs.job.cut`).
+
+The stages run as concurrent streaming queries in one Spark application. A downstream
+stage plans its epoch ``n`` only once every upstream stage has committed ``n``; Spark plans
+its next micro-batch only after the stage has PREPARED the current one, which is the
+paper's input blocking.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pyspark_abs.admin.savepoints import rollback_stage
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import (
+    ConcurrentWriteError,
+    ConfigError,
+    OperatorDefinitionError,
+    SnapshotNotFoundError,
+)
+from pyspark_abs.job.cut import JobSnapshot, StageEpochs, job_snapshots
+from pyspark_abs.job.manifest import (
+    JobManifest,
+    JobRecord,
+    Rollback,
+    RollbackStatus,
+    open_job,
+    record,
+)
+from pyspark_abs.job.query import JobQuery
+from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.pipeline.declaration import Pipeline
+from pyspark_abs.sources.channel import ChannelSource
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+
+class Job:
+    """Several pipelines joined by channels, snapshotted as one consistent cut.
+
+    Example::
+
+        bronze = Pipeline("bronze", FileSource(...), parse, root=..., sinks=...)
+        silver = Pipeline("silver", bronze.channel(), dedup, root=..., sinks=...)
+        gold = Pipeline("gold", silver.channel(), totals, root=..., sinks=...)
+        job = Job("medallion", root="/data/abs/medallion", stages=[bronze, silver, gold])
+        job.run()
+        job.sink("gold").show()           # as of the newest job snapshot
+        job.rollback(3)                    # every stage, channel and sink back to epoch 3
+
+    Args:
+        name: The job's name; the job root is bound to it.
+        root: The job's root, which holds the job manifest (the stages keep their own
+            snapshot roots).
+        stages: The pipelines, in any order. A stage may read channels only of stages of
+            this job.
+
+    Raises:
+        OperatorDefinitionError: A stage is not a Pipeline, two stages share a name or a
+            root, a stage reads a channel of a pipeline outside the job, or the channels
+            form a cycle.
+        ConfigError: A stage has snapshots turned off.
+    """
+
+    def __init__(self, name: str, root: str, stages: Sequence[Pipeline]) -> None:
+        if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+            raise OperatorDefinitionError(
+                f"job name {name!r} must be non-empty and use only letters, digits, '_' and '-'"
+            )
+        strangers = [s for s in stages if not isinstance(s, Pipeline)]
+        if not stages or strangers:
+            raise OperatorDefinitionError(
+                f"job {name!r}: stages must be one or more Pipelines, got "
+                f"{[type(s).__name__ for s in strangers] or 'none'}"
+            )
+        self.name = name
+        self.root = normalize_uri(root)
+        by_name: dict[str, Pipeline] = {}
+        roots: dict[str, str] = {}
+        for stage in stages:
+            if stage.name in by_name or stage.root in roots:
+                raise OperatorDefinitionError(
+                    f"job {name!r}: two stages share the name {stage.name!r} or the snapshot "
+                    f"root {stage.root}; give every stage its own name and root"
+                )
+            if not stage.config.snapshots:
+                raise ConfigError(
+                    f"job {name!r}: stage {stage.name!r} has snapshots off; a job snapshot "
+                    f"needs every stage's, so set snapshots=True"
+                )
+            by_name[stage.name] = stage
+            roots[stage.root] = stage.name
+        self.upstreams: dict[str, list[str]] = {}
+        for stage in stages:
+            source = stage.source
+            channels = source.channels if isinstance(source, ChannelSource) else ()
+            for channel in channels:
+                if roots.get(channel.root) != channel.stage:
+                    raise OperatorDefinitionError(
+                        f"job {name!r}: stage {stage.name!r} reads channel {channel.name!r} "
+                        f"of pipeline {channel.stage!r} at {channel.root}, which is not a "
+                        f"stage of this job; add that pipeline to the job's stages"
+                    )
+            self.upstreams[stage.name] = sorted({c.stage for c in channels})
+        self.stages = {n: by_name[n] for n in _topological(name, self.upstreams)}
+
+    @property
+    def heads(self) -> list[str]:
+        """The stages that read no channel: they take their input from outside the job."""
+        return [n for n, ups in self.upstreams.items() if not ups]
+
+    def _manifest(self, store: DeltaStore) -> JobManifest:
+        """The job manifest, with the current stages recorded and any rollback finished."""
+        manifest = open_job(store, self.root, self.name)
+        stages = {n: s.root for n, s in self.stages.items()}
+        if manifest.stages != stages:
+            manifest = record(store, manifest, record=JobRecord.STAGES.value, stages=stages)
+        unfinished = manifest.unfinished
+        if unfinished is not None:
+            log.info("job %s: finishing its rollback to epoch %d", self.name, unfinished.epoch)
+            manifest = _finish_rollback(store, manifest, unfinished, stages)
+        return manifest
+
+    def start(self, *, available_now: bool = False, processing_time: str | None = None) -> JobQuery:
+        """Start every stage as its own streaming query, upstream stages first.
+
+        Args:
+            available_now: The head stages process what is available now and stop; every
+                other stage stops once it has read all that its upstream stages committed.
+                :meth:`JobQuery.await_termination` waits for that.
+            processing_time: Trigger interval of every stage (default: as fast as
+                possible).
+
+        Raises:
+            AbsError: A stage could not start (see :meth:`Pipeline.start`); the stages
+                already started are stopped again. A stage whose upstream stages have not
+                committed what it reads first starts as soon as they have.
+        """
+        self._manifest(DeltaStore())
+        return JobQuery(self, available_now=available_now, processing_time=processing_time)
+
+    def run(self) -> JobQuery:
+        """Process everything available now through every stage, then stop.
+
+        Returns:
+            The finished run.
+
+        Raises:
+            AbsError: A stage failed; the others were stopped.
+        """
+        query = self.start(available_now=True)
+        query.await_termination()
+        return query
+
+    def snapshots(self) -> list[JobSnapshot]:
+        """The job snapshots, oldest first: epochs at which every stage can be read."""
+        store = DeltaStore()
+        stages = []
+        for name, stage in self.stages.items():
+            uri = SnapshotRoot(stage.root).manifest_uri
+            if not store.exists(uri):
+                return []
+            epochs = load_epoch_log(store, uri)
+            recorded = {e.epoch for e in epochs.entries if epochs.prepared(e.epoch) is not None}
+            stages.append(StageEpochs.of(name, recorded, (e.epoch for e in epochs.snapshots())))
+        return job_snapshots(stages)
+
+    def snapshot(self, epoch: int | None = None) -> JobSnapshot:
+        """Job snapshot ``epoch``, or the newest.
+
+        Raises:
+            SnapshotNotFoundError: It does not exist; the message lists those that do.
+        """
+        found = self.snapshots()
+        if not found:
+            raise SnapshotNotFoundError(
+                f"job {self.name!r} has no job snapshot yet: some stage has committed nothing"
+            )
+        if epoch is None:
+            return found[-1]
+        for snapshot in found:
+            if snapshot.epoch == epoch:
+                return snapshot
+        raise SnapshotNotFoundError(
+            f"epoch {epoch} is not a job snapshot of job {self.name!r} (not every stage has "
+            f"committed it as a snapshot); job snapshots are {[s.epoch for s in found]}"
+        )
+
+    def _stage(self, stage: str) -> Pipeline:
+        if stage not in self.stages:
+            raise SnapshotNotFoundError(
+                f"job {self.name!r} has no stage {stage!r}; its stages are {list(self.stages)}"
+            )
+        return self.stages[stage]
+
+    def state(self, stage: str, epoch: int | None = None) -> DataFrame:
+        """A stage's operator state as of job snapshot ``epoch`` (default: the newest).
+
+        Raises:
+            SnapshotNotFoundError: The stage or the job snapshot does not exist.
+        """
+        pipeline = self._stage(stage)
+        at = self.snapshot(epoch).stages[stage]
+        return pipeline.snapshots.state(pipeline.plan.name, at)
+
+    def sink(self, stage: str, output: str | None = None, epoch: int | None = None) -> DataFrame:
+        """A stage's sink (a channel, or a final output) as of job snapshot ``epoch``.
+
+        Args:
+            stage: The stage.
+            output: The output; may be left out when the stage has one sink.
+            epoch: The job snapshot (default: the newest).
+
+        Raises:
+            SnapshotNotFoundError: The stage, output or job snapshot does not exist.
+        """
+        pipeline = self._stage(stage)
+        if output is None and len(pipeline.sinks) == 1:
+            output = next(iter(pipeline.sinks))
+        if output not in pipeline.sinks:
+            raise SnapshotNotFoundError(
+                f"stage {stage!r} of job {self.name!r} has no sink {output!r}; its sinks are "
+                f"{sorted(pipeline.sinks)}"
+            )
+        at = self.snapshot(epoch).stages[stage]
+        return pipeline.snapshots.sink(output, at)
+
+    def create_views(self, epoch: int | None = None) -> dict[str, str]:
+        """Temporary views of job snapshot ``epoch`` (default: the newest), for SQL.
+
+        Each stage gets ``<stage>_state`` and one view per sink, ``<stage>_<output>``.
+
+        Returns:
+            Each view's name, and what it shows.
+        """
+        snapshot = self.snapshot(epoch)
+        views: dict[str, str] = {}
+        for name, pipeline in self.stages.items():
+            self.state(name, snapshot.epoch).createOrReplaceTempView(f"{name}_state")
+            views[f"{name}_state"] = f"state of stage {name!r}"
+            for output in pipeline.sinks:
+                view = f"{name}_{output}"
+                self.sink(name, output, snapshot.epoch).createOrReplaceTempView(view)
+                views[view] = f"sink {output!r} of stage {name!r}"
+        return views
+
+    def rollback(self, epoch: int, *, config: AbsConfig | None = None) -> Rollback:
+        """Roll every stage, channel and sink back to job snapshot ``epoch``.
+
+        Every stage gets the same restore epoch ``R`` (after every epoch of every stage),
+        which installs its snapshot of ``epoch``; the job then continues at ``R + 1``, the
+        head stages from their sources' offsets of ``epoch`` and the others from their
+        channels. The job manifest records the rollback PREPARED before any stage changes
+        and COMMITTED after all have: a crash in between is finished by the next start of
+        the job, or by rolling back again. The job must be stopped.
+
+        Raises:
+            SnapshotNotFoundError: ``epoch`` is not a job snapshot.
+            FencingError: A stage is running.
+            ConcurrentWriteError: Another process recorded a rollback at the same moment;
+                nothing was changed by this one.
+            CommitError: A table could not be restored; the next start or rollback
+                finishes the rollback once that is fixed.
+        """
+        store = DeltaStore()
+        manifest = self._manifest(store)
+        snapshot = self.snapshot(epoch)
+        restore_epoch = 1 + max(
+            max((e.epoch for e in load_epoch_log(store, _uri(s)).entries), default=-1)
+            for s in self.stages.values()
+        )
+        try:
+            manifest = record(
+                store,
+                manifest,
+                record=JobRecord.ROLLBACK.value,
+                status=RollbackStatus.PREPARED.value,
+                epoch=snapshot.epoch,
+                restore_epoch=restore_epoch,
+                stage_epochs=dict(snapshot.stages),
+            )
+        except ConcurrentWriteError as err:
+            raise ConcurrentWriteError(
+                f"job {self.name!r}: another process changed the job manifest while rolling "
+                f"back to epoch {epoch}; nothing was changed. Check `job snapshots` and try "
+                f"again ({err})"
+            ) from None
+        rollback = manifest.unfinished
+        assert rollback is not None
+        stages = {n: s.root for n, s in self.stages.items()}
+        _finish_rollback(store, manifest, rollback, stages, config)
+        return Rollback(
+            rollback.epoch, restore_epoch, rollback.stage_epochs, RollbackStatus.COMMITTED
+        )
+
+
+def _uri(stage: Pipeline) -> str:
+    return SnapshotRoot(stage.root).manifest_uri
+
+
+def _finish_rollback(
+    store: DeltaStore,
+    manifest: JobManifest,
+    rollback: Rollback,
+    stages: dict[str, str],
+    config: AbsConfig | None = None,
+) -> JobManifest:
+    """Install the rollback's restore epoch in every stage, then record COMMITTED."""
+    for name, epoch in rollback.stage_epochs.items():
+        rollback_stage(stages[name], epoch, rollback.restore_epoch, config=config)
+    return record(
+        store,
+        manifest,
+        record=JobRecord.ROLLBACK.value,
+        status=RollbackStatus.COMMITTED.value,
+        epoch=rollback.epoch,
+        restore_epoch=rollback.restore_epoch,
+        stage_epochs=dict(rollback.stage_epochs),
+    )
+
+
+def _topological(job: str, upstreams: dict[str, list[str]]) -> list[str]:
+    """The stages with every stage after the stages it reads.
+
+    Raises:
+        OperatorDefinitionError: The channels form a cycle.
+    """
+    order: list[str] = []
+    placed: set[str] = set()
+    waiting = dict(upstreams)
+    while waiting:
+        ready = sorted(n for n, ups in waiting.items() if all(u in placed for u in ups))
+        if not ready:
+            raise OperatorDefinitionError(
+                f"job {job!r}: the channels between stages {sorted(waiting)} form a cycle; a "
+                f"feedback loop belongs inside one stage, as a BackEdge"
+            )
+        for name in ready:
+            order.append(name)
+            placed.add(name)
+            del waiting[name]
+    return order

@@ -1,0 +1,175 @@
+"""The job manifest: which stages a job has, and its job-wide rollbacks.
+
+A Delta table (``_job`` under the job's root) with one row per record:
+
+* ``STAGES``: the job's stages and their snapshot roots, written when a job first starts and
+  whenever its stages change, so that the CLI can open a job from its root alone;
+* ``ROLLBACK`` ``PREPARED`` then ``COMMITTED``: a job-wide rollback to job snapshot
+  ``epoch``, installed in every stage as restore epoch ``restore_epoch``. PREPARED is the
+  decision: a rollback that crashes after it is finished by the next start of the job or
+  the next rollback, before anything else runs.
+
+Appends are compare-and-swap against the version read, so two processes never record
+conflicting rollbacks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import pyarrow as pa
+
+from pyspark_abs.errors import ManifestError, PipelineMismatchError, SnapshotNotFoundError
+from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
+
+JOB_TABLE = "_job"
+"""Table id, and directory under the job's root, of the job manifest."""
+
+_FIELDS: list[pa.Field[Any]] = [
+    pa.field("job", pa.string()),
+    pa.field("record", pa.string()),
+    pa.field("status", pa.string()),
+    pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
+    pa.field("stages", pa.map_(pa.string(), pa.string())),
+    pa.field("epoch", pa.int64()),
+    pa.field("restore_epoch", pa.int64()),
+    pa.field("stage_epochs", pa.map_(pa.string(), pa.int64())),
+]
+_SCHEMA = pa.schema(_FIELDS)
+
+
+class JobRecord(str, Enum):
+    """What a row of the job manifest records."""
+
+    STAGES = "STAGES"
+    ROLLBACK = "ROLLBACK"
+
+
+class RollbackStatus(str, Enum):
+    """The two phases of a job-wide rollback."""
+
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """A job-wide rollback.
+
+    Attributes:
+        epoch: The job snapshot rolled back to.
+        restore_epoch: The restore epoch every stage gets.
+        stage_epochs: Each stage's epoch whose snapshot it installs.
+        status: PREPARED (decided, maybe not finished) or COMMITTED.
+    """
+
+    epoch: int
+    restore_epoch: int
+    stage_epochs: Mapping[str, int]
+    status: RollbackStatus
+
+
+@dataclass(frozen=True)
+class JobManifest:
+    """A job manifest as read at one version.
+
+    Attributes:
+        uri: Its location.
+        job: The job it belongs to.
+        version: The Delta version it was read at.
+        stages: The stages and their roots, as last recorded.
+        rollbacks: The rollbacks, oldest first, each with its latest status.
+    """
+
+    uri: str
+    job: str
+    version: int
+    stages: Mapping[str, str] = field(default_factory=dict)
+    rollbacks: tuple[Rollback, ...] = ()
+
+    @property
+    def unfinished(self) -> Rollback | None:
+        """The rollback that was decided but not finished, if any."""
+        last = self.rollbacks[-1] if self.rollbacks else None
+        return last if last is not None and last.status is RollbackStatus.PREPARED else None
+
+
+def job_manifest_uri(root: str) -> str:
+    """Where the job manifest of a job root lives."""
+    return f"{normalize_uri(root)}/{JOB_TABLE}"
+
+
+def open_job(store: DeltaStore, root: str, job: str | None) -> JobManifest:
+    """Read a job's manifest; with ``job`` given, create it if there is none.
+
+    Raises:
+        SnapshotNotFoundError: ``job`` is None and ``root`` holds no job.
+        PipelineMismatchError: The root belongs to another job.
+        ManifestError: The manifest cannot be read.
+    """
+    uri = job_manifest_uri(root)
+    if not store.exists(uri):
+        if job is None:
+            raise SnapshotNotFoundError(
+                f"{normalize_uri(root)} is not a job root (it has no {JOB_TABLE} table); give "
+                f"the root a Job was declared with"
+            )
+        store.ensure_root(normalize_uri(root))
+        store.ensure_table(TableSpec(JOB_TABLE, uri, _SCHEMA, description=json.dumps({"job": job})))
+    manifest = _read(store, uri)
+    if job is not None and manifest.job != job:
+        raise PipelineMismatchError(
+            f"job root {normalize_uri(root)} belongs to job {manifest.job!r}, not {job!r}; give "
+            f"this job its own root"
+        )
+    return manifest
+
+
+def _read(store: DeltaStore, uri: str) -> JobManifest:
+    try:
+        rows, version = store.read_versioned(uri)
+        owner = json.loads(store.description(uri) or "{}").get("job")
+    except Exception as err:
+        raise ManifestError(f"cannot read the job manifest at {uri}: {err}") from err
+    stages: dict[str, str] = {}
+    rollbacks: dict[int, Rollback] = {}
+    for row in sorted(rows.to_pylist(), key=lambda r: r["recorded_at"]):
+        if row["record"] == JobRecord.STAGES.value:
+            stages = dict(row["stages"] or ())
+        elif row["record"] == JobRecord.ROLLBACK.value:
+            rollbacks[row["restore_epoch"]] = Rollback(
+                row["epoch"],
+                row["restore_epoch"],
+                dict(row["stage_epochs"] or ()),
+                RollbackStatus(row["status"]),
+            )
+    return JobManifest(
+        uri, str(owner), version, stages, tuple(rollbacks[e] for e in sorted(rollbacks))
+    )
+
+
+def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
+    """Append one row against the version ``manifest`` was read at, and read it again.
+
+    Raises:
+        ConcurrentWriteError: Another process recorded first; nothing was appended.
+    """
+    full = {
+        "job": manifest.job,
+        "recorded_at": dt.datetime.now(dt.timezone.utc),
+        "stages": None,
+        "epoch": None,
+        "restore_epoch": None,
+        "stage_epochs": None,
+        **row,
+    }
+    for name in ("stages", "stage_epochs"):
+        if full[name] is not None:
+            full[name] = list(full[name].items())
+    store.append(manifest.uri, pa.Table.from_pylist([full], schema=_SCHEMA), manifest.version)
+    return _read(store, manifest.uri)

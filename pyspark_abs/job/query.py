@@ -1,0 +1,195 @@
+"""The run handle of a started job: one pipeline query per stage.
+
+A stage whose upstream stages have not committed the epoch it reads first cannot start
+yet (see :class:`~pyspark_abs.errors.UpstreamNotReadyError`). The run starts it as soon as
+they have: the handle's starter thread looks every quarter of a second, so a downstream
+stage runs alongside its upstream stages instead of after them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pyspark_abs.errors import UpstreamNotReadyError
+from pyspark_abs.pipeline.query import PipelineQuery
+
+if TYPE_CHECKING:
+    from pyspark_abs.job.declaration import Job
+
+log = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.25
+
+
+class JobQuery:
+    """A running job: every started stage's :class:`~pyspark_abs.PipelineQuery`.
+
+    Attributes:
+        job: The job.
+        stages: Each started stage's run, upstream stages first.
+    """
+
+    def __init__(self, job: Job, *, available_now: bool, processing_time: str | None) -> None:
+        """Start every stage that can start now; start the others when they can.
+
+        Raises:
+            AbsError: A stage could not start; the stages already started are stopped.
+        """
+        self.job = job
+        self.stages: dict[str, PipelineQuery] = {}
+        self._available_now = available_now
+        self._processing_time = processing_time
+        self._pending = list(job.stages)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._failure: BaseException | None = None
+        self._guarded(self._start_ready)
+        self._starter: threading.Thread | None = None
+        if self._pending:
+            self._starter = threading.Thread(
+                target=self._start_later, name=f"pyspark-abs-job-{job.name}", daemon=True
+            )
+            self._starter.start()
+
+    @property
+    def waiting(self) -> list[str]:
+        """The stages not started yet: their upstream stages have not committed enough."""
+        with self._lock:
+            return list(self._pending)
+
+    def _start_ready(self) -> None:
+        """Start, upstream stages first, every pending stage that can start now."""
+        with self._lock:
+            for name in list(self._pending):
+                if self._stopping.is_set():
+                    return
+                if any(u in self._pending for u in self.job.upstreams[name]):
+                    continue
+                head = not self.job.upstreams[name]
+                try:
+                    query = self.job.stages[name].start(
+                        available_now=self._available_now and head,
+                        processing_time=self._processing_time,
+                    )
+                except UpstreamNotReadyError:
+                    continue
+                self.stages[name] = query
+                self._pending.remove(name)
+
+    def _start_later(self) -> None:
+        while self.waiting and not self._stopping.wait(_POLL_SECONDS):
+            try:
+                self._start_ready()
+            except BaseException as err:
+                log.error("job %s: a stage failed to start: %s", self.job.name, err)
+                self._failure = err
+                return
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def process_all_available(self) -> None:
+        """Block until every stage has processed and committed all its input so far.
+
+        Upstream stages first: each is drained (its open group committed) before the
+        stages that read it are waited for, so they see all of its epochs. A stage whose
+        upstream stages have committed nothing it can read is left waiting.
+
+        Raises:
+            AbsError: A stage failed; every stage is stopped.
+        """
+
+        def catch_up(name: str) -> None:
+            query = self._started(name)
+            if query is not None:
+                query.process_all_available()
+                query.drain()
+
+        self._guarded(lambda: self._each(catch_up))
+
+    def await_termination(self) -> None:
+        """Wait until the run ends; with ``available_now``, until every stage has read all.
+
+        With ``available_now`` the head stages end on their own, and every other stage is
+        stopped once it has read everything its upstream stages committed. Otherwise this
+        waits until every stage has ended (one failing stops the others).
+
+        Raises:
+            AbsError: A stage failed; every stage is stopped.
+        """
+        if self._available_now:
+
+            def finish(name: str) -> None:
+                query = self._started(name)
+                if query is None:
+                    return
+                if name in self.job.heads:
+                    query.await_termination()
+                else:
+                    query.process_all_available()
+                    query.stop()
+
+            self._guarded(lambda: self._each(finish))
+            self._stop_starter()
+            return
+
+        def ended() -> None:
+            while True:
+                self._raise_if_failed()
+                running = [q for q in list(self.stages.values()) if q.is_active]
+                for query in list(self.stages.values()):
+                    if not query.is_active:
+                        query.await_termination()  # raises the stage's failure
+                if not running and not self.waiting:
+                    return
+                for query in running:
+                    query.await_termination(1)
+
+        self._guarded(ended)
+
+    def stop(self) -> None:
+        """Stop every stage, upstream stages first, committing what each has PREPARED."""
+        self._stop_starter()
+        failure: BaseException | None = None
+        for query in list(self.stages.values()):
+            try:
+                query.stop()
+            except BaseException as err:  # stop the others before raising
+                failure = failure or err
+        if failure is not None:
+            raise failure
+
+    def _stop_starter(self) -> None:
+        self._stopping.set()
+        if self._starter is not None:
+            self._starter.join()
+
+    def _started(self, name: str) -> PipelineQuery | None:
+        """The stage's run, started now if it can; None if it has nothing to read."""
+        self._raise_if_failed()
+        if name in self.waiting:
+            self._start_ready()
+        return self.stages.get(name)
+
+    def _each(self, step: Callable[[str], None]) -> None:
+        for name in self.job.stages:
+            step(name)
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run ``step``; if it fails, stop every stage and raise."""
+        try:
+            step()
+        except BaseException:
+            self._stop_starter()
+            for query in list(self.stages.values()):
+                try:
+                    query.stop()
+                except BaseException as err:
+                    log.warning(
+                        "job %s: stopping stage %s: %s", self.job.name, query.pipeline.name, err
+                    )
+            raise

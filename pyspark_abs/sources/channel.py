@@ -1,0 +1,238 @@
+"""Channels between the stages of a job: :class:`ChannelSource`, what a stage declares.
+
+A stage reads its upstream stages' sink tables through one :class:`ChannelSource`, one
+upstream epoch per micro-batch (see :mod:`~pyspark_abs.sources.channel_plan`). Which rows an
+upstream epoch holds comes from the upstream stage's manifest (the files its PREPARED entry
+lists for the channel table), and whether they are visible from its COMMITTED and MERGED
+entries, so the reader never sees rows of an epoch that is not committed.
+
+A stage with several input channels (fan-in) reads them through one source, which decides
+for all of them at once whether the next epoch is ready: two sources would each decide at
+their own moment, and an upstream that commits between the two decisions would put the
+stage's channels in different epochs. Its rows carry the channel's name in a column.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark_abs.errors import ConfigError, OperatorDefinitionError
+from pyspark_abs.sources.channel_plan import SOURCE_NAME, ChannelOffset, Upstream, UpstreamEpoch
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from pyspark_abs.manifest.log import EpochLog
+    from pyspark_abs.storage.files import FileEntry
+
+CHANNEL_COLUMN = "channel"
+"""The column naming each row's channel, in the rows of a source with several channels."""
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One output of an upstream stage, read by a downstream stage.
+
+    Build it with ``Pipeline.channel(output)``.
+
+    Attributes:
+        name: The channel's name: the upstream stage, or ``stage.output`` when the stage
+            has several outputs.
+        stage: The upstream stage (pipeline) name.
+        root: The upstream stage's snapshot root.
+        table: The channel's table id in the upstream manifest (``sink/<output>``).
+        uri: The channel table's location.
+        schema: The rows' Spark schema, as JSON.
+    """
+
+    name: str
+    stage: str
+    root: str
+    table: str
+    uri: str
+    schema: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The channel as the data source's options carry it."""
+        return {
+            "name": self.name,
+            "stage": self.stage,
+            "root": self.root,
+            "table": self.table,
+            "uri": self.uri,
+            "schema": self.schema,
+        }
+
+    def upstream(self, log: EpochLog) -> Upstream:
+        """The upstream history of this channel, from the upstream manifest."""
+        from pyspark_abs.manifest.entries import EpochStatus
+
+        visible = {
+            EpochStatus.COMMITTED,
+            EpochStatus.MERGED,
+            EpochStatus.RESTORED,
+            EpochStatus.EXPIRED,
+        }
+        epochs = []
+        for epoch in sorted({e.epoch for e in log.entries}):
+            entry = log.latest(epoch)
+            if entry is None or entry.status not in visible:
+                continue
+            closing = log.latest(epoch if entry.snapshot_epoch is None else entry.snapshot_epoch)
+            barrier = None if closing is None else closing.table_versions.get(self.table)
+            restored = entry.restored_from if entry.is_restore else None
+            epochs.append(UpstreamEpoch(epoch, True, barrier, restored))
+        return Upstream.of(self.stage, epochs)
+
+    def files(self, log: EpochLog, epoch: int) -> list[FileEntry]:
+        """The channel's files of an upstream epoch: none for an idle epoch."""
+        prepared = log.prepared(epoch)
+        if prepared is None or prepared.is_restore:
+            return []
+        return [f for f in prepared.files if f.table == self.table]
+
+
+@dataclass(frozen=True)
+class ChannelSource:
+    """The outputs of upstream stages, read one upstream epoch per micro-batch.
+
+    A stage's epoch ``n`` reads exactly its upstream stages' epoch-``n`` outputs, once every
+    one of them has committed epoch ``n``, so a job's stages keep one epoch numbering and
+    the snapshots of epoch ``n`` of all stages form one consistent cut of the job. With
+    several channels (fan-in), rows carry their channel's name in column ``channel``.
+
+    Example::
+
+        silver = Pipeline("silver", bronze.channel(), dedup, root=..., sinks=...)
+        report = Pipeline("report", ChannelSource.of(silver.channel(), gold.channel()), ...)
+
+    Attributes:
+        channels: The channels, in order.
+        starting_epoch: The first upstream epoch a new checkpoint reads (default 0).
+    """
+
+    channels: tuple[Channel, ...]
+    starting_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.channels or not all(isinstance(c, Channel) for c in self.channels):
+            raise OperatorDefinitionError(
+                "ChannelSource needs one or more channels; build them with Pipeline.channel(output)"
+            )
+        names = [c.name for c in self.channels]
+        if len(set(names)) != len(names):
+            raise OperatorDefinitionError(
+                f"ChannelSource: channels {names} repeat a name; read each channel once"
+            )
+        start = self.starting_epoch
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ConfigError(
+                f"ChannelSource: starting_epoch must be an integer >= 0, got {start!r}"
+            )
+
+    @classmethod
+    def of(cls, *sources: ChannelSource | Channel) -> ChannelSource:
+        """One source over the channels of several sources: a fan-in."""
+        channels: list[Channel] = []
+        for source in sources:
+            channels.extend(source.channels if isinstance(source, ChannelSource) else [source])
+        return cls(tuple(channels))
+
+    @property
+    def fan_in(self) -> bool:
+        """Whether the source reads several channels (its rows name their channel)."""
+        return len(self.channels) > 1
+
+    def schema(self) -> StructType:
+        """The rows' schema: the channels' columns by name, then ``channel`` for a fan-in.
+
+        Raises:
+            OperatorDefinitionError: Two channels give one column different types, or a
+                fan-in channel already has a ``channel`` column.
+        """
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        fields: dict[str, StructField] = {}
+        for channel in self.channels:
+            for column in StructType.fromJson(json.loads(channel.schema)).fields:
+                known = fields.get(column.name)
+                if known is not None and known.dataType != column.dataType:
+                    raise OperatorDefinitionError(
+                        f"ChannelSource: column {column.name!r} is {known.dataType.simpleString()} "
+                        f"in one channel and {column.dataType.simpleString()} in channel "
+                        f"{channel.name!r}; rename it in one of the upstream outputs"
+                    )
+                fields[column.name] = StructField(column.name, column.dataType, True)
+        if self.fan_in:
+            if CHANNEL_COLUMN in fields:
+                raise OperatorDefinitionError(
+                    f"ChannelSource: a fan-in names each row's channel in column "
+                    f"{CHANNEL_COLUMN!r}, which an upstream output already has; rename it"
+                )
+            fields[CHANNEL_COLUMN] = StructField(CHANNEL_COLUMN, StringType(), False)
+        return StructType(list(fields.values()))
+
+    def waiting_for(self, epoch: int) -> list[str]:
+        """The channels whose upstream stage has not committed upstream ``epoch`` yet."""
+        from pyspark_abs.manifest.table import load_epoch_log
+        from pyspark_abs.storage.root import SnapshotRoot
+        from pyspark_abs.storage.store import DeltaStore
+
+        store = DeltaStore()
+        waiting = []
+        for channel in self.channels:
+            uri = SnapshotRoot(channel.root).manifest_uri
+            if not store.exists(uri) or (
+                channel.upstream(load_epoch_log(store, uri)).visible_through < epoch
+            ):
+                waiting.append(channel.name)
+        return waiting
+
+    def load(
+        self, spark: SparkSession, starting_offset: Mapping[str, Any] | None = None
+    ) -> DataFrame:
+        """A streaming DataFrame of the channels, aligned at their upstream epochs.
+
+        Args:
+            spark: The session.
+            starting_offset: An offset of this source from a checkpoint's offset log: a new
+                checkpoint starts right after it (at its epoch).
+        """
+        from pyspark_abs.sources.channel_stream import ChannelDataSource
+
+        start = self.starting_epoch
+        if starting_offset is not None:
+            start = ChannelOffset.parse(starting_offset).epoch
+        spark.dataSource.register(ChannelDataSource)
+        return (
+            spark.readStream.format(SOURCE_NAME)
+            .option("channels", json.dumps([c.to_dict() for c in self.channels]))
+            .option("schema", self.schema().json())
+            .option("startingEpoch", str(start))
+            .load()
+        )
+
+    def rewound(self, spark: SparkSession, offset_json: str) -> DataFrame:
+        """The stream starting right after a recorded offset (see :meth:`offset_of`)."""
+        return self.load(spark, starting_offset=self.offset_of(offset_json))
+
+    @staticmethod
+    def offset_of(offset_json: str) -> dict[str, Any]:
+        """Parse one offset of this source, as Spark wrote it to a checkpoint's offset log.
+
+        Raises:
+            ConfigError: The text is not an offset of this source.
+        """
+        try:
+            return ChannelOffset.parse(offset_json).to_dict()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+
+def channels_of(value: str) -> Sequence[Channel]:
+    """The channels of the data source's ``channels`` option."""
+    return [Channel(**c) for c in json.loads(value)]

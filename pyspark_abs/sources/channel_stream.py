@@ -1,0 +1,227 @@
+"""The Spark data source ``pyspark_abs_channel``: upstream stages' outputs, epoch by epoch.
+
+:class:`~pyspark_abs.sources.channel.ChannelSource` registers it and passes its options; the
+reader plans micro-batches with :mod:`~pyspark_abs.sources.channel_plan` over the upstream
+manifests and reads the channel tables' files with :mod:`~pyspark_abs.sources.delta_log`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.sources.channel import CHANNEL_COLUMN, Channel, channels_of
+from pyspark_abs.sources.channel_plan import (
+    SOURCE_NAME,
+    ChannelOffset,
+    Upstream,
+    frontier_of,
+    next_epoch,
+)
+from pyspark_abs.sources.delta_log import DeltaFilePartition, read_slice
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
+
+
+@dataclass(frozen=True)
+class ChannelPartition(InputPartition):
+    """One file of one channel's upstream epoch: one Spark task.
+
+    Attributes:
+        channel: The channel's name.
+        file: The file's rows.
+    """
+
+    channel: str
+    file: DeltaFilePartition
+
+
+class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark's stream reader over a stage's input channels (see the module docstring).
+
+    Args:
+        channels: The channels.
+        schema: The stream's schema.
+        starting_epoch: The first upstream epoch a new checkpoint reads.
+    """
+
+    def __init__(self, channels: list[Channel], schema: StructType, starting_epoch: int) -> None:
+        self._channels = channels
+        self._schema = schema
+        self._starting_epoch = starting_epoch
+        self._frontier: int | None = None
+        self._manifests: dict[str, tuple[int, EpochLog]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_manifests"] = {}
+        return state
+
+    def _logs(self) -> dict[str, EpochLog | None]:
+        """Each channel's upstream manifest (None before the upstream stage's first start).
+
+        A manifest is read again only when its Delta log has moved: Spark asks for the
+        latest offset every few milliseconds while a stage waits for its upstream stages.
+        """
+        store = DeltaStore()
+        logs: dict[str, EpochLog | None] = {}
+        for channel in self._channels:
+            uri = SnapshotRoot(channel.root).manifest_uri
+            if not store.exists(uri):
+                logs[channel.name] = None
+                continue
+            version = int(store.open(uri).version())
+            cached = self._manifests.get(uri)
+            if cached is None or cached[0] != version:
+                cached = self._manifests[uri] = (version, load_epoch_log(store, uri))
+            logs[channel.name] = cached[1]
+        return logs
+
+    def _upstreams(self, logs: dict[str, EpochLog | None]) -> list[Upstream]:
+        upstreams = []
+        for channel in self._channels:
+            log = logs[channel.name]
+            upstreams.append(Upstream(channel.stage, {}) if log is None else channel.upstream(log))
+        return upstreams
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Before upstream epoch ``starting_epoch``."""
+        return ChannelOffset(self._starting_epoch).to_dict()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """One upstream epoch per micro-batch, whatever the limit says."""
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Pin the newest epoch visible in every channel: ``availableNow`` reads no further."""
+        self._frontier = frontier_of(self._upstreams(self._logs()))
+
+    def _offset(self, value: object, what: str) -> ChannelOffset:
+        try:
+            return ChannelOffset.parse(value)
+        except ValueError as err:
+            raise SourceError(
+                f"the {what} offset of the stream over channels {self._names()} is not this "
+                f"source's: {err}. Was the checkpoint written by another query?"
+            ) from None
+
+    def _names(self) -> list[str]:
+        return [c.name for c in self._channels]
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The next upstream epoch once every channel has committed it, else ``start``.
+
+        Raises:
+            SourceError: An upstream stage was rolled back on its own.
+        """
+        begin = self._offset(start, "start")
+        upstreams = self._upstreams(self._logs())
+        try:
+            end = next_epoch(begin.epoch, upstreams, self._frontier)
+        except ValueError as err:
+            raise SourceError(
+                f"the stream over channels {self._names()} cannot read upstream epoch "
+                f"{begin.epoch}: {err}. Roll back the whole job (Job.rollback), so that every "
+                f"stage goes back to the same epoch"
+            ) from None
+        if end == begin.epoch:
+            return start
+        barriers = {
+            c.name: u.barrier(end - 1) for c, u in zip(self._channels, upstreams, strict=True)
+        }
+        return ChannelOffset(end, barriers).to_dict()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        """One partition per channel file of the upstream epochs between the offsets."""
+        begin, finish = self._offset(start, "start"), self._offset(end, "end")
+        logs = self._logs()
+        parts: list[InputPartition] = []
+        for channel in self._channels:
+            log = logs[channel.name]
+            if log is None:
+                continue
+            upstream = channel.upstream(log)
+            for epoch in range(begin.epoch, finish.epoch):
+                if upstream.visible_through < epoch:
+                    raise SourceError(
+                        f"upstream epoch {epoch} of channel {channel.name!r} is no longer "
+                        f"committed in {channel.root}; was the upstream stage restored into "
+                        f"another root? Roll back the whole job (Job.rollback)"
+                    )
+                for data in channel.files(log, epoch):
+                    parts.append(
+                        ChannelPartition(
+                            channel.name,
+                            DeltaFilePartition(
+                                channel.uri,
+                                upstream.barrier(epoch),
+                                data.path,
+                                0,
+                                data.num_rows,
+                                tuple(sorted(data.partitions.items())),
+                            ),
+                        )
+                    )
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The partition's rows, with the stream's schema."""
+        from pyspark_abs.operators.schema import to_arrow
+
+        if not isinstance(partition, ChannelPartition):
+            raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
+        schema = to_arrow(self._schema)
+        fan_in = CHANNEL_COLUMN in schema.names and len(self._channels) > 1
+        rows_schema = pa.schema([f for f in schema if not (fan_in and f.name == CHANNEL_COLUMN)])
+        for batch in read_slice(partition.file, rows_schema):
+            if fan_in:
+                name = pa.array([partition.channel] * batch.num_rows, pa.string())
+                batch = pa.RecordBatch.from_arrays([*batch.columns, name], schema=schema)
+            yield batch
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to forget: the reader keeps no state between micro-batches."""
+
+
+class ChannelDataSource(DataSource):
+    """The ``pyspark_abs_channel`` data source; created by :meth:`ChannelSource.load`."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The short name to pass to ``readStream.format``."""
+        return SOURCE_NAME
+
+    def _option(self, name: str) -> str:
+        value = self.options.get(name.lower())
+        if not value:
+            raise ConfigError(
+                f"{SOURCE_NAME} needs the option {name}; load it with "
+                f"pyspark_abs.ChannelSource(...).load(spark) or Pipeline.channel()"
+            )
+        return str(value)
+
+    def schema(self) -> StructType:
+        """The stream's schema, as :meth:`ChannelSource.load` computed it."""
+        return StructType.fromJson(json.loads(self._option("schema")))
+
+    def streamReader(self, schema: StructType) -> ChannelStreamReader:
+        """A stream reader over the channels."""
+        return ChannelStreamReader(
+            list(channels_of(self._option("channels"))),
+            schema,
+            int(self._option("startingEpoch")),
+        )

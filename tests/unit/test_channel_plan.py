@@ -1,0 +1,133 @@
+"""Barrier alignment over channels (pure planning), against a model of upstream histories."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pyspark_abs.sources.channel_plan import (
+    NO_BARRIER,
+    ChannelOffset,
+    Upstream,
+    UpstreamEpoch,
+    channel_offsets,
+    frontier_of,
+    next_epoch,
+)
+
+
+def _history(rng: random.Random, epochs: int, interval: int) -> list[tuple[int, bool]]:
+    """An upstream's epochs in commit order: (epoch, recorded); idle epochs are unrecorded.
+
+    Epochs become visible in groups of up to ``interval``, the way a snapshot interval
+    commits them (the group's epochs all at once).
+    """
+    return [(e, rng.random() > 0.2) for e in range(epochs)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_stage_reads_each_epoch_once_in_order_only_after_every_upstream_committed_it(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    stages = rng.randint(1, 3)
+    epochs = rng.randint(1, 12)
+    # The model: each upstream commits its epochs in groups; a poll by the downstream
+    # happens between any two commits. An epoch is readable once every upstream has
+    # committed a group that reaches it (idle epochs included: a later commit closes them).
+    groups: list[list[tuple[int, int]]] = []  # per upstream: (group end, version)
+    for _ in range(stages):
+        interval = rng.randint(1, 3)
+        ends, epoch, version = [], -1, 0
+        while epoch < epochs - 1:
+            epoch = min(epochs - 1, epoch + rng.randint(1, interval))
+            version += 1
+            ends.append((epoch, version))
+        groups.append(ends)
+    idle = [{e for e, recorded in _history(rng, epochs, 1) if not recorded} for _ in groups]
+    schedule = [s for s, ends in enumerate(groups) for _ in ends]
+    rng.shuffle(schedule)
+    committed = [0] * stages  # groups committed so far, per upstream
+    read: list[int] = []
+    start = 0
+
+    def views() -> list[Upstream]:
+        found = []
+        for s, ends in enumerate(groups):
+            entries = []
+            previous = -1
+            for end, version in ends[: committed[s]]:
+                for e in range(previous + 1, end + 1):
+                    # an idle epoch at a group's end still closes it (its snapshot is recorded)
+                    if e not in idle[s] or e == end:
+                        entries.append(UpstreamEpoch(e, True, version))
+                previous = end
+            found.append(Upstream.of(f"up{s}", entries))
+        return found
+
+    def model_visible() -> int:
+        return min((groups[s][committed[s] - 1][0] if committed[s] else -1) for s in range(stages))
+
+    for upstream in [*schedule, None]:
+        if upstream is not None:
+            committed[upstream] += 1
+        while True:
+            end = next_epoch(start, views())
+            if end == start:
+                break
+            assert end == start + 1, "one upstream epoch per micro-batch"
+            assert start <= model_visible(), (
+                f"read epoch {start} before every upstream committed it"
+            )
+            read.append(start)
+            start = end
+    assert read == list(range(epochs))
+
+
+def test_barriers_of_idle_epochs_are_those_of_the_epoch_before() -> None:
+    upstream = Upstream.of("bronze", [UpstreamEpoch(0, True, 3), UpstreamEpoch(2, True, 5)])
+    assert [upstream.barrier(e) for e in range(3)] == [3, 3, 5]
+    assert Upstream.of("bronze", []).barrier(4) == NO_BARRIER
+    assert upstream.visible_through == 2
+
+
+def test_availablenow_stops_at_the_frontier_pinned_at_the_start() -> None:
+    ups = [
+        Upstream.of("a", [UpstreamEpoch(e, True, e) for e in range(5)]),
+        Upstream.of("b", [UpstreamEpoch(e, True, e) for e in range(3)]),
+    ]
+    assert frontier_of(ups) == 2
+    assert next_epoch(2, ups, frontier=1) == 2
+    assert next_epoch(1, ups, frontier=1) == 2
+    assert next_epoch(3, ups) == 3, "b has not committed epoch 3"
+
+
+@pytest.mark.parametrize(
+    ("epoch", "message"),
+    [(3, "restore epoch that installs its epoch 1"), (2, "taken back by restore epoch 3")],
+)
+def test_a_rollback_of_one_upstream_alone_is_refused(epoch: int, message: str) -> None:
+    entries = [UpstreamEpoch(e, True, e) for e in range(3)]
+    entries.append(UpstreamEpoch(3, True, 3, restored_from=1))
+    upstream = Upstream.of("silver", entries)
+    with pytest.raises(ValueError, match=message):
+        next_epoch(epoch, [upstream])
+    assert next_epoch(1, [upstream]) == 2, "epoch 1 is on the kept timeline"
+
+
+def test_offsets_round_trip_and_bad_ones_are_named() -> None:
+    offset = ChannelOffset(4, {"wc": 7})
+    assert ChannelOffset.parse(offset.to_dict()) == offset
+    assert channel_offsets(
+        '{"source":"pyspark_abs_delta","version":1,"index":0}\n'
+        + '{"source":"pyspark_abs_channel","epoch":4,"barriers":{}}'
+    ) == [ChannelOffset(4)]
+    for bad, match in [
+        ('{"source":"pyspark_abs_channel","epoch":-1}', "epoch must be"),
+        ('{"source":"pyspark_abs_channel","epoch":1,"barriers":{"a":"x"}}', "barriers"),
+        ("not json", "not JSON"),
+        ('{"source":"other"}', "not an offset"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ChannelOffset.parse(bad)

@@ -27,6 +27,7 @@ from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_table, rounded, size
 from pyspark_abs.errors import AbsError, ConfigError
+from pyspark_abs.job.operations import job_snapshots_at, rollback_job
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.operators.contract import Operator
 from pyspark_abs.pipeline.check import check
@@ -127,6 +128,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE:NAME",
         help="a pyspark_abs Pipeline, or a function of no arguments returning one",
     )
+    command(
+        "job-snapshots",
+        "list the job snapshots of a job root (every stage's epoch)",
+        _job_snapshots,
+    )
+    command(
+        "job-rollback",
+        "roll every stage of the (stopped) job back to a job snapshot",
+        _job_rollback,
+    ).add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot's epoch")
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
     clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
@@ -146,6 +157,12 @@ EPOCH_HELP = "a committed epoch, or the name of a savepoint"
 def _epoch(text: str) -> int | str:
     """An epoch number, or a savepoint's name (names start with a letter)."""
     return int(text) if text.isdigit() else text
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an epoch number (0 or more), got {text!r}")
+    return int(text)
 
 
 def _positive(text: str) -> int:
@@ -287,6 +304,37 @@ def _rollback(args: argparse.Namespace) -> int:
         print(
             f"epoch {info.epoch} RESTORED from epoch {info.restored_from}; the next start "
             f"reprocesses from epoch {info.restored_from}'s source offsets"
+        )
+    return 0
+
+
+def _job_snapshots(args: argparse.Namespace) -> int:
+    found = job_snapshots_at(args.root)
+    if args.json:
+        print_json([{"epoch": s.epoch, "stages": dict(s.stages)} for s in found])
+        return 0
+    rows = [
+        [str(s.epoch), " ".join(f"{name}={epoch}" for name, epoch in s.stages.items())]
+        for s in found
+    ]
+    print_table(["epoch", "stage epochs"], rows)
+    return 0
+
+
+def _job_rollback(args: argparse.Namespace) -> int:
+    done = rollback_job(args.root, args.epoch)
+    if args.json:
+        print_json(
+            {
+                "epoch": done.epoch,
+                "restore_epoch": done.restore_epoch,
+                "stage_epochs": dict(done.stage_epochs),
+            }
+        )
+    else:
+        print(
+            f"job rolled back to epoch {done.epoch}: every stage has restore epoch "
+            f"{done.restore_epoch}; the next start continues from epoch {done.restore_epoch + 1}"
         )
     return 0
 

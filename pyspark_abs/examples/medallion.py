@@ -14,13 +14,21 @@
   the events kept; their difference is the duplicates silver dropped.
 
 Every stage is a :class:`~pyspark_abs.Pipeline` with its own snapshot root under the job's
-root, and its sinks in ``<root>/tables``.
+root, and its sinks in ``<root>/tables``. Run it as a program to process a directory of
+event files::
+
+    python -m pyspark_abs.examples.medallion --input DIR --root ROOT [--crash STAGE:STEP:EPOCH]
+
+``--crash`` exits the whole application when that stage reaches that protocol step;
+running the same command again recovers every stage and finishes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -28,6 +36,7 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from pyspark_abs.config import AbsConfig
+from pyspark_abs.examples.wordcount import parse_crash
 from pyspark_abs.job.declaration import Job
 from pyspark_abs.operators.contract import (
     KeyGroupContext,
@@ -36,6 +45,7 @@ from pyspark_abs.operators.contract import (
     vectorized_operator,
 )
 from pyspark_abs.pipeline.declaration import Pipeline
+from pyspark_abs.session import local_session
 from pyspark_abs.sources import ChannelSource, FileSource
 
 EVENT_DDL = "event_id string, user string, amount long"
@@ -148,3 +158,32 @@ def write_events(input_dir: str | Path, files: Sequence[Sequence[tuple[str, str,
         )
         stamp = 1_700_000_000 + number * 10
         os.utime(path, (stamp, stamp))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the medallion job over ``--input`` until every file went through every stage."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", required=True, help="directory of JSON-lines event files")
+    parser.add_argument("--root", required=True, help="the job's root")
+    parser.add_argument("--crash", help="exit when STAGE reaches STEP:EPOCH")
+    parser.add_argument("--commit-mode", choices=["sync", "async"], default="async")
+    args = parser.parse_args(argv)
+    spark = local_session("medallion", shuffle_partitions=2)
+    config = AbsConfig(commit_mode=args.commit_mode, key_groups=8)
+    stage_configs = {}
+    if args.crash:
+        stage, _, fault = args.crash.partition(":")
+        if stage not in STAGES:
+            parser.error(f"--crash takes STAGE:STEP:EPOCH with STAGE one of {list(STAGES)}")
+        stage_configs[stage] = AbsConfig(
+            commit_mode=args.commit_mode, key_groups=8, faults=(parse_crash(fault),)
+        )
+    job = build(spark, args.input, args.root, config=config, stage_configs=stage_configs)
+    job.run()
+    for snapshot in job.snapshots()[-1:]:
+        print(f"job snapshot {snapshot.epoch}: {dict(snapshot.stages)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

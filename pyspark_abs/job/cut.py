@@ -7,8 +7,10 @@ stage's state and outputs at ``n`` came from exactly its upstream stages' output
 
 A stage can be read as of ``n`` when ``n`` is one of its snapshots, or when ``n`` was idle in
 it (a no-data micro-batch that changed nothing, which is not recorded): then its newest
-epoch before ``n``, if that is a snapshot and the stage has recorded a later epoch, holds the
-same state and outputs.
+epoch before ``n``, if that is a snapshot, holds the same state and outputs. An unrecorded
+``n`` counts as idle only when the stage's next recorded epoch is a micro-batch: a job
+rollback gives every stage a restore epoch after the newest epoch of any stage, so the
+numbers it skips in a stage were never run there, and at them the stages are no cut.
 """
 
 from __future__ import annotations
@@ -23,24 +25,35 @@ class StageEpochs:
 
     Attributes:
         stage: The stage's name.
-        recorded: Epochs with a PREPARED entry (processed or restore epochs).
+        recorded: Epochs with a PREPARED entry (micro-batch or restore epochs).
         snapshots: Epochs that are readable snapshots (COMMITTED or RESTORED).
+        restores: Restore epochs.
     """
 
     stage: str
     recorded: frozenset[int]
     snapshots: frozenset[int]
+    restores: frozenset[int] = frozenset()
 
     @classmethod
-    def of(cls, stage: str, recorded: Iterable[int], snapshots: Iterable[int]) -> StageEpochs:
+    def of(
+        cls,
+        stage: str,
+        recorded: Iterable[int],
+        snapshots: Iterable[int],
+        restores: Iterable[int] = (),
+    ) -> StageEpochs:
         """The epochs of ``stage``."""
-        return cls(stage, frozenset(recorded), frozenset(snapshots))
+        return cls(stage, frozenset(recorded), frozenset(snapshots), frozenset(restores))
 
     def epoch_for(self, epoch: int) -> int | None:
         """The stage epoch whose snapshot is the stage as of job epoch ``epoch``, or None."""
         if epoch in self.snapshots:
             return epoch
-        if epoch in self.recorded or not any(e > epoch for e in self.recorded):
+        if epoch in self.recorded:
+            return None
+        after = min((e for e in self.recorded if e > epoch), default=None)
+        if after is None or after in self.restores:
             return None
         before = max((e for e in self.recorded if e < epoch), default=None)
         return before if before in self.snapshots else None

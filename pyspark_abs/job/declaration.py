@@ -14,38 +14,25 @@ paper's input blocking.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pyspark_abs.admin.savepoints import rollback_stage
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
-    ConcurrentWriteError,
     ConfigError,
     OperatorDefinitionError,
     SnapshotNotFoundError,
 )
-from pyspark_abs.job.cut import JobSnapshot, StageEpochs, job_snapshots
-from pyspark_abs.job.manifest import (
-    JobManifest,
-    JobRecord,
-    Rollback,
-    RollbackStatus,
-    open_job,
-    record,
-)
+from pyspark_abs.job.cut import JobSnapshot
+from pyspark_abs.job.manifest import JobManifest, JobRecord, Rollback, open_job, record
+from pyspark_abs.job.operations import finish_unfinished, pick, rollback_job, snapshots_of
 from pyspark_abs.job.query import JobQuery
-from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-log = logging.getLogger(__name__)
 
 
 class Job:
@@ -128,11 +115,7 @@ class Job:
         stages = {n: s.root for n, s in self.stages.items()}
         if manifest.stages != stages:
             manifest = record(store, manifest, record=JobRecord.STAGES.value, stages=stages)
-        unfinished = manifest.unfinished
-        if unfinished is not None:
-            log.info("job %s: finishing its rollback to epoch %d", self.name, unfinished.epoch)
-            manifest = _finish_rollback(store, manifest, unfinished, stages)
-        return manifest
+        return finish_unfinished(store, manifest)
 
     def start(self, *, available_now: bool = False, processing_time: str | None = None) -> JobQuery:
         """Start every stage as its own streaming query, upstream stages first.
@@ -167,16 +150,7 @@ class Job:
 
     def snapshots(self) -> list[JobSnapshot]:
         """The job snapshots, oldest first: epochs at which every stage can be read."""
-        store = DeltaStore()
-        stages = []
-        for name, stage in self.stages.items():
-            uri = SnapshotRoot(stage.root).manifest_uri
-            if not store.exists(uri):
-                return []
-            epochs = load_epoch_log(store, uri)
-            recorded = {e.epoch for e in epochs.entries if epochs.prepared(e.epoch) is not None}
-            stages.append(StageEpochs.of(name, recorded, (e.epoch for e in epochs.snapshots())))
-        return job_snapshots(stages)
+        return snapshots_of({n: s.root for n, s in self.stages.items()})
 
     def snapshot(self, epoch: int | None = None) -> JobSnapshot:
         """Job snapshot ``epoch``, or the newest.
@@ -184,20 +158,7 @@ class Job:
         Raises:
             SnapshotNotFoundError: It does not exist; the message lists those that do.
         """
-        found = self.snapshots()
-        if not found:
-            raise SnapshotNotFoundError(
-                f"job {self.name!r} has no job snapshot yet: some stage has committed nothing"
-            )
-        if epoch is None:
-            return found[-1]
-        for snapshot in found:
-            if snapshot.epoch == epoch:
-                return snapshot
-        raise SnapshotNotFoundError(
-            f"epoch {epoch} is not a job snapshot of job {self.name!r} (not every stage has "
-            f"committed it as a snapshot); job snapshots are {[s.epoch for s in found]}"
-        )
+        return pick(self.name, self.snapshots(), epoch)
 
     def _stage(self, stage: str) -> Pipeline:
         if stage not in self.stages:
@@ -275,61 +236,8 @@ class Job:
             CommitError: A table could not be restored; the next start or rollback
                 finishes the rollback once that is fixed.
         """
-        store = DeltaStore()
-        manifest = self._manifest(store)
-        snapshot = self.snapshot(epoch)
-        restore_epoch = 1 + max(
-            max((e.epoch for e in load_epoch_log(store, _uri(s)).entries), default=-1)
-            for s in self.stages.values()
-        )
-        try:
-            manifest = record(
-                store,
-                manifest,
-                record=JobRecord.ROLLBACK.value,
-                status=RollbackStatus.PREPARED.value,
-                epoch=snapshot.epoch,
-                restore_epoch=restore_epoch,
-                stage_epochs=dict(snapshot.stages),
-            )
-        except ConcurrentWriteError as err:
-            raise ConcurrentWriteError(
-                f"job {self.name!r}: another process changed the job manifest while rolling "
-                f"back to epoch {epoch}; nothing was changed. Check `job snapshots` and try "
-                f"again ({err})"
-            ) from None
-        rollback = manifest.unfinished
-        assert rollback is not None
-        stages = {n: s.root for n, s in self.stages.items()}
-        _finish_rollback(store, manifest, rollback, stages, config)
-        return Rollback(
-            rollback.epoch, restore_epoch, rollback.stage_epochs, RollbackStatus.COMMITTED
-        )
-
-
-def _uri(stage: Pipeline) -> str:
-    return SnapshotRoot(stage.root).manifest_uri
-
-
-def _finish_rollback(
-    store: DeltaStore,
-    manifest: JobManifest,
-    rollback: Rollback,
-    stages: dict[str, str],
-    config: AbsConfig | None = None,
-) -> JobManifest:
-    """Install the rollback's restore epoch in every stage, then record COMMITTED."""
-    for name, epoch in rollback.stage_epochs.items():
-        rollback_stage(stages[name], epoch, rollback.restore_epoch, config=config)
-    return record(
-        store,
-        manifest,
-        record=JobRecord.ROLLBACK.value,
-        status=RollbackStatus.COMMITTED.value,
-        epoch=rollback.epoch,
-        restore_epoch=rollback.restore_epoch,
-        stage_epochs=dict(rollback.stage_epochs),
-    )
+        self._manifest(DeltaStore())
+        return rollback_job(self.root, epoch, config=config)
 
 
 def _topological(job: str, upstreams: dict[str, list[str]]) -> list[str]:

@@ -67,7 +67,8 @@ from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import RewindableSource
 from pyspark_abs.sources.backedge_log import in_flight_count
-from pyspark_abs.sources.channel import Channel, ChannelSource
+from pyspark_abs.sources.channel import ChannelSource
+from pyspark_abs.sources.channel_log import Channel
 from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.storage.root import (
     BACKEDGE_PREFIX,

@@ -1,10 +1,10 @@
 """Channels between the stages of a job: :class:`ChannelSource`, what a stage declares.
 
 A stage reads its upstream stages' sink tables through one :class:`ChannelSource`, one
-upstream epoch per micro-batch (see :mod:`~pyspark_abs.sources.channel_plan`). Which rows an
-upstream epoch holds comes from the upstream stage's manifest (the files its PREPARED entry
-lists for the channel table), and whether they are visible from its COMMITTED and MERGED
-entries, so the reader never sees rows of an epoch that is not committed.
+upstream epoch per micro-batch. Three layers, lowest first:
+:mod:`~pyspark_abs.sources.channel_plan` plans (pure),
+:mod:`~pyspark_abs.sources.channel_log` reads the upstream manifests, and
+:mod:`~pyspark_abs.sources.channel_stream` is the Spark data source.
 
 A stage with several input channels (fan-in) reads them through one source, which decides
 for all of them at once whether the next epoch is ready: two sources would each decide at
@@ -15,85 +15,17 @@ stage's channels in different epochs. Its rows carry the channel's name in a col
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.errors import ConfigError, OperatorDefinitionError
-from pyspark_abs.sources.channel_plan import SOURCE_NAME, ChannelOffset, Upstream, UpstreamEpoch
+from pyspark_abs.sources.channel_log import CHANNEL_COLUMN, Channel
+from pyspark_abs.sources.channel_plan import SOURCE_NAME, ChannelOffset
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
-
-    from pyspark_abs.manifest.log import EpochLog
-    from pyspark_abs.storage.files import FileEntry
-
-CHANNEL_COLUMN = "channel"
-"""The column naming each row's channel, in the rows of a source with several channels."""
-
-
-@dataclass(frozen=True)
-class Channel:
-    """One output of an upstream stage, read by a downstream stage.
-
-    Build it with ``Pipeline.channel(output)``.
-
-    Attributes:
-        name: The channel's name: the upstream stage, or ``stage.output`` when the stage
-            has several outputs.
-        stage: The upstream stage (pipeline) name.
-        root: The upstream stage's snapshot root.
-        table: The channel's table id in the upstream manifest (``sink/<output>``).
-        uri: The channel table's location.
-        schema: The rows' Spark schema, as JSON.
-    """
-
-    name: str
-    stage: str
-    root: str
-    table: str
-    uri: str
-    schema: str
-
-    def to_dict(self) -> dict[str, str]:
-        """The channel as the data source's options carry it."""
-        return {
-            "name": self.name,
-            "stage": self.stage,
-            "root": self.root,
-            "table": self.table,
-            "uri": self.uri,
-            "schema": self.schema,
-        }
-
-    def upstream(self, log: EpochLog) -> Upstream:
-        """The upstream history of this channel, from the upstream manifest."""
-        from pyspark_abs.manifest.entries import EpochStatus
-
-        visible = {
-            EpochStatus.COMMITTED,
-            EpochStatus.MERGED,
-            EpochStatus.RESTORED,
-            EpochStatus.EXPIRED,
-        }
-        epochs = []
-        for epoch in sorted({e.epoch for e in log.entries}):
-            entry = log.latest(epoch)
-            if entry is None or entry.status not in visible:
-                continue
-            closing = log.latest(epoch if entry.snapshot_epoch is None else entry.snapshot_epoch)
-            barrier = None if closing is None else closing.table_versions.get(self.table)
-            restored = entry.restored_from if entry.is_restore else None
-            epochs.append(UpstreamEpoch(epoch, True, barrier, restored))
-        return Upstream.of(self.stage, epochs)
-
-    def files(self, log: EpochLog, epoch: int) -> list[FileEntry]:
-        """The channel's files of an upstream epoch: none for an idle epoch."""
-        prepared = log.prepared(epoch)
-        if prepared is None or prepared.is_restore:
-            return []
-        return [f for f in prepared.files if f.table == self.table]
 
 
 @dataclass(frozen=True)
@@ -231,8 +163,3 @@ class ChannelSource:
             return ChannelOffset.parse(offset_json).to_dict()
         except ValueError as err:
             raise ConfigError(str(err)) from None
-
-
-def channels_of(value: str) -> Sequence[Channel]:
-    """The channels of the data source's ``channels`` option."""
-    return [Channel(**c) for c in json.loads(value)]

@@ -24,7 +24,7 @@ from pyspark.sql.types import StructType
 from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
-from pyspark_abs.sources.channel import CHANNEL_COLUMN, Channel, channels_of
+from pyspark_abs.sources.channel_log import CHANNEL_COLUMN, Channel, channels_of
 from pyspark_abs.sources.channel_plan import (
     SOURCE_NAME,
     ChannelOffset,

@@ -13,10 +13,10 @@ from pyspark_abs.sources.files import (
     NOTHING,
     START,
     FileOffset,
+    Format,
     Landed,
     list_files,
     next_files,
-    Format,
     read_file,
 )
 from pyspark_abs.sources.rewind import unrewindable

@@ -40,6 +40,9 @@ TYPE_ONLY_BACK_REFERENCES = {
     ("pyspark_abs.pipeline.query", "pyspark_abs.pipeline.declaration"): (
         "Pipeline.start returns the run handle, PipelineQuery, which keeps its Pipeline"
     ),
+    ("pyspark_abs.job.query", "pyspark_abs.job.declaration"): (
+        "Job.start returns the run handle, JobQuery, which keeps its Job"
+    ),
 }
 """Imports left out of the cycle check, and why; each must stay under TYPE_CHECKING."""
 

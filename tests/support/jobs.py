@@ -1,0 +1,110 @@
+"""The medallion job in tests: its input, a model of its results, and comparisons."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_abs import AbsConfig, Job
+from pyspark_abs.examples import medallion
+from tests.support.pipelines import assert_same
+
+Event = tuple[str, str, int]
+
+FILES: list[list[Event]] = [
+    [("e1", "ann", 5), ("e2", "bob", 7)],
+    [("e2", "bob", 7), ("e3", "ann", 1)],
+    [],
+    [("e4", "cy", 2), ("e1", "ann", 5), ("e4", "cy", 2)],
+    [("e5", "bob", 3), ("e6", "ann", 4)],
+]
+"""One file per epoch: duplicates across files and within one, and an empty file."""
+
+SCHEMAS = {
+    "silver": "event_id string, user string",
+    "gold": "user string, total long, events long",
+    "audit": "user string, landed long, kept long",
+}
+"""The state of each stateful stage."""
+
+
+def job_of(
+    spark: SparkSession,
+    base: Path,
+    stage_configs: Mapping[str, AbsConfig] | None = None,
+    **config: Any,
+) -> Job:
+    """The medallion job over ``base/in`` with its root at ``base/job``, small and sync."""
+    settings: dict[str, Any] = {"key_groups": 4, "commit_mode": "sync"}
+    settings.update(config)
+    return medallion.build(
+        spark,
+        str(base / "in"),
+        str(base / "job"),
+        config=AbsConfig(**settings),
+        stage_configs=stage_configs,
+    )
+
+
+def model(files: Sequence[Sequence[Event]], through: int) -> dict[str, list[tuple[Any, ...]]]:
+    """Each stage's state after epoch ``through`` (file ``through``), computed directly."""
+    seen: dict[str, str] = {}
+    totals: dict[str, list[int]] = {}
+    audit: dict[str, list[int]] = {}
+    for events in files[: through + 1]:
+        for event_id, user, amount in events:
+            audit.setdefault(user, [0, 0])[0] += 1
+            if event_id in seen:
+                continue
+            seen[event_id] = user
+            audit[user][1] += 1
+            total = totals.setdefault(user, [0, 0])
+            total[0] += amount
+            total[1] += 1
+    return {
+        "silver": sorted(seen.items()),
+        "gold": sorted((u, t, n) for u, (t, n) in totals.items()),
+        "audit": sorted((u, landed, kept) for u, (landed, kept) in audit.items()),
+    }
+
+
+def history(job: Job, stage: str) -> DataFrame:
+    """A stage's state as of every job snapshot, with the job epoch, in one DataFrame."""
+    frames = [
+        job.state(stage, s.epoch).withColumn("job_epoch", F.lit(s.epoch)) for s in job.snapshots()
+    ]
+    return reduce(DataFrame.unionByName, frames)
+
+
+def expected_history(
+    spark: SparkSession, stage: str, epochs: Mapping[int, int], files: Sequence[Sequence[Event]]
+) -> DataFrame:
+    """What :func:`history` must give: job epoch to the input file it ends after."""
+    rows = [
+        (*row, epoch) for epoch, through in epochs.items() for row in model(files, through)[stage]
+    ]
+    return spark.createDataFrame(rows, f"{SCHEMAS[stage]}, job_epoch int")
+
+
+def assert_job_matches(
+    spark: SparkSession,
+    job: Job,
+    epochs: Mapping[int, int],
+    files: Sequence[Sequence[Event]] = FILES,
+) -> None:
+    """Every job snapshot holds the state the model gives for its input (chispa).
+
+    Args:
+        epochs: Each job snapshot expected, and the last input file it has read.
+    """
+    assert [s.epoch for s in job.snapshots()] == list(epochs)
+    for stage in SCHEMAS:
+        assert_same(
+            history(job, stage).withColumn("job_epoch", F.col("job_epoch").cast("int")),
+            expected_history(spark, stage, epochs, files),
+        )

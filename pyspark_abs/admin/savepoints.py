@@ -249,11 +249,45 @@ def restore(
     """
     root, into = normalize_uri(root), normalize_uri(into)
     config = config if config is not None else AbsConfig()
-    store = DeltaStore()
-    source = open_writer(store, root, None, config)
+    source = open_writer(DeltaStore(), root, None, config)
     target = snapshot_of(source.epochs, epoch, root)
-    require_rewindable(target, root, f"restore {shown(epoch)} into {into}")
     require_no_channels(target, root, f"restore {shown(epoch)} into {into}")
+    return _restore(source, target, epoch, into, pipeline, config, target.epoch)
+
+
+def restore_stage(
+    root: str, epoch: int, into: str, restore_epoch: int, *, config: AbsConfig | None = None
+) -> SnapshotInfo:
+    """Copy one stage of a job into a new root as restore epoch ``restore_epoch``.
+
+    Every stage of a job restore gets the same restore epoch, and a stage's channels
+    resume at upstream epoch ``restore_epoch + 1``, so the new job's stages keep one
+    epoch numbering. Repeating it after an interruption finishes it.
+
+    Raises:
+        SnapshotNotFoundError: ``epoch`` is not a snapshot of the stage.
+        SnapshotRootError: ``into`` already holds other epochs.
+    """
+    root, into = normalize_uri(root), normalize_uri(into)
+    config = config if config is not None else AbsConfig()
+    source = open_writer(DeltaStore(), root, None, config)
+    target = snapshot_of(source.epochs, epoch, root)
+    moved = replace(target, source_offsets=realigned(target.source_offsets, restore_epoch + 1))
+    return _restore(source, moved, epoch, into, None, config, restore_epoch)
+
+
+def _restore(
+    source: EpochWriter,
+    target: ManifestEntry,
+    epoch: int | str,
+    into: str,
+    pipeline: str | None,
+    config: AbsConfig,
+    restore_epoch: int,
+) -> SnapshotInfo:
+    """Install ``target`` of ``source``'s root in the new root ``into`` as ``restore_epoch``."""
+    root, store = source.root, source.store
+    require_rewindable(target, root, f"restore {shown(epoch)} into {into}")
     if into == root:
         raise SnapshotRootError(
             f"restore copies a snapshot into another root; to go back to {shown(epoch)} in "
@@ -264,7 +298,7 @@ def restore(
     writer = open_writer(store, into, name, config)
     writer.recover()
     if writer.epochs.entries:
-        done = writer.epochs.latest(target.epoch)
+        done = writer.epochs.latest(restore_epoch)
         if len(writer.epochs.snapshots()) == 1 and done is not None and done.origin == origin:
             return SnapshotInfo.from_entry(done)  # an interrupted restore, now finished
         raise SnapshotRootError(
@@ -288,13 +322,13 @@ def restore(
                 store.description(uri),
             )
         )
-        files += write_rows(store, table, new_uri, installed, target.epoch, config)
+        files += write_rows(store, table, new_uri, installed, restore_epoch, config)
         tables[table] = new_uri
         rows[table] = installed.num_rows
     return install_tables(
         writer,
         target,
-        target.epoch,
+        restore_epoch,
         tables=tables,
         files=files,
         rows=rows,

@@ -27,7 +27,7 @@ from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_table, rounded, size
 from pyspark_abs.errors import AbsError, ConfigError
-from pyspark_abs.job.operations import job_snapshots_at, rollback_job
+from pyspark_abs.job.operations import job_snapshots_at, job_stages, restore_job, rollback_job
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.operators.contract import Operator
 from pyspark_abs.pipeline.check import check
@@ -138,6 +138,13 @@ def _parser() -> argparse.ArgumentParser:
         "roll every stage of the (stopped) job back to a job snapshot",
         _job_rollback,
     ).add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot's epoch")
+    copy_job = command(
+        "job-restore", "copy a job snapshot into a new job root, to continue there", _job_restore
+    )
+    copy_job.add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot")
+    copy_job.add_argument(
+        "--into", required=True, metavar="NEW_ROOT", help="the new job root (stages go under it)"
+    )
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
     clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
@@ -336,6 +343,17 @@ def _job_rollback(args: argparse.Namespace) -> int:
             f"job rolled back to epoch {done.epoch}: every stage has restore epoch "
             f"{done.restore_epoch}; the next start continues from epoch {done.restore_epoch + 1}"
         )
+    return 0
+
+
+def _job_restore(args: argparse.Namespace) -> int:
+    done = restore_job(args.root, args.epoch, args.into)
+    stages = job_stages(args.into)
+    if args.json:
+        print_json({"epoch": done.epoch, "stages": stages})
+    else:
+        print(f"job snapshot {done.epoch} copied into {args.into}; its stages' roots are:")
+        print_table(["stage", "root"], [[name, root] for name, root in stages.items()])
     return 0
 
 

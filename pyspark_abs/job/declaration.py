@@ -25,7 +25,13 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.job.cut import JobSnapshot
 from pyspark_abs.job.manifest import JobManifest, JobRecord, Rollback, open_job, record
-from pyspark_abs.job.operations import finish_unfinished, pick, rollback_job, snapshots_of
+from pyspark_abs.job.operations import (
+    finish_unfinished,
+    pick,
+    restore_job,
+    rollback_job,
+    snapshots_of,
+)
 from pyspark_abs.job.query import JobQuery
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.sources.channel import ChannelSource
@@ -238,6 +244,24 @@ class Job:
         """
         self._manifest(DeltaStore())
         return rollback_job(self.root, epoch, config=config)
+
+    def restore_from(self, root: str, epoch: int, *, config: AbsConfig | None = None) -> Rollback:
+        """Start this new job from job snapshot ``epoch`` of the same job at another root.
+
+        Every stage's snapshot of ``epoch`` is copied into this job's stage roots (with any
+        partition or key-group count), each as restore epoch ``epoch``; the next start
+        continues at ``epoch + 1``. Give this job its own roots and sink tables. An
+        interrupted restore is finished by running it again or by starting this job.
+
+        Raises:
+            SnapshotNotFoundError: ``root`` is not a job root, or ``epoch`` not one of its
+                job snapshots.
+            PipelineMismatchError: ``root`` holds another job, or this job's root does.
+            ConfigError: This job's stages are not the other job's.
+            SnapshotRootError: This job's root or a stage root already holds epochs.
+        """
+        stages = {n: s.root for n, s in self.stages.items()}
+        return restore_job(root, epoch, self.root, stages, config=config)
 
 
 def _topological(job: str, upstreams: dict[str, list[str]]) -> list[str]:

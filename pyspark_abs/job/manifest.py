@@ -5,9 +5,13 @@ A Delta table (``_job`` under the job's root) with one row per record:
 * ``STAGES``: the job's stages and their snapshot roots, written when a job first starts and
   whenever its stages change, so that the CLI can open a job from its root alone;
 * ``ROLLBACK`` ``PREPARED`` then ``COMMITTED``: a job-wide rollback to job snapshot
-  ``epoch``, installed in every stage as restore epoch ``restore_epoch``. PREPARED is the
-  decision: a rollback that crashes after it is finished by the next start of the job or
-  the next rollback, before anything else runs.
+  ``epoch``, installed in every stage as restore epoch ``restore_epoch``;
+* ``RESTORE`` ``PREPARED`` then ``COMMITTED``: job snapshot ``epoch`` of another job root
+  (``source``, whose stage roots ``stages`` holds) copied into this job's stages, each as
+  restore epoch ``restore_epoch``.
+
+PREPARED is the decision: an installation that crashes after it is finished by the next
+start of the job or the next rollback, before anything else runs.
 
 Appends are compare-and-swap against the version read, so two processes never record
 conflicting rollbacks.
@@ -39,6 +43,7 @@ _FIELDS: list[pa.Field[Any]] = [
     pa.field("epoch", pa.int64()),
     pa.field("restore_epoch", pa.int64()),
     pa.field("stage_epochs", pa.map_(pa.string(), pa.int64())),
+    pa.field("source", pa.string()),
 ]
 _SCHEMA = pa.schema(_FIELDS)
 
@@ -48,10 +53,11 @@ class JobRecord(str, Enum):
 
     STAGES = "STAGES"
     ROLLBACK = "ROLLBACK"
+    RESTORE = "RESTORE"
 
 
 class RollbackStatus(str, Enum):
-    """The two phases of a job-wide rollback."""
+    """The two phases of a job-wide rollback or restore."""
 
     PREPARED = "PREPARED"
     COMMITTED = "COMMITTED"
@@ -59,19 +65,23 @@ class RollbackStatus(str, Enum):
 
 @dataclass(frozen=True)
 class Rollback:
-    """A job-wide rollback.
+    """A job-wide rollback, or a restore from another job root.
 
     Attributes:
-        epoch: The job snapshot rolled back to.
+        epoch: The job snapshot installed.
         restore_epoch: The restore epoch every stage gets.
         stage_epochs: Each stage's epoch whose snapshot it installs.
         status: PREPARED (decided, maybe not finished) or COMMITTED.
+        source: For a restore, the job root copied from; None for a rollback.
+        source_stages: For a restore, the stage roots copied from, by stage name.
     """
 
     epoch: int
     restore_epoch: int
     stage_epochs: Mapping[str, int]
     status: RollbackStatus
+    source: str | None = None
+    source_stages: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,11 @@ class JobManifest:
     version: int
     stages: Mapping[str, str] = field(default_factory=dict)
     rollbacks: tuple[Rollback, ...] = ()
+
+    @property
+    def root(self) -> str:
+        """The job root."""
+        return self.uri[: -len(JOB_TABLE) - 1]
 
     @property
     def unfinished(self) -> Rollback | None:
@@ -141,12 +156,14 @@ def _read(store: DeltaStore, uri: str) -> JobManifest:
     for row in sorted(rows.to_pylist(), key=lambda r: r["recorded_at"]):
         if row["record"] == JobRecord.STAGES.value:
             stages = dict(row["stages"] or ())
-        elif row["record"] == JobRecord.ROLLBACK.value:
+        elif row["record"] in (JobRecord.ROLLBACK.value, JobRecord.RESTORE.value):
             rollbacks[row["restore_epoch"]] = Rollback(
                 row["epoch"],
                 row["restore_epoch"],
                 dict(row["stage_epochs"] or ()),
                 RollbackStatus(row["status"]),
+                row["source"],
+                dict(row["stages"] or ()) if row["source"] else {},
             )
     return JobManifest(
         uri, str(owner), version, stages, tuple(rollbacks[e] for e in sorted(rollbacks))
@@ -166,6 +183,7 @@ def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
         "epoch": None,
         "restore_epoch": None,
         "stage_epochs": None,
+        "source": None,
         **row,
     }
     for name in ("stages", "stage_epochs"):

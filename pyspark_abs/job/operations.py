@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 
-from pyspark_abs.admin.savepoints import rollback_stage
+from pyspark_abs.admin.savepoints import restore_stage, rollback_stage
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import ConcurrentWriteError, SnapshotNotFoundError
+from pyspark_abs.errors import (
+    ConcurrentWriteError,
+    ConfigError,
+    SnapshotNotFoundError,
+    SnapshotRootError,
+)
 from pyspark_abs.job.cut import JobSnapshot, StageEpochs, job_snapshots
 from pyspark_abs.job.manifest import (
     JobManifest,
@@ -55,7 +61,16 @@ def job_snapshots_at(root: str) -> list[JobSnapshot]:
     Raises:
         SnapshotNotFoundError: ``root`` is not a job root.
     """
-    return snapshots_of(open_job(DeltaStore(), root, None).stages)
+    return snapshots_of(job_stages(root))
+
+
+def job_stages(root: str) -> dict[str, str]:
+    """The stages of the job at ``root`` and their snapshot roots, as last recorded.
+
+    Raises:
+        SnapshotNotFoundError: ``root`` is not a job root.
+    """
+    return dict(open_job(DeltaStore(), root, None).stages)
 
 
 def pick(job: str, found: list[JobSnapshot], epoch: int | None) -> JobSnapshot:
@@ -107,10 +122,7 @@ def rollback_job(root: str, epoch: int, *, config: AbsConfig | None = None) -> R
             f"back to epoch {epoch}; nothing was changed. List the job snapshots and try "
             f"again ({err})"
         ) from None
-    rollback = manifest.unfinished
-    assert rollback is not None
-    finish_unfinished(store, manifest, config)
-    return Rollback(rollback.epoch, restore_epoch, rollback.stage_epochs, RollbackStatus.COMMITTED)
+    return _finished(store, manifest, config)
 
 
 def finish_unfinished(
@@ -124,18 +136,95 @@ def finish_unfinished(
     rollback = manifest.unfinished
     if rollback is None:
         return manifest
-    log.info("job %s: finishing its rollback to epoch %d", manifest.job, rollback.epoch)
+    log.info("job %s: finishing the installation of epoch %d", manifest.job, rollback.epoch)
     for name, epoch in rollback.stage_epochs.items():
-        rollback_stage(manifest.stages[name], epoch, rollback.restore_epoch, config=config)
+        if rollback.source is None:
+            rollback_stage(manifest.stages[name], epoch, rollback.restore_epoch, config=config)
+        else:
+            restore_stage(
+                rollback.source_stages[name],
+                epoch,
+                manifest.stages[name],
+                rollback.restore_epoch,
+                config=config,
+            )
     return record(
         store,
         manifest,
-        record=JobRecord.ROLLBACK.value,
+        record=(JobRecord.ROLLBACK if rollback.source is None else JobRecord.RESTORE).value,
         status=RollbackStatus.COMMITTED.value,
         epoch=rollback.epoch,
         restore_epoch=rollback.restore_epoch,
         stage_epochs=dict(rollback.stage_epochs),
+        source=rollback.source,
+        stages=dict(rollback.source_stages) if rollback.source else None,
     )
+
+
+def restore_job(
+    root: str,
+    epoch: int,
+    into: str,
+    stages: Mapping[str, str] | None = None,
+    *,
+    config: AbsConfig | None = None,
+) -> Rollback:
+    """Copy job snapshot ``epoch`` of the job at ``root`` into a new job root ``into``.
+
+    Every stage is copied into its new snapshot root as restore epoch ``epoch``, so the
+    new job continues at ``epoch + 1`` with one epoch numbering: the head stages from
+    their sources' offsets of ``epoch``, the others from their (new, empty) channels.
+    The new job needs its own sink tables. The new job manifest records the restore
+    PREPARED before any stage is copied and COMMITTED after: running it again, or
+    starting the new job, finishes an interrupted restore.
+
+    Args:
+        root: The job root to copy from.
+        epoch: One of its job snapshots.
+        into: The new job root.
+        stages: Each stage's new snapshot root (default: ``<into>/stages/<name>``).
+        config: File size and injected faults (default: ``AbsConfig()``).
+
+    Raises:
+        SnapshotNotFoundError: ``root`` is not a job root or ``epoch`` not a job snapshot.
+        SnapshotRootError: ``into`` already holds a job with epochs, or a stage's new root
+            holds epochs.
+    """
+    store = DeltaStore()
+    source = open_job(store, root, None)
+    target = open_job(store, into, source.job)
+    if target.unfinished is not None:
+        return _finished(store, target, config)
+    if target.rollbacks:
+        raise SnapshotRootError(f"job root {into} already holds a job; restore into a new root")
+    snapshot = pick(source.job, snapshots_of(source.stages), epoch)
+    new_stages = dict(stages or {n: f"{target.root}/stages/{n}" for n in source.stages})
+    if set(new_stages) != set(source.stages):
+        raise ConfigError(
+            f"restore of job {source.job!r} into {into}: give a new root for exactly the "
+            f"stages {sorted(source.stages)}, got {sorted(new_stages)}"
+        )
+    target = record(store, target, record=JobRecord.STAGES.value, stages=new_stages)
+    target = record(
+        store,
+        target,
+        record=JobRecord.RESTORE.value,
+        status=RollbackStatus.PREPARED.value,
+        epoch=snapshot.epoch,
+        restore_epoch=snapshot.epoch,
+        stage_epochs=dict(snapshot.stages),
+        source=source.root,
+        stages=dict(source.stages),
+    )
+    return _finished(store, target, config)
+
+
+def _finished(store: DeltaStore, manifest: JobManifest, config: AbsConfig | None) -> Rollback:
+    """Finish the manifest's unfinished installation and return it, committed."""
+    unfinished = manifest.unfinished
+    assert unfinished is not None
+    finish_unfinished(store, manifest, config)
+    return replace(unfinished, status=RollbackStatus.COMMITTED)
 
 
 def _manifest_uri(root: str) -> str:

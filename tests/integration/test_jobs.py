@@ -151,6 +151,29 @@ def test_a_job_rollback_gives_what_the_uninterrupted_job_gives_also_twice(
     assert '"epoch": 10' in capsys.readouterr().out
 
 
+def test_a_job_restored_into_a_new_root_with_other_counts_continues_as_the_original_would(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    medallion.write_events(tmp_path / "in", FILES[:4])
+    job_of(spark, tmp_path).run()
+    crash = AbsConfig(faults=(Fault(FaultStep.AFTER_PREPARED),))
+    copy = medallion.build(
+        spark, str(tmp_path / "in"), str(tmp_path / "copy"), config=AbsConfig(key_groups=8)
+    )
+    with pytest.raises(InjectedFault):  # the first stage's copy is decided, the rest not
+        copy.restore_from(str(tmp_path / "job"), 2, config=crash)
+    assert cli(["job-restore", str(tmp_path / "job"), "2", "--into", str(tmp_path / "copy")]) == 0
+    assert "stages/silver" in capsys.readouterr().out
+    medallion.write_events(tmp_path / "in", FILES[4:])
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    try:
+        copy.run()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    assert_job_matches(spark, copy, {2: 2, 3: 3, 4: 4})
+
+
 def test_a_crash_inside_a_job_rollback_is_finished_by_the_next_start(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -17,8 +17,17 @@ finishes what stage 1 committed. End-to-end records/s is input records over that
 time. Each stage's snapshot records the offsets it consumed, so stage 2's snapshot at
 epoch n together with stage 1's at the table version stage 2 read is a consistent cut of
 the whole topology.
-Variants: ``baseline`` (both stages with ``snapshots=False``) and ``abs_async`` (both
-snapshotted, asynchronous commit), interleaved. The last line printed is one JSON object.
+Variants, interleaved:
+
+* ``baseline``: both stages with ``snapshots=False``, independent queries;
+* ``abs_async``: both snapshotted (asynchronous commit), independent queries as above;
+* ``job``: the same two snapshotted stages as one :class:`~pyspark_abs.Job`: stage 2 reads
+  stage 1's sink through a ``ChannelSource``, exactly one stage-1 epoch per micro-batch
+  once stage 1 has committed it (barrier alignment), so epoch n of both stages is one
+  consistent cut. Its latency per epoch is the time from stage 1's PREPARED of epoch n to
+  stage 2's COMMITTED of n, from the manifests.
+
+The last line printed is one JSON object.
 
     python scripts/bench_multistage.py [--records N] [--keys N] [--epochs N] [--repeats N]
         [--buckets N]
@@ -36,16 +45,22 @@ from typing import Any
 
 import _bench
 import pandas as pd
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
+    Job,
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
+    Snapshots,
     vectorized_operator,
 )
+from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
 
 _bench.pickle_by_value(__name__)
 
@@ -54,6 +69,7 @@ POLL = "1 second"
 VARIANTS: dict[str, dict[str, Any]] = {
     "baseline": {"snapshots": False},
     "abs_async": {"commit_mode": "async"},
+    "job": {"commit_mode": "async"},
 }
 
 
@@ -84,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     spark = _bench.session(args.partitions)
     stage_seconds: dict[str, dict[str, list[float]]] = {v: {"1": [], "2": []} for v in VARIANTS}
     costs: dict[str, _bench.RunCosts] = {}
+    latencies: list[float] = []
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)
 
@@ -98,26 +115,42 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 sinks=str(roots[0] / "counts"),
                 config=config,
             )
+
+            def select_bucket(df: DataFrame) -> DataFrame:
+                return df.select((F.col("key") % args.buckets).alias("bucket"), "count")
+
             started = time.perf_counter()
-            upstream = first.start(available_now=True)  # creates the table stage 2 reads
-            second = Pipeline(
-                "bench-stage-2",
-                DeltaSource(str(roots[0] / "counts"), max_files_per_trigger=args.partitions),
-                bucket_stats,
-                root=str(roots[1]),
-                sinks=str(roots[1] / "buckets"),
-                config=config,
-                transform=lambda df: df.select(
-                    (F.col("key") % args.buckets).alias("bucket"), "count"
-                ),
-            )
-            downstream = second.start(processing_time=POLL)
-            try:
-                upstream.await_termination()
-                stage_seconds[variant]["1"].append(time.perf_counter() - started)
-                downstream.process_all_available()
-            finally:
-                downstream.stop()
+            if variant == "job":
+                second = Pipeline(
+                    "bench-stage-2",
+                    first.channel(),
+                    bucket_stats,
+                    root=str(roots[1]),
+                    sinks=str(roots[1] / "buckets"),
+                    config=config,
+                    transform=select_bucket,
+                )
+                Job("bench", str(roots[0] / "job"), [first, second]).run()
+                stage_seconds[variant]["1"].append(_stage_done(first.root) - started)
+                latencies.extend(_latencies(first.root, second.root))
+            else:
+                upstream = first.start(available_now=True)  # creates the table stage 2 reads
+                second = Pipeline(
+                    "bench-stage-2",
+                    DeltaSource(str(roots[0] / "counts"), max_files_per_trigger=args.partitions),
+                    bucket_stats,
+                    root=str(roots[1]),
+                    sinks=str(roots[1] / "buckets"),
+                    config=config,
+                    transform=select_bucket,
+                )
+                downstream = second.start(processing_time=POLL)
+                try:
+                    upstream.await_termination()
+                    stage_seconds[variant]["1"].append(time.perf_counter() - started)
+                    downstream.process_all_available()
+                finally:
+                    downstream.stop()
             seconds = time.perf_counter() - started
             stage_seconds[variant]["2"].append(seconds)
             for root in roots:
@@ -135,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for v, by_stage in stage_seconds.items()
     }
     print(f"median seconds until each stage was done: {stages}")
+    latency = round(_bench.median(latencies), 2) if latencies else None
+    print(f"job: median seconds from stage 1 PREPARED to stage 2 COMMITTED per epoch: {latency}")
     figures = {
         "records": args.records,
         "keys": args.keys,
@@ -143,15 +178,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "partitions": args.partitions,
         "key_groups": args.key_groups,
         "buckets": args.buckets,
-        "topology": "two concurrent pipelines connected through a Delta table (DeltaSource)",
+        "topology": "two concurrent pipelines connected through a Delta table: independent "
+        "(DeltaSource) or one Job (ChannelSource)",
         "records_per_s": {v: round(r) for v, r in rate.items()},
         "async_vs_baseline": round(rate["abs_async"] / rate["baseline"], 3),
+        "job_vs_independent": round(rate["job"] / rate["abs_async"], 3),
+        "job_epoch_latency_s": latency,
         "stage_seconds": stages,
         **_bench.cost_figures(costs, args.repeats),
         "seconds": {v: [round(x, 2) for x in s] for v, s in seconds.items()},
     }
     _bench.emit(figures)
     return figures
+
+
+def _stage_done(root: str) -> float:
+    """When the root's newest epoch was committed, on the ``time.perf_counter`` clock."""
+    latest = Snapshots(root).latest()
+    assert latest is not None
+    age = time.time() - latest.recorded_at.timestamp()
+    return time.perf_counter() - age
+
+
+def _latencies(upstream: str, downstream: str) -> list[float]:
+    """Per epoch: seconds from the upstream stage's PREPARED to the downstream's COMMITTED."""
+    store = DeltaStore()
+    first = load_epoch_log(store, SnapshotRoot(upstream).manifest_uri)
+    found = []
+    for entry in load_epoch_log(store, SnapshotRoot(downstream).manifest_uri).snapshots():
+        prepared = first.prepared(entry.epoch)
+        if prepared is not None:
+            found.append((entry.recorded_at - prepared.recorded_at).total_seconds())
+    return found
 
 
 if __name__ == "__main__":

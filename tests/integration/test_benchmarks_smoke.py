@@ -108,8 +108,9 @@ def test_scaling_on_this_sessions_master(spark: SparkSession, tmp_path: Path) ->
 def test_multistage(spark: SparkSession, tmp_path: Path) -> None:
     figures = bench_multistage.main([*TINY, "--buckets", "20", "--workdir", str(tmp_path)])
     assert positive(figures["records_per_s"])
-    for variant in ("baseline", "abs_async"):
+    for variant in ("baseline", "abs_async", "job"):
         assert positive(figures["stage_seconds"][variant])
+    assert figures["job_vs_independent"] > 0 and figures["job_epoch_latency_s"] > 0
 
 
 def test_state_scale(spark: SparkSession, tmp_path: Path) -> None:

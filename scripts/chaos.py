@@ -1,6 +1,6 @@
 """Chaos run: SIGKILL a word-count pipeline at random moments, restart it, check exactly once.
 
-    python scripts/chaos.py --kills N --seed S [--input DIR] [--root DIR]
+    python scripts/chaos.py --kills N --seed S [--input DIR] [--root DIR] [--job]
 
 The example word count (``pyspark_abs.examples.wordcount``, one text file per epoch) runs in
 a child process in its own process group, so a kill takes the Python driver and Spark's JVM
@@ -25,6 +25,13 @@ duplicated, unread or wrong and validate found nothing.
 
 Without ``--input``, input files are generated next to the root (``<root>-input``) and more
 are added whenever the kills have used up most of them. Child logs go to ``<root>-logs``.
+
+With ``--job`` the child is the medallion job instead (``pyspark_abs.examples.medallion``:
+four stages joined by channels, generated JSON event files with duplicate events). A run
+is killed by the timer, or exits on its own at a protocol step of a random stage
+(``--crash STAGE:STEP:EPOCH``, which takes the whole application down). The check compares
+every stage's state as of every job snapshot with a model computed from the files that
+snapshot read, and validates every stage's root.
 """
 
 from __future__ import annotations
@@ -48,12 +55,19 @@ import pyarrow as pa
 
 from pyspark_abs import EpochStatus, SnapshotNotFoundError, Snapshots
 from pyspark_abs.admin.validation import validate
+from pyspark_abs.examples import medallion
 from pyspark_abs.examples.wordcount import input_files, words_in
-from pyspark_abs.faults import FaultStep
+from pyspark_abs.faults import EXIT_CODE, FaultStep
+from pyspark_abs.job.operations import job_snapshots_at
+from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
+from pyspark_abs.sources.files import FileOffset
 from pyspark_abs.storage.store import DeltaStore
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.support.jobs import model  # noqa: E402  (the job's model, shared with the tests)
+
 DRIVER_STEPS = [s for s in FaultStep if s is not FaultStep.PRECOMMIT_TASK]
 KINDS = ("timer", "at_step", "after_step")
 FINAL_ATTEMPTS = 3
@@ -164,6 +178,11 @@ def run_child(
     command += ["--commit-mode", commit_mode]
     if plan is not None:
         command += ["--pause", plan.pause]
+    return run_command(command, log, plan)
+
+
+def run_command(command: list[str], log: Path, plan: KillPlan | None) -> RunResult:
+    """Run a child program once; with a plan, kill it as the plan says."""
     log_config = REPO / "conf" / "log4j2.properties"
     env = {
         **os.environ,
@@ -332,6 +351,121 @@ def chaos(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def job_chaos(args: argparse.Namespace) -> dict[str, Any]:
+    """Kill and restart the medallion job ``args.kills`` times, finish it, and check it."""
+    rng = random.Random(args.seed)
+    root: Path = args.root
+    logs = root.with_name(root.name + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    input_dir = root.with_name(root.name + "-input")
+    landed = 0
+    started = time.perf_counter()
+    kills: Counter[str] = Counter()
+    errors: list[str] = []
+    runs = 0
+    typical_s = 30.0
+    bronze = root / "stages" / "bronze"
+    while sum(kills.values()) < args.kills and not errors:
+        if landed < next_epoch(bronze) + 3:
+            events = [
+                [
+                    (
+                        f"e{rng.randrange(8 * (landed + 1))}",
+                        f"u{rng.randrange(5)}",
+                        rng.randint(1, 9),
+                    )
+                    for _ in range(rng.randint(0, 6))
+                ]
+                for _ in range(3)
+            ]
+            medallion.write_events(input_dir, events)
+            landed += len(events)
+        stage = rng.choice(medallion.STAGES)
+        plan = plan_kill(rng, root / "stages" / stage, typical_s)
+        command = [sys.executable, "-m", "pyspark_abs.examples.medallion", "--input"]
+        command += [str(input_dir), "--root", str(root), "--commit-mode", plan.commit_mode]
+        if plan.kind != "timer":
+            command += ["--crash", f"{stage}:{plan.pause}"]
+        runs += 1
+        result = run_command(command, logs / f"run-{runs:04d}.log", plan)
+        if result.killed or result.returncode == EXIT_CODE:
+            kills[result.killed or f"exit_in_{stage}"] += 1
+            if not result.killed:
+                typical_s = result.seconds
+        elif result.returncode != 0:
+            errors.append(f"run {runs} exited {result.returncode}, see {result.log}")
+        print(
+            f"run {runs}: {plan.kind} {stage}:{plan.pause} {plan.commit_mode} "
+            f"{result.killed or f'exit {result.returncode}'} after {result.seconds:.1f} s",
+            file=sys.stderr,
+        )
+    command = [sys.executable, "-m", "pyspark_abs.examples.medallion", "--input"]
+    command += [str(input_dir), "--root", str(root)]
+    for attempt in range(FINAL_ATTEMPTS):
+        runs += 1
+        final = run_command(command, logs / f"run-{runs:04d}.log", None)
+        if final.returncode == 0:
+            break
+        errors.append(f"final run {attempt + 1} exited {final.returncode}, see {final.log}")
+    report: dict[str, Any] = {
+        "seed": args.seed,
+        "kills": sum(kills.values()),
+        "kills_by_kind": dict(sorted(kills.items())),
+        "runs": runs,
+        **check_job(root, input_dir),
+        "errors": errors,
+    }
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def check_job(root: Path, input_dir: Path) -> dict[str, Any]:
+    """Compare every job snapshot with a model of the files it read; validate every stage."""
+    files = sorted(input_dir.glob("events-*.json"))
+    events = [
+        [
+            (e["event_id"], e["user"], e["amount"])
+            for e in map(json.loads, f.read_text().splitlines())
+        ]
+        for f in files
+    ]
+    stages = {name: root / "stages" / name for name in medallion.STAGES}
+    bronze = open_manifest(DeltaStore(), str(stages["bronze"]), "bronze")
+    snapshots = job_snapshots_at(str(root))
+    mismatches = 0
+    for snapshot in snapshots:
+        want = model(events, _files_read(bronze, snapshot.stages["bronze"]) - 1)
+        for stage, columns in _STATE_COLUMNS.items():
+            table = Snapshots(str(stages[stage])).state_table(
+                _OPERATORS[stage], snapshot.stages[stage]
+            )
+            got = sorted(zip(*(table[c].to_pylist() for c in columns), strict=True))
+            mismatches += got != want[stage]
+    last_read = _files_read(bronze, snapshots[-1].stages["bronze"]) if snapshots else 0
+    return {
+        "files": len(files),
+        "job_snapshots": len(snapshots),
+        "unread_files": len(files) - last_read,
+        "state_mismatches": mismatches,
+        "validate_problems": [str(p) for s in stages.values() for p in validate(str(s))],
+    }
+
+
+_STATE_COLUMNS = {
+    "silver": ("event_id", "user"),
+    "gold": ("user", "total", "events"),
+    "audit": ("user", "landed", "kept"),
+}
+_OPERATORS = {"silver": "dedup", "gold": "totals", "audit": "audit"}
+
+
+def _files_read(bronze: EpochLog, epoch: int) -> int:
+    """How many input files the bronze stage had read after ``epoch``."""
+    prepared = bronze.prepared(epoch)
+    lines = ((prepared.source_offsets if prepared else None) or "").splitlines()
+    return FileOffset.parse(json.loads(lines[0])).files if lines else 0
+
+
 def main() -> int:
     """Run the chaos loop; exit 0 only if the result is exactly once and valid."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -339,6 +473,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, required=True, help="random seed")
     parser.add_argument("--input", type=Path, help="text files, one per epoch (default: generated)")
     parser.add_argument("--root", type=Path, help="a new snapshot root (default: a temp dir)")
+    parser.add_argument("--job", action="store_true", help="kill the medallion job instead")
     args = parser.parse_args()
     if args.kills < 0:
         parser.error("--kills must be at least 0")
@@ -347,15 +482,17 @@ def main() -> int:
     ).resolve()
     if args.root.exists() and any(args.root.iterdir()):
         parser.error(f"--root {args.root} is not empty; give the chaos run a new directory")
-    report = chaos(args)
+    if args.job and args.input:
+        parser.error("--job generates its own input; leave out --input")
+    report = job_chaos(args) if args.job else chaos(args)
     print(f"root: {args.root}", file=sys.stderr)
     print(json.dumps(report))
     sound = not (
-        report["lost_rows"]
-        or report["duplicated_rows"]
+        report.get("lost_rows")
+        or report.get("duplicated_rows")
         or report["state_mismatches"]
         or report["validate_problems"]
-        or report["missing_epochs"]
+        or report.get("missing_epochs")
         or report["unread_files"]
         or report["errors"]
     )

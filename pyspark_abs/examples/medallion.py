@@ -109,6 +109,7 @@ def build(
     *,
     config: AbsConfig | None = None,
     stage_configs: Mapping[str, AbsConfig] | None = None,
+    operators: Mapping[str, Operator] | None = None,
 ) -> Job:
     """The medallion job over the JSON-lines files in ``input_dir``, one file per epoch.
 
@@ -118,15 +119,17 @@ def build(
         root: The job's root; each stage's snapshot root and sinks go under it.
         config: Every stage's configuration (default: from ``spark.abs.*``).
         stage_configs: Configurations of single stages, by stage name.
+        operators: Other versions of stages' operators, by stage name (a new deploy).
     """
     del spark  # the sources read the active session; the argument says one must exist
     configs = dict(stage_configs or {})
+    deployed = dict(operators or {})
 
     def stage(name: str, source: FileSource | ChannelSource, operator: Operator) -> Pipeline:
         return Pipeline(
             name,
             source,
-            operator,
+            deployed.get(name, operator),
             root=f"{root}/stages/{name}",
             sinks=f"{root}/tables/{name}",
             config=configs.get(name, config),

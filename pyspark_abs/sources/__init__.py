@@ -1,4 +1,4 @@
-"""Streaming sources that a restore can rewind to a snapshot's offsets."""
+"""Streaming sources a restore can rewind to a snapshot's offsets; channels between stages."""
 
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.delta import DeltaSource

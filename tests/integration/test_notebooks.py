@@ -26,12 +26,13 @@ KERNEL_CHECK = "import os, sys\nprint(sys.executable, os.getpid(), os.getcwd(), 
 """Appended to each notebook: which interpreter, process and directory the kernel ran in."""
 
 
-def test_there_are_four_notebooks() -> None:
+def test_there_are_five_notebooks() -> None:
     assert [p.name for p in NOTEBOOKS] == [
         "01_quickstart.ipynb",
         "02_inspect_snapshots.ipynb",
         "03_crash_restore_rollback.ipynb",
         "04_cycles.ipynb",
+        "05_medallion_job.ipynb",
     ]
 
 

@@ -14,7 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pyspark_abs.errors import UpstreamNotReadyError
+from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.pipeline.query import PipelineQuery
+from pyspark_abs.sources.channel import ChannelSource
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark_abs.job.declaration import Job
@@ -22,6 +27,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.25
+
+
+def _may_start(stage: Pipeline) -> bool:
+    """Whether the upstream stages have committed the epoch ``stage`` reads next.
+
+    A cheap look at the manifests before a start, which acquires the stage's lease and
+    recovers its root; the start itself checks again, exactly. A stage with epochs left
+    PREPARED may always start: its start commits them.
+    """
+    source = stage.source
+    if not isinstance(source, ChannelSource):
+        return True
+    store = DeltaStore()
+    uri = SnapshotRoot(stage.root).manifest_uri
+    if not store.exists(uri):
+        return not source.waiting_for(source.starting_epoch)
+    epochs = load_epoch_log(store, uri)
+    decided = epochs.latest_decided()
+    if epochs.pending() or decided is None:
+        return decided is not None or not source.waiting_for(source.starting_epoch)
+    return not source.waiting_for(decided.epoch + 1)
 
 
 class JobQuery:
@@ -69,6 +95,8 @@ class JobQuery:
                 if any(u in self._pending for u in self.job.upstreams[name]):
                     continue
                 head = not self.job.upstreams[name]
+                if not head and not _may_start(self.job.stages[name]):
+                    continue
                 try:
                     query = self.job.stages[name].start(
                         available_now=self._available_now and head,

@@ -5,7 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from pyspark_abs import ConfigError, OperatorDefinitionError
+from pyspark_abs.sources.channel import ChannelSource
+from pyspark_abs.sources.channel_log import Channel
 from pyspark_abs.sources.channel_plan import (
     NO_BARRIER,
     ChannelOffset,
@@ -15,15 +19,6 @@ from pyspark_abs.sources.channel_plan import (
     frontier_of,
     next_epoch,
 )
-
-
-def _history(rng: random.Random, epochs: int, interval: int) -> list[tuple[int, bool]]:
-    """An upstream's epochs in commit order: (epoch, recorded); idle epochs are unrecorded.
-
-    Epochs become visible in groups of up to ``interval``, the way a snapshot interval
-    commits them (the group's epochs all at once).
-    """
-    return [(e, rng.random() > 0.2) for e in range(epochs)]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -45,7 +40,7 @@ def test_a_stage_reads_each_epoch_once_in_order_only_after_every_upstream_commit
             version += 1
             ends.append((epoch, version))
         groups.append(ends)
-    idle = [{e for e, recorded in _history(rng, epochs, 1) if not recorded} for _ in groups]
+    idle = [{e for e in range(epochs) if rng.random() < 0.2} for _ in groups]
     schedule = [s for s, ends in enumerate(groups) for _ in ends]
     rng.shuffle(schedule)
     committed = [0] * stages  # groups committed so far, per upstream
@@ -131,3 +126,41 @@ def test_offsets_round_trip_and_bad_ones_are_named() -> None:
     ]:
         with pytest.raises(ValueError, match=match):
             ChannelOffset.parse(bad)
+
+
+_TYPES = {"string": StringType(), "long": LongType()}
+
+
+def _channel(name: str, ddl: str) -> Channel:
+    """A channel of stage ``name`` whose rows have the columns ``ddl`` ("k string, x long")."""
+    fields = [StructField(n, _TYPES[t]) for n, t in (c.split() for c in ddl.split(", "))]
+    schema = StructType(fields).json()
+    return Channel(name, name, f"/roots/{name}", "sink/output", f"/tables/{name}", schema)
+
+
+def test_a_fan_in_unites_the_columns_and_names_each_rows_channel() -> None:
+    source = ChannelSource.of(_channel("a", "k string, x long"), _channel("b", "k string, y long"))
+    assert source.fan_in
+    assert source.schema().simpleString() == "struct<k:string,x:bigint,y:bigint,channel:string>"
+    single = ChannelSource.of(_channel("a", "k string, x long"))
+    assert single.schema().simpleString() == "struct<k:string,x:bigint>"
+
+
+@pytest.mark.parametrize(
+    ("channels", "match"),
+    [
+        ((("a", "k string"), ("b", "k long")), "column 'k' is string in one channel"),
+        ((("a", "k string, channel string"), ("b", "k string")), "already has"),
+        ((("a", "k string"), ("a", "k string")), "repeat a name"),
+    ],
+)
+def test_channels_that_do_not_fit_together_are_refused(
+    channels: tuple[tuple[str, str], ...], match: str
+) -> None:
+    with pytest.raises(OperatorDefinitionError, match=match):
+        ChannelSource.of(*(_channel(n, d) for n, d in channels)).schema()
+
+
+def test_a_bad_starting_epoch_is_refused() -> None:
+    with pytest.raises(ConfigError, match="starting_epoch"):
+        ChannelSource((_channel("a", "k string"),), starting_epoch=-1)

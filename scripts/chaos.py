@@ -367,17 +367,13 @@ def job_chaos(args: argparse.Namespace) -> dict[str, Any]:
     bronze = root / "stages" / "bronze"
     while sum(kills.values()) < args.kills and not errors:
         if landed < next_epoch(bronze) + 3:
-            events = [
-                [
-                    (
-                        f"e{rng.randrange(8 * (landed + 1))}",
-                        f"u{rng.randrange(5)}",
-                        rng.randint(1, 9),
-                    )
-                    for _ in range(rng.randint(0, 6))
-                ]
+            # an id is one event (a retry repeats it whole), so which copy silver keeps in
+            # an epoch does not matter
+            ids = [
+                [rng.randrange(8 * (landed + 1)) for _ in range(rng.randint(0, 6))]
                 for _ in range(3)
             ]
+            events = [[(f"e{i}", f"u{i % 5}", 1 + i % 9) for i in batch] for batch in ids]
             medallion.write_events(input_dir, events)
             landed += len(events)
         stage = rng.choice(medallion.STAGES)

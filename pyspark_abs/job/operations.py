@@ -28,6 +28,7 @@ from pyspark_abs.job.manifest import (
     record,
 )
 from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.protocol.lease import require_no_live_holder
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
@@ -102,6 +103,8 @@ def rollback_job(root: str, epoch: int, *, config: AbsConfig | None = None) -> R
     store = DeltaStore()
     manifest = finish_unfinished(store, open_job(store, root, None), config)
     snapshot = pick(manifest.job, snapshots_of(manifest.stages), epoch)
+    for name, stage_root in manifest.stages.items():  # before the decision, which binds
+        require_no_live_holder(stage_root, f"a rollback of job {manifest.job!r} (stage {name!r})")
     restore_epoch = 1 + max(
         max((e.epoch for e in load_epoch_log(store, _manifest_uri(r)).entries), default=-1)
         for r in manifest.stages.values()

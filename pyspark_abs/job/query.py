@@ -92,8 +92,6 @@ class JobQuery:
             for name in list(self._pending):
                 if self._stopping.is_set():
                     return
-                if any(u in self._pending for u in self.job.upstreams[name]):
-                    continue
                 head = not self.job.upstreams[name]
                 if not head and not _may_start(self.job.stages[name]):
                     continue

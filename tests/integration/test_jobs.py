@@ -22,6 +22,7 @@ from pyspark_abs import (
     ConfigError,
     Fault,
     FaultStep,
+    FencingError,
     InjectedFault,
     Job,
     OperatorDefinitionError,
@@ -135,6 +136,11 @@ def test_a_job_rollback_gives_what_the_uninterrupted_job_gives_also_twice(
     medallion.write_events(tmp_path / "in", FILES[:4])
     job = job_of(spark, tmp_path)
     job.run()
+    running = job.start()
+    with pytest.raises(FencingError, match="rollback of job 'medallion'"):
+        job.rollback(1)  # refused before the decision: nothing is left to finish later
+    running.stop()
+    assert open_job(DeltaStore(), job.root, "medallion").unfinished is None
     done = job.rollback(1)
     assert (done.epoch, done.restore_epoch, done.status) == (1, 4, RollbackStatus.COMMITTED)
     medallion.write_events(tmp_path / "in", FILES[4:])

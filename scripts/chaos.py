@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -293,6 +294,17 @@ def check(root: Path, files: list[Path]) -> dict[str, Any]:
     }
 
 
+def finish(run: Callable[[Path], RunResult], logs: Path, runs: int, errors: list[str]) -> int:
+    """The last runs, without faults, until one finishes; returns the runs counted so far."""
+    for attempt in range(FINAL_ATTEMPTS):
+        runs += 1
+        final = run(logs / f"run-{runs:04d}.log")
+        if final.returncode == 0:
+            break
+        errors.append(f"final run {attempt + 1} exited {final.returncode}, see {final.log}")
+    return runs
+
+
 def chaos(args: argparse.Namespace) -> dict[str, Any]:
     """Kill and restart the pipeline ``args.kills`` times, finish it, and check it."""
     rng = random.Random(args.seed)
@@ -332,12 +344,7 @@ def chaos(args: argparse.Namespace) -> dict[str, Any]:
             f"{result.seconds:.1f} s; next epoch {next_epoch(root)}",
             file=sys.stderr,
         )
-    for attempt in range(FINAL_ATTEMPTS):
-        runs += 1
-        final = run_child(input_dir, root, logs / f"run-{runs:04d}.log", "async", None)
-        if final.returncode == 0:
-            break
-        errors.append(f"final run {attempt + 1} exited {final.returncode}, see {final.log}")
+    runs = finish(lambda log: run_child(input_dir, root, log, "async", None), logs, runs, errors)
     report: dict[str, Any] = {
         "seed": args.seed,
         "kills": sum(kills.values()),
@@ -397,12 +404,7 @@ def job_chaos(args: argparse.Namespace) -> dict[str, Any]:
         )
     command = [sys.executable, "-m", "pyspark_abs.examples.medallion", "--input"]
     command += [str(input_dir), "--root", str(root)]
-    for attempt in range(FINAL_ATTEMPTS):
-        runs += 1
-        final = run_command(command, logs / f"run-{runs:04d}.log", None)
-        if final.returncode == 0:
-            break
-        errors.append(f"final run {attempt + 1} exited {final.returncode}, see {final.log}")
+    runs = finish(lambda log: run_command(command, log, None), logs, runs, errors)
     report: dict[str, Any] = {
         "seed": args.seed,
         "kills": sum(kills.values()),

@@ -192,16 +192,11 @@ class Job:
             epoch: The job snapshot (default: the newest).
 
         Raises:
-            SnapshotNotFoundError: The stage, output or job snapshot does not exist.
+            SnapshotNotFoundError: The stage or the job snapshot does not exist.
+            OperatorDefinitionError: The stage has no sink for ``output``.
         """
         pipeline = self._stage(stage)
-        if output is None and len(pipeline.sinks) == 1:
-            output = next(iter(pipeline.sinks))
-        if output not in pipeline.sinks:
-            raise SnapshotNotFoundError(
-                f"stage {stage!r} of job {self.name!r} has no sink {output!r}; its sinks are "
-                f"{sorted(pipeline.sinks)}"
-            )
+        output = pipeline.sink_output(output)
         at = self.snapshot(epoch).stages[stage]
         return pipeline.snapshots.sink(output, at)
 

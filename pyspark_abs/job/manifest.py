@@ -191,3 +191,20 @@ def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
             full[name] = list(full[name].items())
     store.append(manifest.uri, pa.Table.from_pylist([full], schema=_SCHEMA), manifest.version)
     return _read(store, manifest.uri)
+
+
+def record_installation(
+    store: DeltaStore, manifest: JobManifest, installed: Rollback
+) -> JobManifest:
+    """Append a rollback's or restore's row with its status (see :func:`record`)."""
+    return record(
+        store,
+        manifest,
+        record=(JobRecord.ROLLBACK if installed.source is None else JobRecord.RESTORE).value,
+        status=installed.status.value,
+        epoch=installed.epoch,
+        restore_epoch=installed.restore_epoch,
+        stage_epochs=dict(installed.stage_epochs),
+        source=installed.source,
+        stages=dict(installed.source_stages) if installed.source else None,
+    )

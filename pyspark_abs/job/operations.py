@@ -26,6 +26,7 @@ from pyspark_abs.job.manifest import (
     RollbackStatus,
     open_job,
     record,
+    record_installation,
 )
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.protocol.lease import require_no_live_holder
@@ -110,15 +111,10 @@ def rollback_job(root: str, epoch: int, *, config: AbsConfig | None = None) -> R
         for r in manifest.stages.values()
     )
     try:
-        manifest = record(
-            store,
-            manifest,
-            record=JobRecord.ROLLBACK.value,
-            status=RollbackStatus.PREPARED.value,
-            epoch=snapshot.epoch,
-            restore_epoch=restore_epoch,
-            stage_epochs=dict(snapshot.stages),
+        decided = Rollback(
+            snapshot.epoch, restore_epoch, dict(snapshot.stages), RollbackStatus.PREPARED
         )
+        manifest = record_installation(store, manifest, decided)
     except ConcurrentWriteError as err:
         raise ConcurrentWriteError(
             f"job {manifest.job!r}: another process changed the job manifest while rolling "
@@ -151,17 +147,7 @@ def finish_unfinished(
                 rollback.restore_epoch,
                 config=config,
             )
-    return record(
-        store,
-        manifest,
-        record=(JobRecord.ROLLBACK if rollback.source is None else JobRecord.RESTORE).value,
-        status=RollbackStatus.COMMITTED.value,
-        epoch=rollback.epoch,
-        restore_epoch=rollback.restore_epoch,
-        stage_epochs=dict(rollback.stage_epochs),
-        source=rollback.source,
-        stages=dict(rollback.source_stages) if rollback.source else None,
-    )
+    return record_installation(store, manifest, replace(rollback, status=RollbackStatus.COMMITTED))
 
 
 def restore_job(
@@ -208,17 +194,15 @@ def restore_job(
             f"stages {sorted(source.stages)}, got {sorted(new_stages)}"
         )
     target = record(store, target, record=JobRecord.STAGES.value, stages=new_stages)
-    target = record(
-        store,
-        target,
-        record=JobRecord.RESTORE.value,
-        status=RollbackStatus.PREPARED.value,
-        epoch=snapshot.epoch,
-        restore_epoch=snapshot.epoch,
-        stage_epochs=dict(snapshot.stages),
-        source=source.root,
-        stages=dict(source.stages),
+    decided = Rollback(
+        snapshot.epoch,
+        snapshot.epoch,
+        dict(snapshot.stages),
+        RollbackStatus.PREPARED,
+        source.root,
+        dict(source.stages),
     )
+    target = record_installation(store, target, decided)
     return _finished(store, target, config)
 
 

@@ -206,6 +206,22 @@ class Pipeline:
             )
         self.listeners = tuple(listeners)
 
+    def sink_output(self, output: str | None = None) -> str:
+        """The output ``output`` names, which must have a sink; the only one if None.
+
+        Raises:
+            OperatorDefinitionError: ``output`` has no sink (it is unknown or loops back),
+                or it is None and the pipeline has several sinks.
+        """
+        if output is None and len(self.sinks) == 1:
+            return next(iter(self.sinks))
+        if output not in self.sinks:
+            raise OperatorDefinitionError(
+                f"pipeline {self.name!r} has no sink for output {output!r}; its sinks are "
+                f"{sorted(self.sinks)}. Name one of them"
+            )
+        return output
+
     def channel(self, output: str | None = None) -> ChannelSource:
         """This pipeline's sink of ``output``, as the input channel of a downstream stage.
 
@@ -219,13 +235,7 @@ class Pipeline:
         Raises:
             OperatorDefinitionError: ``output`` has no sink (it is unknown or loops back).
         """
-        if output is None and len(self.sinks) == 1:
-            output = next(iter(self.sinks))
-        if output not in self.sinks:
-            raise OperatorDefinitionError(
-                f"pipeline {self.name!r} has no sink for output {output!r}; its sinks are "
-                f"{sorted(self.sinks)}. Name one of them"
-            )
+        output = self.sink_output(output)
         return ChannelSource(
             (
                 Channel(

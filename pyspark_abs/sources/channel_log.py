@@ -12,10 +12,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark_abs.manifest.entries import EpochStatus
+from pyspark_abs.manifest.entries import MANIFEST_SCHEMA, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.operators.schema import to_spark
 from pyspark_abs.sources.channel_plan import Upstream, UpstreamEpoch
+from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.schemas import arrow_schema
+from pyspark_abs.storage.store import DeltaStore
 
 _VISIBLE = frozenset(
     {EpochStatus.COMMITTED, EpochStatus.MERGED, EpochStatus.RESTORED, EpochStatus.EXPIRED}
@@ -83,3 +88,65 @@ class Channel:
 def channels_of(value: str) -> Sequence[Channel]:
     """The channels of the data source's ``channels`` option."""
     return [Channel(**c) for c in json.loads(value)]
+
+
+class ManifestFollower:
+    """An upstream stage's manifest, kept up to date by reading only what is appended.
+
+    The first read is a full one. After that, each new Delta version of the manifest that
+    only appends rows (every write of the protocol) is read from its own files, so a reader
+    following a long-running stage does not reread the whole history at every upstream
+    commit. A version that does anything else (a compaction's rewrite, a schema change)
+    makes the read a full one again.
+
+    Args:
+        root: The upstream stage's snapshot root.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.uri = SnapshotRoot(root).manifest_uri
+        self._version: int | None = None
+        self._entries: list[ManifestEntry] = []
+        self._epochs: EpochLog | None = None
+        self._log: DeltaLog | None = None
+        self.full_reads = 0
+        """How many times the whole manifest was read (the first time included)."""
+
+    def read(self, store: DeltaStore) -> EpochLog | None:
+        """The manifest as of its latest version; None while the stage has none.
+
+        Raises:
+            ManifestError: The manifest cannot be read or breaks the epoch state machine.
+        """
+        if self._epochs is None and not store.exists(self.uri):
+            return None
+        table = store.open(self.uri)
+        version = int(table.version())
+        if self._epochs is not None and version == self._version:
+            return self._epochs
+        appended = self._appended(version) if self._log is not None else None
+        if appended is None:
+            rows, version = store.read_versioned(self.uri)
+            self._entries = [ManifestEntry.from_row(r) for r in rows.to_pylist()]
+            self._log = DeltaLog(self.uri, ReadSchema(to_spark(arrow_schema(table)), (), version))
+            self.full_reads += 1
+        else:
+            self._entries.extend(appended)
+        self._version, self._epochs = version, EpochLog(self._entries, version)
+        return self._epochs
+
+    def _appended(self, version: int) -> list[ManifestEntry] | None:
+        """The rows versions after the cached one appended; None if one does more."""
+        assert self._log is not None
+        assert self._version is not None
+        rows: list[ManifestEntry] = []
+        for number in range(self._version + 1, version + 1):
+            parsed = self._log.version(number)
+            if parsed.blocked is not None:
+                return None
+            for data in parsed.files:
+                part = DeltaFilePartition(self.uri, number, data.path, 0, data.rows, ())
+                for batch in read_slice(part, MANIFEST_SCHEMA):
+                    rows.extend(ManifestEntry.from_row(r) for r in batch.to_pylist())
+        self._log.forget_before(version + 1)
+        return rows

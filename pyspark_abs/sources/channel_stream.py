@@ -23,8 +23,12 @@ from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.manifest.table import load_epoch_log
-from pyspark_abs.sources.channel_log import CHANNEL_COLUMN, Channel, channels_of
+from pyspark_abs.sources.channel_log import (
+    CHANNEL_COLUMN,
+    Channel,
+    ManifestFollower,
+    channels_of,
+)
 from pyspark_abs.sources.channel_plan import (
     SOURCE_NAME,
     ChannelOffset,
@@ -33,7 +37,6 @@ from pyspark_abs.sources.channel_plan import (
     next_epoch,
 )
 from pyspark_abs.sources.delta_log import DeltaFilePartition, read_slice
-from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -64,31 +67,30 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._schema = schema
         self._starting_epoch = starting_epoch
         self._frontier: int | None = None
-        self._manifests: dict[str, tuple[int, EpochLog]] = {}
+        self._manifests: dict[str, ManifestFollower] = {}
+        self._store: DeltaStore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_manifests"] = {}
+        state["_store"] = None
         return state
 
     def _logs(self) -> dict[str, EpochLog | None]:
         """Each channel's upstream manifest (None before the upstream stage's first start).
 
-        A manifest is read again only when its Delta log has moved: Spark asks for the
-        latest offset every few milliseconds while a stage waits for its upstream stages.
+        Spark asks for the latest offset every few milliseconds while a stage waits for its
+        upstream stages; a manifest is read again only when its Delta log has moved, and
+        then only what was appended (see :class:`ManifestFollower`).
         """
-        store = DeltaStore()
+        if self._store is None:
+            self._store = DeltaStore()
         logs: dict[str, EpochLog | None] = {}
         for channel in self._channels:
-            uri = SnapshotRoot(channel.root).manifest_uri
-            if not store.exists(uri):
-                logs[channel.name] = None
-                continue
-            version = int(store.open(uri).version())
-            cached = self._manifests.get(uri)
-            if cached is None or cached[0] != version:
-                cached = self._manifests[uri] = (version, load_epoch_log(store, uri))
-            logs[channel.name] = cached[1]
+            follower = self._manifests.get(channel.root)
+            if follower is None:
+                follower = self._manifests[channel.root] = ManifestFollower(channel.root)
+            logs[channel.name] = follower.read(self._store)
         return logs
 
     def _upstreams(self, logs: dict[str, EpochLog | None]) -> list[Upstream]:

@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark_abs.manifest.entries import MANIFEST_SCHEMA, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.operators.schema import to_spark
 from pyspark_abs.sources.channel_plan import Upstream, UpstreamEpoch
 from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import SnapshotRoot
-from pyspark_abs.storage.schemas import arrow_schema
-from pyspark_abs.storage.store import DeltaStore
+
+if TYPE_CHECKING:
+    from pyspark_abs.storage.store import DeltaStore
 
 _VISIBLE = frozenset(
     {EpochStatus.COMMITTED, EpochStatus.MERGED, EpochStatus.RESTORED, EpochStatus.EXPIRED}
@@ -126,6 +127,10 @@ class ManifestFollower:
             return self._epochs
         appended = self._appended(version) if self._log is not None else None
         if appended is None:
+            # pandas and the store's schema helpers: not in Spark's Python workers
+            from pyspark_abs.operators.schema import to_spark
+            from pyspark_abs.storage.schemas import arrow_schema
+
             rows, version = store.read_versioned(self.uri)
             self._entries = [ManifestEntry.from_row(r) for r in rows.to_pylist()]
             self._log = DeltaLog(self.uri, ReadSchema(to_spark(arrow_schema(table)), (), version))

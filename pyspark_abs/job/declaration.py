@@ -208,14 +208,17 @@ class Job:
         Returns:
             Each view's name, and what it shows.
         """
-        snapshot = self.snapshot(epoch)
+        snapshot = self.snapshot(epoch)  # listed once for every view
         views: dict[str, str] = {}
         for name, pipeline in self.stages.items():
-            self.state(name, snapshot.epoch).createOrReplaceTempView(f"{name}_state")
+            at = snapshot.stages[name]
+            pipeline.snapshots.state(pipeline.plan.name, at).createOrReplaceTempView(
+                f"{name}_state"
+            )
             views[f"{name}_state"] = f"state of stage {name!r}"
             for output in pipeline.sinks:
                 view = f"{name}_{output}"
-                self.sink(name, output, snapshot.epoch).createOrReplaceTempView(view)
+                pipeline.snapshots.sink(output, at).createOrReplaceTempView(view)
                 views[view] = f"sink {output!r} of stage {name!r}"
         return views
 

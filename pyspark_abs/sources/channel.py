@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.errors import ConfigError, OperatorDefinitionError
@@ -142,7 +142,7 @@ class ChannelSource:
         spark.dataSource.register(ChannelDataSource)
         return (
             spark.readStream.format(SOURCE_NAME)
-            .option("channels", json.dumps([c.to_dict() for c in self.channels]))
+            .option("channels", json.dumps([asdict(c) for c in self.channels]))
             .option("schema", self.schema().json())
             .option("startingEpoch", str(start))
             .load()

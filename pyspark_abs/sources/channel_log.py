@@ -54,17 +54,6 @@ class Channel:
     uri: str
     schema: str
 
-    def to_dict(self) -> dict[str, str]:
-        """The channel as the data source's options carry it."""
-        return {
-            "name": self.name,
-            "stage": self.stage,
-            "root": self.root,
-            "table": self.table,
-            "uri": self.uri,
-            "schema": self.schema,
-        }
-
     def upstream(self, log: EpochLog) -> Upstream:
         """The upstream history of this channel, from the upstream manifest."""
         epochs = []
@@ -75,7 +64,7 @@ class Channel:
             closing = log.latest(epoch if entry.snapshot_epoch is None else entry.snapshot_epoch)
             barrier = None if closing is None else closing.table_versions.get(self.table)
             restored = entry.restored_from if entry.is_restore else None
-            epochs.append(UpstreamEpoch(epoch, True, barrier, restored))
+            epochs.append(UpstreamEpoch(epoch, barrier, restored))
         return Upstream.of(self.stage, epochs)
 
     def files(self, log: EpochLog, epoch: int) -> list[FileEntry]:

@@ -99,17 +99,15 @@ def realigned(source_offsets: str | None, epoch: int) -> str | None:
 
 @dataclass(frozen=True)
 class UpstreamEpoch:
-    """What a channel's reader needs to know about one upstream epoch.
+    """One upstream epoch whose outputs are committed (COMMITTED, MERGED, RESTORED, EXPIRED).
 
     Attributes:
         epoch: The upstream epoch.
-        visible: Whether its outputs are committed (COMMITTED, MERGED, RESTORED, EXPIRED).
-        barrier: The channel table's Delta version that made them visible, if visible.
+        barrier: The channel table's Delta version that made its outputs visible.
         restored_from: For a restore epoch (a rollback), the epoch whose snapshot it installs.
     """
 
     epoch: int
-    visible: bool
     barrier: int | None = None
     restored_from: int | None = None
 
@@ -120,9 +118,8 @@ class Upstream:
 
     Attributes:
         stage: The upstream stage's name, for messages.
-        epochs: The recorded epochs by number. An epoch before the newest visible one that
-            is not recorded was idle (a no-data micro-batch that changed nothing) and holds
-            no rows.
+        epochs: The visible epochs by number. An epoch before the newest one that is not
+            here was idle (a no-data micro-batch that changed nothing) and holds no rows.
     """
 
     stage: str
@@ -136,13 +133,13 @@ class Upstream:
     @property
     def visible_through(self) -> int:
         """The newest visible epoch, or -1 if none is."""
-        return max((e.epoch for e in self.epochs.values() if e.visible), default=-1)
+        return max(self.epochs, default=-1)
 
     def barrier(self, epoch: int) -> int:
         """The Delta version that closed ``epoch`` (the one before, for an idle epoch)."""
         for number in range(epoch, -1, -1):
             entry = self.epochs.get(number)
-            if entry is not None and entry.visible and entry.barrier is not None:
+            if entry is not None and entry.barrier is not None:
                 return entry.barrier
         return NO_BARRIER
 

@@ -69,11 +69,13 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._frontier: int | None = None
         self._manifests: dict[str, ManifestFollower] = {}
         self._store: DeltaStore | None = None
+        self._views: dict[str, tuple[EpochLog, Upstream]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_manifests"] = {}
         state["_store"] = None
+        state["_views"] = {}
         return state
 
     def _logs(self) -> dict[str, EpochLog | None]:
@@ -94,11 +96,16 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return logs
 
     def _upstreams(self, logs: dict[str, EpochLog | None]) -> list[Upstream]:
-        upstreams = []
-        for channel in self._channels:
-            log = logs[channel.name]
-            upstreams.append(Upstream(channel.stage, {}) if log is None else channel.upstream(log))
-        return upstreams
+        return [self._upstream(c, logs[c.name]) for c in self._channels]
+
+    def _upstream(self, channel: Channel, log: EpochLog | None) -> Upstream:
+        """The channel's upstream history, folded again only when its manifest moved."""
+        if log is None:
+            return Upstream(channel.stage, {})
+        cached = self._views.get(channel.name)
+        if cached is None or cached[0] is not log:
+            cached = self._views[channel.name] = (log, channel.upstream(log))
+        return cached[1]
 
     def initialOffset(self) -> dict[str, Any]:
         """Before upstream epoch ``starting_epoch``."""
@@ -156,7 +163,7 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log = logs[channel.name]
             if log is None:
                 continue
-            upstream = channel.upstream(log)
+            upstream = self._upstream(channel, log)
             for epoch in range(begin.epoch, finish.epoch):
                 if upstream.visible_through < epoch:
                     raise SourceError(

@@ -56,7 +56,7 @@ def test_a_stage_reads_each_epoch_once_in_order_only_after_every_upstream_commit
                 for e in range(previous + 1, end + 1):
                     # an idle epoch at a group's end still closes it (its snapshot is recorded)
                     if e not in idle[s] or e == end:
-                        entries.append(UpstreamEpoch(e, True, version))
+                        entries.append(UpstreamEpoch(e, version))
                 previous = end
             found.append(Upstream.of(f"up{s}", entries))
         return found
@@ -81,7 +81,7 @@ def test_a_stage_reads_each_epoch_once_in_order_only_after_every_upstream_commit
 
 
 def test_barriers_of_idle_epochs_are_those_of_the_epoch_before() -> None:
-    upstream = Upstream.of("bronze", [UpstreamEpoch(0, True, 3), UpstreamEpoch(2, True, 5)])
+    upstream = Upstream.of("bronze", [UpstreamEpoch(0, 3), UpstreamEpoch(2, 5)])
     assert [upstream.barrier(e) for e in range(3)] == [3, 3, 5]
     assert Upstream.of("bronze", []).barrier(4) == NO_BARRIER
     assert upstream.visible_through == 2
@@ -89,8 +89,8 @@ def test_barriers_of_idle_epochs_are_those_of_the_epoch_before() -> None:
 
 def test_availablenow_stops_at_the_frontier_pinned_at_the_start() -> None:
     ups = [
-        Upstream.of("a", [UpstreamEpoch(e, True, e) for e in range(5)]),
-        Upstream.of("b", [UpstreamEpoch(e, True, e) for e in range(3)]),
+        Upstream.of("a", [UpstreamEpoch(e, e) for e in range(5)]),
+        Upstream.of("b", [UpstreamEpoch(e, e) for e in range(3)]),
     ]
     assert frontier_of(ups) == 2
     assert next_epoch(2, ups, frontier=1) == 2
@@ -103,8 +103,8 @@ def test_availablenow_stops_at_the_frontier_pinned_at_the_start() -> None:
     [(3, "restore epoch that installs its epoch 1"), (2, "taken back by restore epoch 3")],
 )
 def test_a_rollback_of_one_upstream_alone_is_refused(epoch: int, message: str) -> None:
-    entries = [UpstreamEpoch(e, True, e) for e in range(3)]
-    entries.append(UpstreamEpoch(3, True, 3, restored_from=1))
+    entries = [UpstreamEpoch(e, e) for e in range(3)]
+    entries.append(UpstreamEpoch(3, 3, restored_from=1))
     upstream = Upstream.of("silver", entries)
     with pytest.raises(ValueError, match=message):
         next_epoch(epoch, [upstream])

@@ -72,8 +72,8 @@ class JobQuery:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._failure: BaseException | None = None
-        self._guarded(self._start_ready)
         self._starter: threading.Thread | None = None
+        self._guarded(self._start_ready)
         if self._pending:
             self._starter = threading.Thread(
                 target=self._start_later, name=f"pyspark-abs-job-{job.name}", daemon=True

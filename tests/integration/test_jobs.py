@@ -32,6 +32,7 @@ from pyspark_abs import (
     UpstreamNotReadyError,
     rollback,
 )
+from pyspark_abs.admin.compaction import compact
 from pyspark_abs.cli import main as cli
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
@@ -139,6 +140,9 @@ def test_a_job_rollback_gives_what_the_uninterrupted_job_gives_also_twice(
     running = job.start()
     with pytest.raises(FencingError, match="rollback of job 'medallion'"):
         job.rollback(1)  # refused before the decision: nothing is left to finish later
+    with pytest.raises(FencingError):  # a second run of the same job, meanwhile
+        job_of(spark, tmp_path).run()
+    compact(job.stages["bronze"].root)  # maintenance while the job runs rewrites its manifest
     running.stop()
     assert open_job(DeltaStore(), job.root, "medallion").unfinished is None
     done = job.rollback(1)

@@ -202,7 +202,8 @@ def manifest_epochs(root: Path) -> dict[int, dict[str, Any]]:
     Fields come from the decision row, or else from the epoch's last PREPARED row.
     """
     rows = DeltaTable(str(root / "_manifest")).to_pyarrow_table().to_pylist()
-    rows.sort(key=lambda r: r["recorded_at"])
+    # commit order: the manifest's version that appended each row (writers' clocks may differ)
+    rows.sort(key=lambda r: (r.get("manifest_version") is not None, r.get("manifest_version") or 0))
     by_epoch: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_epoch.setdefault(int(row["epoch"]), []).append(row)

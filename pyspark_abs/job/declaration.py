@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pyspark_abs.admin.job_manifest import JobManifest, JobRecord, Rollback, open_job, record
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
@@ -24,7 +25,6 @@ from pyspark_abs.errors import (
     SnapshotNotFoundError,
 )
 from pyspark_abs.job.cut import JobSnapshot
-from pyspark_abs.job.manifest import JobManifest, JobRecord, Rollback, open_job, record
 from pyspark_abs.job.operations import (
     finish_unfinished,
     pick,

@@ -10,6 +10,15 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
+from pyspark_abs.admin.job_manifest import (
+    JobManifest,
+    JobRecord,
+    Rollback,
+    RollbackStatus,
+    open_job,
+    record,
+    record_installation,
+)
 from pyspark_abs.admin.savepoints import restore_stage, rollback_stage
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
@@ -19,15 +28,6 @@ from pyspark_abs.errors import (
     SnapshotRootError,
 )
 from pyspark_abs.job.cut import JobSnapshot, StageEpochs, job_snapshots
-from pyspark_abs.job.manifest import (
-    JobManifest,
-    JobRecord,
-    Rollback,
-    RollbackStatus,
-    open_job,
-    record,
-    record_installation,
-)
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.protocol.lease import require_no_live_holder
 from pyspark_abs.storage.root import SnapshotRoot

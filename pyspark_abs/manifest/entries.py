@@ -141,6 +141,7 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("snapshot_epoch", pa.int64()),
     pa.field("tag", pa.string()),
     pa.field("table_schemas", _STR_MAP),
+    pa.field("manifest_version", pa.int64()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -193,6 +194,10 @@ class ManifestEntry:
         table_schemas: Restore epochs: the Delta schema (JSON) each state table and
             back-edge log takes with the installed files; a migration or a rollback across
             one changes it.
+        manifest_version: The manifest's Delta version whose commit appended the row: the
+            order in which rows were recorded (None: written by an older pyspark-abs).
+            ``recorded_at`` comes from the writer's clock, which may be behind another
+            writer's, so it is for display only.
     """
 
     pipeline: str
@@ -229,6 +234,7 @@ class ManifestEntry:
     snapshot_epoch: int | None = None
     tag: str | None = None
     table_schemas: Mapping[str, str] = field(default_factory=dict)
+    manifest_version: int | None = None
 
     @property
     def is_restore(self) -> bool:
@@ -256,10 +262,23 @@ class ManifestEntry:
 
     def transition(self, status: EpochStatus, **changes: Any) -> ManifestEntry:
         """A copy of this entry for the next transition, recorded now."""
-        return replace(self, status=status, recorded_at=dt.datetime.now(dt.timezone.utc), **changes)
+        fresh: dict[str, Any] = {"manifest_version": None, **changes}
+        return replace(self, status=status, recorded_at=dt.datetime.now(dt.timezone.utc), **fresh)
 
 
 _MAP_FIELDS = ("tables", "table_versions", "rows", "bytes", "restore_versions", "table_schemas")
+
+
+def commit_order(entry: ManifestEntry) -> tuple[int, int, float]:
+    """A sort key that puts rows in the order the manifest recorded them.
+
+    Rows of one commit share a key, so a stable sort keeps their order within the commit.
+    Rows written by an older pyspark-abs (no ``manifest_version``) come first, by their
+    writers' clocks, which is all they have.
+    """
+    if entry.manifest_version is None:
+        return (0, 0, entry.recorded_at.timestamp())
+    return (1, entry.manifest_version, 0.0)
 
 
 def entries_to_table(entries: Iterable[ManifestEntry]) -> pa.Table:

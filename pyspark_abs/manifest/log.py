@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -15,6 +14,7 @@ from pyspark_abs.manifest.entries import (
     EpochStatus,
     ManifestEntry,
     check_transition,
+    commit_order,
 )
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ class EpochLog:
     the later ones with a warning (:attr:`duplicates`), instead of refusing the root.
 
     TAGGED and UNTAGGED rows name snapshots (named savepoints); they are folded after the
-    transitions, in the order they were recorded, into :meth:`tags`.
+    transitions, in the order the manifest's commits recorded them (never by the writers'
+    clocks), into :meth:`tags`.
     """
 
     def __init__(self, entries: Iterable[ManifestEntry] = (), version: int | None = None) -> None:
@@ -56,7 +57,7 @@ class EpochLog:
         self.duplicates: list[ManifestEntry] = []
         """Later copies of a transition already recorded for their epoch, ignored."""
         rows = list(entries)
-        for entry in sorted((e for e in rows if e.status in TAG_STATUSES), key=_when):
+        for entry in sorted((e for e in rows if e.status in TAG_STATUSES), key=commit_order):
             self._apply_tag(entry)
         for entry in sorted((e for e in rows if e.status not in TAG_STATUSES), key=_order):
             try:
@@ -393,11 +394,7 @@ def check_group(group: Sequence[ManifestEntry]) -> None:
         raise ManifestError(f"epochs {epochs} cannot be committed as one snapshot: {problem}")
 
 
-def _when(entry: ManifestEntry) -> dt.datetime:
-    return entry.recorded_at
-
-
-def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
+def _order(entry: ManifestEntry) -> tuple[int, int, tuple[int, int, float]]:
     """Replay order: by epoch, then by the only valid order of one epoch's transitions."""
     rank = {
         EpochStatus.ABORTED: 0,
@@ -407,4 +404,4 @@ def _order(entry: ManifestEntry) -> tuple[int, int, dt.datetime]:
         EpochStatus.MERGED: 2,
         EpochStatus.EXPIRED: 3,
     }
-    return (entry.epoch, rank[entry.status], entry.recorded_at)
+    return (entry.epoch, rank[entry.status], commit_order(entry))

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 
 from pyspark_abs.errors import ConcurrentWriteError, ManifestError, SnapshotRootError
@@ -130,9 +131,14 @@ class EpochWriter:
             for _attempt in range(MANIFEST_RETRIES):
                 if self.lease is not None or any(e.status not in _UNFENCED for e in pending):
                     self.fence(f"{subject} {statuses}")
+                expected = self.epochs.version
+                stamped = [
+                    replace(e, manifest_version=None if expected is None else expected + 1)
+                    for e in pending
+                ]
                 try:
                     version = self.store.append(
-                        self.manifest_uri, entries_to_table(pending), self.epochs.version
+                        self.manifest_uri, entries_to_table(stamped), expected
                     )
                 except ConcurrentWriteError:
                     pending = self._after_lost_race(pending, f"{subject} {statuses}")
@@ -144,7 +150,7 @@ class EpochWriter:
                         f"{subject}: cannot record {statuses} in the manifest at "
                         f"{self.manifest_uri}: {brief_error(err)}"
                     ) from err
-                for entry in pending:
+                for entry in stamped:
                     self.epochs.record(entry)
                 if self.epochs.version is not None:
                     self.epochs.version = version

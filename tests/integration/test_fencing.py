@@ -123,7 +123,7 @@ def paused_word_count(
 def manifest_rows(root: Path) -> list[dict[str, Any]]:
     """The manifest's rows in the order they were recorded."""
     rows: list[dict[str, Any]] = DeltaStore().read(str(root / "_manifest")).to_pylist()
-    return sorted(rows, key=lambda r: r["recorded_at"])
+    return sorted(rows, key=lambda r: (r["manifest_version"] or 0, r["recorded_at"]))
 
 
 def test_a_zombie_compaction_commits_nothing_after_the_takeover(

@@ -33,10 +33,10 @@ from pyspark_abs import (
     rollback,
 )
 from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.job_manifest import RollbackStatus, open_job
 from pyspark_abs.cli import main as cli
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
-from pyspark_abs.job.manifest import RollbackStatus, open_job
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.jobs import FILES, assert_job_matches, job_of
 from tests.support.pipelines import assert_same

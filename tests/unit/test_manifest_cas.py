@@ -20,6 +20,7 @@ from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import race
+from tests.support.manifest import T0
 from tests.support.roots import PIPELINE, committed_root, make_root, prepared, writer_of
 
 
@@ -119,23 +120,21 @@ def test_a_manifest_with_duplicated_transitions_still_loads(tmp_path: Path) -> N
     """Written the old way: plain appends, as two vacuums or rollbacks used to."""
     root, sink, writer = committed_root(tmp_path, 2)
     store, uri = DeltaStore(), f"{root}/_manifest"
+
+    def append(row: ManifestEntry) -> None:
+        """A plain append, stamped with the version it creates, as the writer stamps rows."""
+        version = int(store.open(uri).version()) + 1
+        store.append(uri, entries_to_table([replace(row, manifest_version=version)]))
+
     expired = known(writer.epochs.latest(0)).transition(EpochStatus.EXPIRED, run_id="vacuum-1")
-    store.append(uri, entries_to_table([expired]))
-    store.append(
-        uri, entries_to_table([replace(expired, run_id="vacuum-2", recorded_at=later(expired))])
-    )
+    append(expired)
+    append(replace(expired, run_id="vacuum-2", recorded_at=later(expired)))
     restore = replace(prepared(2, sink), origin="rollback", restored_from=1, run_id="rb-1")
-    store.append(uri, entries_to_table([restore]))
-    store.append(
-        uri,
-        entries_to_table(
-            [replace(restore, restored_from=0, run_id="rb-2", recorded_at=later(restore))]
-        ),
-    )
+    append(restore)
+    # the later rows carry earlier clocks: the order is the manifest's, not the writers'
+    append(replace(restore, restored_from=0, run_id="rb-2", recorded_at=T0))
     zombie = known(writer.epochs.latest(1))
-    store.append(
-        uri, entries_to_table([replace(zombie, run_id="zombie", recorded_at=later(zombie))])
-    )
+    append(replace(zombie, run_id="zombie", recorded_at=T0))
 
     epochs = open_manifest(store, root, PIPELINE)
     assert known(epochs.latest(0)).run_id == "vacuum-1"
@@ -153,7 +152,9 @@ def test_a_conflicting_transition_that_is_no_duplicate_still_fails_to_load(
     tmp_path: Path,
 ) -> None:
     root, _, writer = committed_root(tmp_path, 1)
-    merged = known(writer.epochs.latest(0)).transition(EpochStatus.MERGED, snapshot_epoch=1)
+    merged = known(writer.epochs.latest(0)).transition(
+        EpochStatus.MERGED, snapshot_epoch=1, manifest_version=4
+    )
     DeltaStore().append(f"{root}/_manifest", entries_to_table([merged]))
     with pytest.raises(ManifestError, match="epoch 0 cannot go from COMMITTED to MERGED"):
         open_manifest(DeltaStore(), root, PIPELINE)

@@ -1,6 +1,7 @@
 """Savepoint names in the epoch log: what may be named, untagged, expired, and how loading folds."""
 
 import datetime as dt
+import random
 from functools import partial
 from pathlib import Path
 
@@ -164,3 +165,56 @@ def test_names_survive_expire_and_untag_lets_them_go(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'1x' cannot name a savepoint"):
         tag(root, 3, "1x")
     assert expire(root, 1) == [2]
+
+
+def skewed(monkeypatch: pytest.MonkeyPatch, minutes: float) -> None:
+    """Record savepoint rows as a host whose clock is off by ``minutes`` would."""
+    real = dt.datetime.now
+    monkeypatch.setattr(
+        "pyspark_abs.admin.tags.now",
+        lambda: real(dt.timezone.utc) + dt.timedelta(minutes=minutes),
+    )
+
+
+def test_a_move_from_a_host_whose_clock_is_behind_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _, _ = committed_root(tmp_path, 6)
+    tag(root, 1, "prod")
+    skewed(monkeypatch, -5)
+    assert tag(root, 4, "prod", move=True).tags == ("prod",)
+    epochs = open_manifest(DeltaStore(), root, PIPELINE)
+    assert epochs.tags() == {"prod": 4}
+    assert epochs.resolve("prod", root) == 4
+    assert expire(root, 1) == [0, 1, 2, 3]
+    assert open_manifest(DeltaStore(), root, PIPELINE).status(4) is EpochStatus.COMMITTED
+
+
+def test_an_untag_from_a_host_whose_clock_is_behind_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _, _ = committed_root(tmp_path, 3)
+    skewed(monkeypatch, 10)
+    tag(root, 1, "prod")
+    skewed(monkeypatch, -10)
+    assert untag(root, "prod") == 1
+    assert open_manifest(DeltaStore(), root, PIPELINE).tags() == {}
+    assert expire(root, 1) == [0, 1]
+
+
+def test_names_fold_in_commit_order_under_any_clocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A random schedule of names from hosts with random clocks, against a plain dict."""
+    rng = random.Random(30)
+    root, _, _ = committed_root(tmp_path, 4)
+    model: dict[str, int] = {}
+    for _step in range(30):
+        skewed(monkeypatch, rng.uniform(-60, 60))
+        name, epoch = rng.choice(["a", "b"]), rng.randrange(4)
+        if name in model and rng.random() < 0.3:
+            assert untag(root, name) == model.pop(name)
+        else:
+            tag(root, epoch, name, move=True)
+            model[name] = epoch
+        assert open_manifest(DeltaStore(), root, PIPELINE).tags() == dict(sorted(model.items()))

@@ -14,12 +14,13 @@ PREPARED is the decision: an installation that crashes after it is finished by t
 start of the job or the next rollback, before anything else runs.
 
 Appends are compare-and-swap against the version read, so two processes never record
-conflicting rollbacks.
+conflicting rollbacks. Each row records the version its commit created
+(``manifest_version``), and rows are folded in that order: ``recorded_at`` is the writer's
+clock, for people reading the table.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from pyspark_abs.errors import ManifestError, PipelineMismatchError, SnapshotNotFoundError
+from pyspark_abs.protocol.epoch_writer import now
 from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
 
 JOB_TABLE = "_job"
@@ -44,6 +46,7 @@ _FIELDS: list[pa.Field[Any]] = [
     pa.field("restore_epoch", pa.int64()),
     pa.field("stage_epochs", pa.map_(pa.string(), pa.int64())),
     pa.field("source", pa.string()),
+    pa.field("manifest_version", pa.int64()),
 ]
 _SCHEMA = pa.schema(_FIELDS)
 
@@ -135,7 +138,9 @@ def open_job(store: DeltaStore, root: str, job: str | None) -> JobManifest:
                 f"the root a Job was declared with"
             )
         store.ensure_root(normalize_uri(root))
-        store.ensure_table(TableSpec(JOB_TABLE, uri, _SCHEMA, description=json.dumps({"job": job})))
+        store.ensure_table(_spec(uri, job))
+    else:
+        store.add_missing_columns(_spec(uri, job or ""))
     manifest = _read(store, uri)
     if job is not None and manifest.job != job:
         raise PipelineMismatchError(
@@ -143,6 +148,18 @@ def open_job(store: DeltaStore, root: str, job: str | None) -> JobManifest:
             f"this job its own root"
         )
     return manifest
+
+
+def _spec(uri: str, job: str) -> TableSpec:
+    return TableSpec(JOB_TABLE, uri, _SCHEMA, description=json.dumps({"job": job}))
+
+
+def _commit_order(row: Mapping[str, Any]) -> tuple[int, int, float]:
+    """Rows in the order the table's commits appended them (older rows by their clock)."""
+    version = row.get("manifest_version")
+    if version is None:
+        return (0, 0, row["recorded_at"].timestamp())
+    return (1, version, 0.0)
 
 
 def _read(store: DeltaStore, uri: str) -> JobManifest:
@@ -153,7 +170,7 @@ def _read(store: DeltaStore, uri: str) -> JobManifest:
         raise ManifestError(f"cannot read the job manifest at {uri}: {err}") from err
     stages: dict[str, str] = {}
     rollbacks: dict[int, Rollback] = {}
-    for row in sorted(rows.to_pylist(), key=lambda r: r["recorded_at"]):
+    for row in sorted(rows.to_pylist(), key=_commit_order):
         if row["record"] == JobRecord.STAGES.value:
             stages = dict(row["stages"] or ())
         elif row["record"] in (JobRecord.ROLLBACK.value, JobRecord.RESTORE.value):
@@ -178,7 +195,8 @@ def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
     """
     full = {
         "job": manifest.job,
-        "recorded_at": dt.datetime.now(dt.timezone.utc),
+        "recorded_at": now(),
+        "manifest_version": manifest.version + 1,
         "stages": None,
         "epoch": None,
         "restore_epoch": None,

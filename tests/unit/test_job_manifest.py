@@ -1,0 +1,57 @@
+"""The job manifest: records fold in the order its commits appended them, whatever the clocks."""
+
+import datetime as dt
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pyspark_abs.admin.job_manifest import (
+    JobRecord,
+    Rollback,
+    RollbackStatus,
+    open_job,
+    record,
+    record_installation,
+)
+from pyspark_abs.errors import ConcurrentWriteError
+from pyspark_abs.storage.store import DeltaStore
+
+
+def clock(monkeypatch: pytest.MonkeyPatch, minutes: float) -> None:
+    """Record job rows as a host whose clock is off by ``minutes`` would."""
+    real = dt.datetime.now
+    monkeypatch.setattr(
+        "pyspark_abs.admin.job_manifest.now",
+        lambda: real(dt.timezone.utc) + dt.timedelta(minutes=minutes),
+    )
+
+
+def test_a_rollback_finished_by_a_host_whose_clock_is_behind_is_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DeltaStore()
+    manifest = open_job(store, str(tmp_path / "job"), "j")
+    manifest = record(store, manifest, record=JobRecord.STAGES.value, stages={"a": "/a"})
+    decided = Rollback(1, 3, {"a": 1}, RollbackStatus.PREPARED)
+    manifest = record_installation(store, manifest, decided)
+    assert manifest.unfinished == decided
+    clock(monkeypatch, -30)
+    manifest = record_installation(
+        store, manifest, replace(decided, status=RollbackStatus.COMMITTED)
+    )
+    assert manifest.unfinished is None
+    again = open_job(store, str(tmp_path / "job"), None)
+    assert again.unfinished is None
+    assert again.rollbacks[-1].status is RollbackStatus.COMMITTED
+    clock(monkeypatch, -60)
+    again = record(store, again, record=JobRecord.STAGES.value, stages={"a": "/a", "b": "/b"})
+    assert open_job(store, str(tmp_path / "job"), None).stages == {"a": "/a", "b": "/b"}
+
+
+def test_a_record_against_a_stale_version_is_refused(tmp_path: Path) -> None:
+    store = DeltaStore()
+    stale = open_job(store, str(tmp_path / "job"), "j")
+    record(store, stale, record=JobRecord.STAGES.value, stages={"a": "/a"})
+    with pytest.raises(ConcurrentWriteError):
+        record(store, stale, record=JobRecord.STAGES.value, stages={"b": "/b"})

@@ -248,13 +248,16 @@ def without_expiry(
 def _start_ttl_clocks(plan: OperatorPlan, rows: pa.Table, latest: ManifestEntry | None) -> pa.Table:
     """``rows`` with an expiry for each key without one: one TTL after the newest snapshot.
 
-    That is the snapshot's watermark for an event-time TTL (the current time without
-    one), and the current time for a processing-time TTL.
+    That is the snapshot's watermark for an event-time TTL (0 included: the event-time
+    clock never starts from the wall clock; a snapshot without one counts as 0), and the
+    current time for a processing-time TTL.
     """
     assert plan.ttl_ms is not None
-    now = int(time.time() * 1000)
-    watermark = latest.watermark_ms if latest is not None else None
-    base = watermark if plan.timeout is TimeoutMode.EVENT_TIME and watermark else now
+    if plan.timeout is TimeoutMode.EVENT_TIME:
+        watermark = latest.watermark_ms if latest is not None else None
+        base = watermark or 0
+    else:
+        base = int(time.time() * 1000)
     expiry: Any = pc.fill_null(rows[TIMEOUT], pa.scalar(base + plan.ttl_ms, pa.int64()))
     return rows.set_column(rows.schema.get_field_index(TIMEOUT), TIMEOUT, expiry)
 

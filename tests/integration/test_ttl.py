@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_abs import (
@@ -143,30 +144,34 @@ def test_every_snapshot_holds_exactly_the_keys_whose_ttl_has_not_lapsed_and_rest
     )
 
 
+@pytest.mark.parametrize("before", [1, 2], ids=["watermark-0", "watermark-100"])
 def test_a_ttl_added_to_a_running_operator_starts_every_keys_clock_at_the_upgrade(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, before: int
 ) -> None:
+    """The clocks start at the newest snapshot's watermark, also when that is still 0."""
     events, root = str(tmp_path / "events"), tmp_path / "root"
-    event_table(Path(events), BATCHES[:2])
+    event_table(Path(events), BATCHES[:before])
     ttl_pipeline(events, root, forever).run()
+    keys = len({w for batch in BATCHES[:before] for w, _ in batch})
     report = check(ttl_pipeline(events, root, recent))
     assert (report.exit_code, report.items[0].details) == (
         3,
-        ("ttl clocks start for 3 key(s) without one",),
+        (f"ttl clocks start for {keys} key(s) without one",),
     )
 
-    event_table(Path(events), BATCHES[2:])
+    event_table(Path(events), BATCHES[before:])
     ttl_pipeline(events, root, recent).run()
     snapshots = Snapshots(str(root), spark)
-    upgrade = snapshots.list()[2]
-    assert "ttl clocks started for 3 key(s)" in (upgrade.origin or "")
-    # the run after the upgrade starts its watermark at the snapshot's (batch 1's)
-    first = watermarks_of(BATCHES[:2])
-    after = watermarks_of(BATCHES[2:], floor=first[1])
-    expected = model(BATCHES, [*first[:2], *after], ttl_from=2)
+    upgrade = snapshots.list()[before]
+    assert f"ttl clocks started for {keys} key(s)" in (upgrade.origin or "")
+    # the run after the upgrade starts its watermark at the snapshot's
+    first = watermarks_of(BATCHES[:before])
+    after = watermarks_of(BATCHES[before:], floor=first[before - 1])
+    expected = model(BATCHES, [*first[:before], *after], ttl_from=before)
     epochs = [i.epoch for i in snapshots.list()]
-    assert epochs == [0, 1, 2, *range(3, 3 + len(after))]
-    assert_same(state_of(snapshots, epochs[-1]), as_frame(spark, expected[-1]))
+    assert epochs == [*range(before), before, *range(before + 1, before + 1 + len(after))]
+    for epoch, state in zip(epochs[before + 1 :], expected[before:], strict=True):
+        assert_same(state_of(snapshots, epoch), as_frame(spark, state))
     assert check(ttl_pipeline(events, root, recent)).exit_code == 0
 
 

@@ -359,7 +359,9 @@ class Pipeline:
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
-                live_state=self._live_state(layout, writer.root_id, lineage.epoch_base, remote),
+                live_state=self._live_state(
+                    layout, writer.root_id, lineage.epoch_base, remote, run_id
+                ),
             )
             query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
         except BaseException:
@@ -393,7 +395,12 @@ class Pipeline:
             )
 
     def _live_state(
-        self, layout: SnapshotLayout, root_id: str | None, epoch_base: int, remote: bool
+        self,
+        layout: SnapshotLayout,
+        root_id: str | None,
+        epoch_base: int,
+        remote: bool,
+        run_id: str,
     ) -> LiveState:
         """Where key groups keep their live state in this run.
 
@@ -404,7 +411,13 @@ class Pipeline:
             return StateInSpark()
         state = layout.targets[0]
         return LocalLiveState.for_root(
-            self.root, root_id, state.table, state.uri, self.config.local_state_dir, epoch_base
+            self.root,
+            root_id,
+            state.table,
+            state.uri,
+            self.config.local_state_dir,
+            epoch_base,
+            run_id,
         )
 
     def run(self) -> PipelineQuery:

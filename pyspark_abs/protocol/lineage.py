@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pyspark_abs.errors import PipelineMismatchError
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id, tables_of
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, app_id
 
@@ -35,7 +37,10 @@ def require_own_sinks(
     A sink that holds epochs of this pipeline committed under another root's transactions
     would get the two roots' outputs mixed, and one whose transaction for this root is
     ahead of every epoch the root has decided would have the root's next epochs skipped as
-    already committed. Sinks written by other pipelines are shared tables and are left alone.
+    already committed. A root copied as a directory keeps the original's id, so its commits
+    would pass for the original's: a sink that the original, still in place, writes too is
+    refused (a copied sink table, written by the copy alone, is the copy's own). Sinks
+    written by other pipelines are shared tables and are left alone.
 
     Args:
         store: Delta access.
@@ -49,6 +54,7 @@ def require_own_sinks(
         PipelineMismatchError: A sink belongs to another root or is ahead of this one.
     """
     ours = app_id(pipeline, "", root_id)
+    originals: dict[str, Mapping[str, str]] = {}
     for table, uri in sinks.items():
         if not store.exists(uri):
             continue
@@ -59,6 +65,7 @@ def require_own_sinks(
             if not isinstance(other, str) or not other.startswith(app_id(pipeline, "", None)):
                 continue
             if other == own or (root_id is not None and other.startswith(ours)):
+                _refuse_copy(store, pipeline, root, root_id, table, uri, commit, originals)
                 continue
             owner = commit.get(ROOT_KEY) or "a snapshot root created before root ids"
             raise PipelineMismatchError(
@@ -75,6 +82,37 @@ def require_own_sinks(
                 f"root has decided epochs only up to {newest_decided}: its manifest was "
                 f"replaced or lost. Restore the root's _manifest, or give the root a new sink"
             )
+
+
+def _refuse_copy(
+    store: DeltaStore,
+    pipeline: str,
+    root: str,
+    root_id: str | None,
+    table: str,
+    uri: str,
+    commit: Mapping[str, object],
+    originals: dict[str, Mapping[str, str]],
+) -> None:
+    """Refuse a sink written under this root's id from another location that writes it still.
+
+    Raises:
+        PipelineMismatchError: This root is a copy of one that writes the same sink.
+    """
+    elsewhere = commit.get(ROOT_KEY)
+    if root_id is None or not isinstance(elsewhere, str) or elsewhere == root:
+        return
+    if elsewhere not in originals:
+        uri_of = SnapshotRoot(elsewhere).manifest_uri
+        same = store.exists(uri_of) and manifest_root_id(store, elsewhere) == root_id
+        originals[elsewhere] = tables_of(load_epoch_log(store, uri_of).entries) if same else {}
+    if originals[elsewhere].get(table) == uri:
+        raise PipelineMismatchError(
+            f"snapshot root {root} is a copy of {elsewhere} (both have root id {root_id}), "
+            f"which wrote sink {table} at {uri} (epoch {commit.get(EPOCH_KEY)}). Writing to "
+            f"it from the copy would mix the two roots' outputs. Give the copy its own sink "
+            f"tables, or make copies with pyspark_abs.restore, which gives the copy its own id"
+        )
 
 
 @dataclass(frozen=True)

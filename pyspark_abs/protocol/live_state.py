@@ -26,11 +26,9 @@ import fcntl
 import hashlib
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -47,10 +45,12 @@ from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
 from pyspark_abs.operators.state_codec import decode_marker, encode_marker
 from pyspark_abs.operators.state_diff import apply_changes
 from pyspark_abs.operators.task import epoch_changes
+from pyspark_abs.protocol.local_folders import mark_used, operator_home
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, brief_error
 
 _COMPLETE = "_complete"
+_RUN_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ class LocalLiveState:
         uri: The state table's location.
         directory: Where the files go ("": the executor's temporary directory).
         epoch_base: The epoch of Spark's micro-batch 0 in this checkpoint.
+        run: The first bytes of every token this run writes (hex): a save recycles only
+            files that carry them.
     """
 
     root: str
@@ -114,14 +116,27 @@ class LocalLiveState:
     uri: str
     directory: str
     epoch_base: int
+    run: str
 
     @staticmethod
     def for_root(
-        root: str, root_id: str | None, table: str, uri: str, directory: str, epoch_base: int
+        root: str,
+        root_id: str | None,
+        table: str,
+        uri: str,
+        directory: str,
+        epoch_base: int,
+        run_id: str,
     ) -> LocalLiveState:
-        """The local live state of one operator of a root (``root_id`` None: an old root)."""
-        key = root_id or hashlib.blake2b(root.encode(), digest_size=8).hexdigest()
-        return LocalLiveState(root, key, table, uri, directory, epoch_base)
+        """The local live state of one operator of a root (``root_id`` None: an old root).
+
+        The root's folder is named by its id and its location: a root copied as a directory
+        (``cp -r``, ``aws s3 sync``) keeps the id, and must not share the original's files.
+        """
+        place = hashlib.blake2b(root.encode(), digest_size=8).hexdigest()
+        key = f"{root_id}-{place}" if root_id else place
+        run = hashlib.blake2b(run_id.encode(), digest_size=_RUN_BYTES).hexdigest()
+        return LocalLiveState(root, key, table, uri, directory, epoch_base, run)
 
     def load(
         self, plan: OperatorPlan, key_group: int, stored: bytes, batch_id: int | None
@@ -159,9 +174,11 @@ class LocalLiveState:
         """Write the key group's new state to a new file and return its marker.
 
         Files older than the one replaced are stale: Spark never goes back past it, while a
-        retry of this micro-batch still reads it. One stale file becomes the new file
-        (renamed and overwritten: on ext4 that costs a tenth of creating a file), the rest
-        are deleted.
+        retry of this micro-batch still reads it. One stale file that this run wrote becomes
+        the new file (renamed and overwritten: on ext4 that costs a tenth of creating a
+        file), the rest are deleted. A file another run wrote is never overwritten, only
+        deleted: a task of that run may still have it memory-mapped, and a deleted file's
+        pages stay with the reader, while an overwritten file's would change under it.
 
         The file is written in place, not through a temporary file: its name holds a fresh
         random token, and nothing reads it before Spark commits the marker naming it, which
@@ -172,15 +189,18 @@ class LocalLiveState:
             StorageError: The file cannot be written to ``local_state_dir``.
         """
         epoch = self._epoch(plan, batch_id)
-        token = os.urandom(16)
+        mark_used(operator_home(self.directory, self.root_key, plan.name))
+        token = bytes.fromhex(self.run) + os.urandom(16 - _RUN_BYTES)
         parts = _parts(plan, state, key_group, batch_id)
         path = self._file(plan, key_group, epoch, token)
         previous = decode_marker(replaced) if replaced is not None else None
         stale = self._stale(plan, key_group, previous[0]) if previous is not None else []
-        for extra in stale[1:]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(extra)
-        if not (stale and _guarded(plan, epoch, key_group, path, _recycle(stale[0]), parts)):
+        ours = [p for p in stale if os.path.basename(p)[13:].startswith(self.run)]
+        for extra in stale:
+            if not ours or extra != ours[0]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(extra)
+        if not (ours and _guarded(plan, epoch, key_group, path, _recycle(ours[0]), parts)):
             _guarded(plan, epoch, key_group, path, _create, parts)
         return encode_marker(epoch, token)
 
@@ -193,15 +213,15 @@ class LocalLiveState:
         return self.epoch_base + batch_id
 
     def _home(self, plan: OperatorPlan) -> Path:
-        return Path(_home(self.directory, self.root_key, plan.name))
+        return Path(operator_home(self.directory, self.root_key, plan.name))
 
     def _file(self, plan: OperatorPlan, key_group: int, epoch: int, token: bytes) -> str:
-        home = _home(self.directory, self.root_key, plan.name)
+        home = operator_home(self.directory, self.root_key, plan.name)
         return f"{home}/kg-{key_group}/{epoch:012d}-{token.hex()}.abs"
 
     def _stale(self, plan: OperatorPlan, key_group: int, kept_epoch: int) -> list[str]:
         """The key group's files older than ``kept_epoch``."""
-        folder = f"{_home(self.directory, self.root_key, plan.name)}/kg-{key_group}"
+        folder = f"{operator_home(self.directory, self.root_key, plan.name)}/kg-{key_group}"
         try:
             with os.scandir(folder) as entries:
                 return [
@@ -292,13 +312,6 @@ def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:
         return _read(plan, str(folder / f"kg-{key_group}.abs"))
     except FileNotFoundError:
         return plan.blob_schema.empty_table()  # the key group had no keys in the snapshot
-
-
-@lru_cache(maxsize=64)
-def _home(directory: str, root_key: str, operator: str) -> str:
-    """The folder of one operator's live state files on this host."""
-    top = directory or tempfile.gettempdir()
-    return os.path.join(top, "pyspark-abs-state", root_key, operator)
 
 
 def _read(plan: OperatorPlan, path: str) -> pa.Table:

@@ -23,6 +23,7 @@ from pyspark_abs import (
     FaultStep,
     InjectedFault,
     Pipeline,
+    PipelineMismatchError,
     SnapshotDamagedError,
     Snapshots,
     StateEncodingError,
@@ -205,3 +206,37 @@ def test_a_rebuild_from_an_unreadable_snapshot_fails_with_the_snapshot_named(
         word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
     after = [(i.epoch, i.status) for i in Snapshots(str(root)).list()]
     assert after == before
+
+
+def test_a_root_copied_as_a_directory_runs_beside_its_original_on_one_host(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``cp -r`` of a root (same root id) on the host of the original, with the same
+    local_state_dir: the two keep separate live-state folders and each equals a direct count
+    of what it read; the copy may not write the original's sink."""
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
+    root, copy = tmp_path / "root", tmp_path / "copy"
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    shutil.copytree(root, copy)
+    shared = word_pipeline(spark, inputs, copy, bronze=True, local_state_dir=str(local))
+    shared_sink = Pipeline(
+        "wordcount",
+        shared.source,
+        shared.operator,
+        root=str(copy),
+        sinks={"output": f"{root}/sinks/word_counts"},
+        config=shared.config,
+        transform=shared.transform,
+    )
+    with pytest.raises(PipelineMismatchError, match=r"is a copy of .*/root \(both have root id"):
+        shared_sink.run()
+    write_epochs(tmp_path / "in", EPOCHS[:5])
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    write_epochs(tmp_path / "in", EPOCHS)
+    word_pipeline(spark, inputs, copy, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    assert len(list((local / "pyspark-abs-state").iterdir())) == 2
+    for each in (root, copy):
+        assert_word_counts(spark, each, EPOCHS)
+        assert validate(str(each)) == []

@@ -4,7 +4,9 @@ replays)."""
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,8 +15,10 @@ import pytest
 from pyspark_abs.errors import StateEncodingError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_codec import decode_marker, encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
+from pyspark_abs.protocol.local_folders import mark_used, operator_home
 from tests.support.key_groups import word_plan
 from tests.support.manifest import entry
 
@@ -78,8 +82,8 @@ def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
     and stale files must not pile up."""
     rng = random.Random(seed)
     plan = word_plan(lambda rows, state, ctx: None)
-    live = LocalLiveState.for_root("/root", "r", "state/wc", "/root/state", str(tmp_path), 0)
-    folder = tmp_path / "pyspark-abs-state" / "r" / "wc" / "kg-5"
+    live = LocalLiveState.for_root("/root", "r", "state/wc", "/root/state", str(tmp_path), 0, "run")
+    folder = tmp_path / "pyspark-abs-state" / live.root_key / "wc" / "kg-5"
     committed: list[bytes | None] = [None]  # the marker of each state-store version
     written: dict[bytes, tuple[dict[str, int], int]] = {}  # each marker's state and bytes
     for batch in range(rng.randint(3, 25)):
@@ -114,3 +118,70 @@ def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
         kept = -1 if previous is None else int.from_bytes(previous[4:12], "little")
         assert all(int(name.split("-")[0]) >= kept for name in files), files
         assert len(files) <= 2 * 3, files  # this batch's attempts and the replaced one's
+
+
+def word_state(plan: OperatorPlan, counts: dict[str, int]) -> pa.Table:
+    return pa.table(
+        {"word": list(counts), "count": list(counts.values()), "_timeout": [None] * len(counts)}
+    ).cast(plan.blob_schema)
+
+
+def test_a_root_copied_as_a_directory_never_shares_the_originals_files(tmp_path: Path) -> None:
+    """Same root id (the copy's manifest is the original's), other location, same host."""
+    plan = word_plan(lambda rows, state, ctx: None)
+    folder = str(tmp_path)
+    original = LocalLiveState.for_root("/d/prod", "id", "state/wc", "/d/prod/s", folder, 0, "a")
+    copy = LocalLiveState.for_root("/d/copy", "id", "state/wc", "/d/copy/s", folder, 0, "b")
+    assert original.root_key != copy.root_key
+    marker = copy.save(plan, 5, word_state(plan, {"bee": 1}), 3, None)
+    loaded = copy.load(plan, 5, marker, 4)  # memory-mapped
+    first = original.save(plan, 5, word_state(plan, {"ant": 7}), 7, None)
+    original.save(plan, 5, word_state(plan, {"ant": 8}), 8, first)
+    assert loaded.to_pydict()["word"] == ["bee"]
+    assert copy.load(plan, 5, marker, 4).to_pydict()["count"] == [1]
+
+
+def test_a_save_overwrites_only_files_its_own_run_wrote(tmp_path: Path) -> None:
+    """A stale file of an earlier run may still be mapped by that run's task: deleted, not
+    overwritten. A stale file of this run is recycled (renamed and overwritten)."""
+    plan = word_plan(lambda rows, state, ctx: None)
+
+    def run(name: str) -> LocalLiveState:
+        return LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, name)
+
+    old, new = run("old"), run("new")
+    at3 = old.save(plan, 5, word_state(plan, {"a": 3}), 3, None)
+    at5 = old.save(plan, 5, word_state(plan, {"a": 5}), 5, at3)
+    mapped = old.load(plan, 5, at3, 4)
+    folder = tmp_path / "pyspark-abs-state" / new.root_key / "wc" / "kg-5"
+    stale = {p.name: p.stat().st_ino for p in folder.iterdir()}
+    at7 = new.save(plan, 5, word_state(plan, {"a": 7, "b": 1}), 7, at5)
+    assert mapped.to_pydict() == {"word": ["a"], "count": [3], "_timeout": [None]}
+    inodes = {p.name: p.stat().st_ino for p in folder.iterdir()}
+    assert len(inodes) == 2
+    assert not set(inodes.values()) & {stale[n] for n in stale if n[:12] < "000000000005"}
+    # the new run's own stale file is the one recycled
+    at9 = new.save(plan, 5, word_state(plan, {"a": 9}), 9, at7)
+    seventh = next(p.stat().st_ino for p in folder.iterdir() if p.name.startswith("000000000007"))
+    new.save(plan, 5, word_state(plan, {"a": 11}), 11, at9)
+    eleventh = {p.stat().st_ino for p in folder.iterdir() if p.name.startswith("000000000011")}
+    assert eleventh == {seventh}
+    assert len(list(folder.iterdir())) == 2
+    assert new.load(plan, 5, at9, 10).to_pydict()["count"] == [9]
+
+
+def test_root_folders_nobody_used_for_a_week_are_removed(tmp_path: Path) -> None:
+    top = tmp_path / "pyspark-abs-state"
+    week = 7 * 24 * 3600
+    stale, stamped, fresh = top / "gone", top / "stamped", top / "fresh"
+    for folder in (stale, stamped, fresh):
+        (folder / "op" / "kg-1").mkdir(parents=True)
+    old = time.time() - week - 60
+    os.utime(stale, (old, old))
+    os.utime(stamped, (old, old))
+    (stamped / ".used").touch()  # an older folder that a run still uses
+    home = operator_home(str(tmp_path), "mine", "op")
+    assert home == str(top / "mine" / "op")
+    assert sorted(p.name for p in top.iterdir()) == ["fresh", "stamped"]
+    mark_used(home)
+    assert (top / "mine" / ".used").exists()

@@ -35,7 +35,13 @@ import numpy as np
 import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
-from pyspark_abs.errors import AbsError, SnapshotDamagedError, StateEncodingError, StorageError
+from pyspark_abs.errors import (
+    AbsError,
+    OperatorError,
+    SnapshotDamagedError,
+    StateEncodingError,
+    StorageError,
+)
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
@@ -237,7 +243,25 @@ class LocalLiveState:
     def _rebuild(
         self, plan: OperatorPlan, key_group: int, marker_epoch: int, epoch: int
     ) -> pa.Table:
+        """The key group's state, rebuilt from the snapshot root.
+
+        The manifest is read once per worker and micro-batch. If what it names cannot be
+        read, the manifest is read again first: retention may have expired that snapshot,
+        and vacuum deleted its files, while the micro-batch ran (a newer snapshot then holds
+        the same state). Only a rebuild that fails on the newest manifest is reported.
+        """
         steps = rebuild_steps(self._manifest(epoch), self.table, marker_epoch, epoch)
+        try:
+            return self._rebuilt(plan, key_group, steps)
+        except (SnapshotDamagedError, OperatorError):
+            fresh = rebuild_steps(
+                self._manifest(epoch, reload=True), self.table, marker_epoch, epoch
+            )
+            if fresh == steps:
+                raise
+            return self._rebuilt(plan, key_group, fresh)
+
+    def _rebuilt(self, plan: OperatorPlan, key_group: int, steps: RebuildSteps) -> pa.Table:
         state = (
             plan.blob_schema.empty_table()
             if steps.base is None
@@ -249,11 +273,11 @@ class LocalLiveState:
             state = apply_changes(plan, state, epoch_changes(plan, entry.epoch, files, key_group))
         return state
 
-    def _manifest(self, epoch: int) -> EpochLog:
-        """The manifest, read once per Python worker and micro-batch."""
+    def _manifest(self, epoch: int, *, reload: bool = False) -> EpochLog:
+        """The manifest, read once per Python worker and micro-batch (or now, ``reload``)."""
         uri = SnapshotRoot(self.root).manifest_uri
         cached = _MANIFESTS.get(uri)
-        if cached is None or cached[0] != epoch:
+        if reload or cached is None or cached[0] != epoch:
             cached = (epoch, load_epoch_log(DeltaStore(), uri))
             _MANIFESTS.clear()
             _MANIFESTS[uri] = cached

@@ -29,7 +29,13 @@ from pyspark_abs import (
     StateEncodingError,
     StorageError,
 )
+from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.validation import validate
+from pyspark_abs.manifest.table import manifest_root_id
+from pyspark_abs.operators.state_codec import encode_marker
+from pyspark_abs.protocol.live_state import LocalLiveState
+from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import write_epochs
 from tests.support.pipelines import (
     assert_same,
@@ -240,3 +246,54 @@ def test_a_root_copied_as_a_directory_runs_beside_its_original_on_one_host(
     for each in (root, copy):
         assert_word_counts(spark, each, EPOCHS)
         assert validate(str(each)) == []
+
+
+def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A worker read the manifest when snapshot 2 was the newest and epochs 3 and 4 were
+    PREPARED (snapshot_interval 3, a crash). While its micro-batch ran, a restart committed
+    them and epoch 5, a compaction at 4 replaced their files and vacuum with keep_last=1
+    deleted them. A key group whose rebuild needs epochs 3 and 4 finds their files gone: it
+    reads the manifest again and rebuilds from snapshot 5 instead of failing."""
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:5])
+    root = tmp_path / "root"
+    settings: dict[str, Any] = {"snapshot_interval": 3, "commit_mode": "async"}
+    crash = (Fault(FaultStep.AFTER_PREPARED, 4),)
+    pipeline = word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings)
+    with pytest.raises(InjectedFault):
+        pipeline.run()
+    table = "state/word_count"
+    live = LocalLiveState.for_root(
+        str(root),
+        manifest_root_id(DeltaStore(), str(root)),
+        table,
+        f"{root}/{table}",
+        str(tmp_path / "worker"),
+        0,
+        "test",
+    )
+
+    def rebuilt(key_group: int, marker_epoch: int) -> dict[str, int]:
+        state = live.load(pipeline.plan, key_group, encode_marker(marker_epoch, bytes(16)), 6)
+        return dict(zip(state["word"].to_pylist(), state["count"].to_pylist(), strict=True))
+
+    def counts_of(key_group: int, epoch: int) -> dict[str, int]:
+        state = Snapshots(str(root)).state_table("word_count", epoch)
+        mine = state.filter(pc.equal(state["_key_group"], pa.scalar(key_group, pa.int32())))
+        return dict(zip(mine["word"].to_pylist(), mine["count"].to_pylist(), strict=True))
+
+    first = Snapshots(str(root)).state_table("word_count", 2)["_key_group"][0].as_py()
+    assert rebuilt(first, 2) == counts_of(first, 2)  # reads (and keeps) the manifest of now
+    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    compact(str(root))
+    at4 = Snapshots(str(root)).state_table("word_count", 4)
+    write_epochs(tmp_path / "in", EPOCHS)
+    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    vacuum(str(root), keep_last=1, min_age_seconds=0)
+    assert [i.epoch for i in Snapshots(str(root)).list() if i.status.value != "EXPIRED"] == [5]
+    at5 = Snapshots(str(root)).state_table("word_count", 5)
+    in_5 = set(at5.filter(pc.equal(at5["_epoch"], 5))["_key_group"].to_pylist())
+    groups, changed = at4["_key_group"].to_pylist(), at4["_epoch"].to_pylist()
+    target = next(g for g, e in zip(groups, changed, strict=True) if e in (3, 4) and g not in in_5)
+    assert rebuilt(target, 4) == counts_of(target, 5)

@@ -274,14 +274,16 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
         "test",
     )
 
+    def counts(state: pa.Table) -> dict[str, int]:
+        return {str(r["word"]): int(r["count"]) for r in state.to_pylist()}
+
     def rebuilt(key_group: int, marker_epoch: int) -> dict[str, int]:
-        state = live.load(pipeline.plan, key_group, encode_marker(marker_epoch, bytes(16)), 6)
-        return dict(zip(state["word"].to_pylist(), state["count"].to_pylist(), strict=True))
+        marker = encode_marker(marker_epoch, bytes(16))
+        return counts(live.load(pipeline.plan, key_group, marker, 6))
 
     def counts_of(key_group: int, epoch: int) -> dict[str, int]:
         state = Snapshots(str(root)).state_table("word_count", epoch)
-        mine = state.filter(pc.equal(state["_key_group"], pa.scalar(key_group, pa.int32())))
-        return dict(zip(mine["word"].to_pylist(), mine["count"].to_pylist(), strict=True))
+        return counts(state.filter(pc.equal(state["_key_group"], pa.scalar(key_group, pa.int32()))))
 
     first = Snapshots(str(root)).state_table("word_count", 2)["_key_group"][0].as_py()
     assert rebuilt(first, 2) == counts_of(first, 2)  # reads (and keeps) the manifest of now
@@ -293,7 +295,9 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
     vacuum(str(root), keep_last=1, min_age_seconds=0)
     assert [i.epoch for i in Snapshots(str(root)).list() if i.status.value != "EXPIRED"] == [5]
     at5 = Snapshots(str(root)).state_table("word_count", 5)
-    in_5 = set(at5.filter(pc.equal(at5["_epoch"], 5))["_key_group"].to_pylist())
+    in_5 = set(at5.filter(pc.equal(at5["_epoch"], pa.scalar(5)))["_key_group"].to_pylist())
     groups, changed = at4["_key_group"].to_pylist(), at4["_epoch"].to_pylist()
-    target = next(g for g, e in zip(groups, changed, strict=True) if e in (3, 4) and g not in in_5)
+    target = int(
+        next(g for g, e in zip(groups, changed, strict=True) if e in (3, 4) and g not in in_5)
+    )
     assert rebuilt(target, 4) == counts_of(target, 5)

@@ -296,8 +296,9 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
     assert [i.epoch for i in Snapshots(str(root)).list() if i.status.value != "EXPIRED"] == [5]
     at5 = Snapshots(str(root)).state_table("word_count", 5)
     in_5 = set(at5.filter(pc.equal(at5["_epoch"], pa.scalar(5)))["_key_group"].to_pylist())
-    groups, changed = at4["_key_group"].to_pylist(), at4["_epoch"].to_pylist()
-    target = int(
-        next(g for g, e in zip(groups, changed, strict=True) if e in (3, 4) and g not in in_5)
+    target = next(
+        int(r["_key_group"])
+        for r in at4.to_pylist()
+        if r["_epoch"] in (3, 4) and r["_key_group"] not in in_5
     )
     assert rebuilt(target, 4) == counts_of(target, 5)

@@ -62,11 +62,11 @@ if TYPE_CHECKING:
         UserCodeError,
     )
     from pyspark_abs.faults import Fault, FaultAction, FaultStep
-    from pyspark_abs.job.cut import JobSnapshot
     from pyspark_abs.job.declaration import Job
     from pyspark_abs.job.query import JobQuery
     from pyspark_abs.manifest.entries import EpochStatus
     from pyspark_abs.manifest.info import SnapshotInfo
+    from pyspark_abs.manifest.job_cut import JobSnapshot
     from pyspark_abs.operators.contract import (
         Clock,
         KeyGroupContext,
@@ -94,7 +94,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.admin.tags": ("tag", "untag"),
     "pyspark_abs.config": ("AbsConfig",),
     "pyspark_abs.faults": ("Fault", "FaultAction", "FaultStep"),
-    "pyspark_abs.job.cut": ("JobSnapshot",),
+    "pyspark_abs.manifest.job_cut": ("JobSnapshot",),
     "pyspark_abs.job.declaration": ("Job",),
     "pyspark_abs.job.query": ("JobQuery",),
     "pyspark_abs.manifest.entries": ("EpochStatus",),

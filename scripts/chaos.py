@@ -55,11 +55,11 @@ from typing import Any, cast
 import pyarrow as pa
 
 from pyspark_abs import EpochStatus, SnapshotNotFoundError, Snapshots
+from pyspark_abs.admin.job_listing import job_snapshots_at
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples import medallion
 from pyspark_abs.examples.wordcount import input_files, words_in
 from pyspark_abs.faults import EXIT_CODE, FaultStep
-from pyspark_abs.job.operations import job_snapshots_at
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
 from pyspark_abs.sources.files import FileOffset

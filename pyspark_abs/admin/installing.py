@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from pyspark_abs.admin.validation import require_intact
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import OperatorDefinitionError, TableSchemaError
+from pyspark_abs.errors import OperatorDefinitionError, SnapshotDamagedError, TableSchemaError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
@@ -23,20 +24,35 @@ from pyspark_abs.operators.keys import key_arrays, repeated
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED, EPOCH
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
 from pyspark_abs.snapshots.reading import state_table_description
 from pyspark_abs.sources.backedge_log import in_flight
 from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, SnapshotRoot, state_table
+from pyspark_abs.storage.root import (
+    BACKEDGE_PREFIX,
+    SINK_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    state_table,
+)
 from pyspark_abs.storage.schemas import arrow_schema, delta_schema_json
 from pyspark_abs.storage.store import DeltaStore, TableSpec
 
 
 def open_writer(
-    store: DeltaStore, root: str, pipeline: str | None, config: AbsConfig
+    store: DeltaStore,
+    root: str,
+    pipeline: str | None,
+    config: AbsConfig,
+    lease: Lease | None = None,
 ) -> EpochWriter:
-    """The writer of a snapshot root (``pipeline`` None: the root must exist)."""
+    """The writer of a snapshot root (``pipeline`` None: the root must exist).
+
+    Without ``lease`` it refuses to write while a live run holds the root; with it, it
+    writes as the holder of that lease.
+    """
     if pipeline is None:
         owner = (
             manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
@@ -52,8 +68,9 @@ def open_writer(
         root,
         store,
         epochs,
-        run_id=f"restore-{uuid.uuid4().hex}",
+        run_id=lease.record.run_id if lease is not None else f"restore-{uuid.uuid4().hex}",
         faults=FaultInjector(config.faults),
+        lease=lease,
     )
 
 
@@ -123,13 +140,15 @@ def install_tables(
     origin: str,
     key_groups: int | None = None,
     state_keys: int | None = None,
-    schemas: Mapping[str, pa.Schema] | None = None,
+    schemas: Mapping[str, str] | None = None,
+    job: str | None = None,
 ) -> SnapshotInfo:
     """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
 
     ``target`` is the snapshot the restore epoch continues from (its offsets, watermark
-    and counts are kept), or None for a bootstrap. ``schemas`` gives the tables whose
-    schema the installed files change (a state migration, or a rollback across one).
+    and counts are kept), or None for a bootstrap. ``schemas`` gives the Delta schema
+    (JSON) of the tables whose schema the installed files change (a state migration, or a
+    rollback across one). ``job`` names the job root of a job-wide decision.
     """
     prepared = ManifestEntry(
         pipeline=writer.pipeline,
@@ -149,7 +168,8 @@ def install_tables(
         restored_from=_of(target, "epoch"),
         restore_versions=dict(restore_versions),
         origin=origin,
-        table_schemas={t: delta_schema_json(s) for t, s in (schemas or {}).items()},
+        table_schemas=dict(schemas or {}),
+        job=job,
     )
     writer.record(prepared)
     writer.faults.at(FaultStep.AFTER_PREPARED, epoch)
@@ -176,33 +196,65 @@ def require_one_row_per_key(rows: pa.Table, keys: Sequence[str], what: str) -> N
         )
 
 
-def install_state(
-    writer: EpochWriter,
+@dataclass(frozen=True)
+class StateInstall:
+    """An operator's whole state, written as files for a restore epoch to install.
+
+    Written before the restore epoch is decided (a job-wide decision records it, so that
+    finishing the decision after a crash needs neither the rows nor the code that made them).
+
+    Attributes:
+        table: The operator's state table id.
+        uri: The state table's location.
+        files: The files holding the state, one row per key.
+        rows: Keys in the files.
+        schema: The state table's Delta schema (JSON) with these files.
+        key_groups: The key-group count the rows' ``_key_group`` uses.
+        origin: What made the state, for people reading the manifest.
+    """
+
+    table: str
+    uri: str
+    files: tuple[FileEntry, ...]
+    rows: int
+    schema: str
+    key_groups: int
+    origin: str
+
+    def to_json(self) -> str:
+        """The install as JSON, as a job decision records it."""
+        fields = {**self.__dict__, "files": [f.to_dict() for f in self.files]}
+        return json.dumps(fields, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StateInstall:
+        """Read :meth:`to_json`'s output."""
+        fields = json.loads(text)
+        fields["files"] = tuple(FileEntry.from_dict(f) for f in fields["files"])
+        return cls(**fields)
+
+
+def prepare_state(
+    store: DeltaStore,
+    root: str,
     plan: OperatorPlan,
     rows: pa.Table,
+    epoch: int,
     *,
     action: str,
     origin: str,
     config: AbsConfig,
-) -> SnapshotInfo:
-    """Install ``rows`` as an operator's whole state, in a restore epoch after the newest one.
+) -> StateInstall:
+    """Write ``rows`` as an operator's whole state, for restore epoch ``epoch`` to install.
 
     ``rows`` holds the key and state columns, ``_key_group`` and ``_timeout``, one row per
-    key. The state table takes the plan's schema (old versions keep theirs); sinks stay as
-    of the newest snapshot, whose versions the restore epoch records so that a rollback to
-    it rewinds them too; back-edge records in flight there stay in flight.
+    key. The state table is created if the root has none; the files are invisible until
+    the restore epoch commits them.
 
     Raises:
-        SourceError: The newest snapshot was read from a source that cannot be rewound
-            (nothing is changed; ``action`` says what was refused).
-        TableSchemaError: The state table holds state under other key columns.
+        TableSchemaError: The state table holds state under other key columns (``action``
+            says what was refused).
     """
-    store, root = writer.store, writer.root
-    latest = writer.epochs.snapshots()
-    previous = latest[-1] if latest else None
-    if previous is not None:
-        require_rewindable(previous, root, action)
-    epoch = next_epoch(writer.epochs)
     table = state_table(plan.name)
     uri = SnapshotRoot(root).table_uri(table)
     schema = plan.state_table_schema
@@ -219,32 +271,155 @@ def install_state(
         pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
     ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
     files = write_rows(store, table, uri, installed, epoch, config, schema)
-    tables, counts = {table: uri}, {table: installed.num_rows}
-    sinks: dict[str, int] = {}
-    for other, other_uri in (previous.tables if previous is not None else {}).items():
-        if other.startswith(BACKEDGE_PREFIX):
-            # Records in flight on back-edges stay in flight: the next run replays them.
-            assert previous is not None
-            records = installed_table(store, other, other_uri, previous)
-            assert records is not None
-            files += write_rows(store, other, other_uri, records, epoch, config)
-            tables[other], counts[other] = other_uri, records.num_rows
-        elif (
-            previous is not None
-            and other in previous.table_versions
-            and not other.startswith(STATE_PREFIX)
-        ):
-            tables[other], sinks[other] = other_uri, previous.table_versions[other]
+    return StateInstall(
+        table,
+        uri,
+        tuple(files),
+        installed.num_rows,
+        delta_schema_json(schema),
+        config.key_groups,
+        origin,
+    )
+
+
+def install_state(
+    writer: EpochWriter,
+    plan: OperatorPlan,
+    rows: pa.Table,
+    *,
+    action: str,
+    origin: str,
+    config: AbsConfig,
+) -> SnapshotInfo:
+    """Install ``rows`` as an operator's whole state, in a restore epoch after the newest one.
+
+    ``rows`` is as :func:`prepare_state` takes it. The state table takes the plan's schema
+    (old versions keep theirs); sinks stay as of the newest snapshot, whose versions the
+    restore epoch records so that a rollback to it rewinds them too; back-edge records in
+    flight there stay in flight.
+
+    Raises:
+        SourceError: The newest snapshot was read from a source that cannot be rewound
+            (nothing is changed; ``action`` says what was refused).
+        TableSchemaError: The state table holds state under other key columns.
+    """
+    latest = writer.epochs.snapshots()
+    previous = latest[-1] if latest else None
+    if previous is not None:
+        require_rewindable(previous, writer.root, action)
+    epoch = next_epoch(writer.epochs)
+    state = prepare_state(
+        writer.store, writer.root, plan, rows, epoch, action=action, origin=origin, config=config
+    )
+    if previous is not None:
+        return install_snapshot(writer, previous, epoch, config, state=state)
     return install_tables(
         writer,
-        previous,
+        None,
         epoch,
+        tables={state.table: state.uri},
+        files=list(state.files),
+        rows={state.table: state.rows},
+        restore_versions={},
+        origin=state.origin,
+        key_groups=state.key_groups,
+        state_keys=state.rows,
+        schemas={state.table: state.schema},
+    )
+
+
+def install_snapshot(
+    writer: EpochWriter,
+    target: ManifestEntry,
+    restore_epoch: int,
+    config: AbsConfig,
+    *,
+    state: StateInstall | None = None,
+    job: str | None = None,
+    origin: str | None = None,
+) -> SnapshotInfo:
+    """Record and commit ``restore_epoch``, which installs snapshot ``target`` in the root.
+
+    Each state table gets its live state as of ``target`` (with its schema of then), each
+    back-edge log the records in flight in ``target``, and each sink its Delta version of
+    ``target`` (or the version before this root first wrote it, for a sink ``target``
+    predates). With ``state``, the operator's state is that instead (under its own table
+    and schema). ``job`` names the job root of a job-wide decision.
+
+    Raises:
+        SnapshotDamagedError: A sink the root wrote after ``target`` has no version as of
+            ``target``.
+        CommitError: A table could not be restored; the restore epoch stays PREPARED.
+    """
+    store = writer.store
+    files: list[FileEntry] = []
+    rows: dict[str, int] = {}
+    schemas: dict[str, str] = {}
+    tables = dict(target.tables)
+    for table, uri in target.tables.items():
+        if state is not None and table.startswith(STATE_PREFIX):
+            del tables[table]  # the given state replaces it (also under an earlier name)
+            continue
+        installed = installed_table(store, table, uri, target)
+        if installed is not None:
+            # a state table takes its schema as of the target back (a migration since)
+            is_state = table.startswith(STATE_PREFIX)
+            schema = installed.schema if is_state else None
+            files += write_rows(store, table, uri, installed, restore_epoch, config, schema)
+            rows[table] = installed.num_rows
+            if schema is not None:
+                schemas[table] = delta_schema_json(schema)
+    if state is not None:
+        tables[state.table] = state.uri
+        files += state.files
+        rows[state.table] = state.rows
+        schemas[state.table] = state.schema
+    restore_versions = {
+        t: v for t, v in target.table_versions.items() if t in tables and t not in rows
+    }
+    for table, (uri, version) in _sinks_written_later(writer.epochs, target).items():
+        tables[table] = uri
+        restore_versions[table] = version
+    return install_tables(
+        writer,
+        target,
+        restore_epoch,
         tables=tables,
         files=files,
-        rows=counts,
-        restore_versions=sinks,
-        origin=origin,
-        key_groups=config.key_groups,
-        state_keys=installed.num_rows,
-        schemas={table: schema},
+        rows=rows,
+        restore_versions=restore_versions,
+        origin=state.origin if state is not None else origin or f"rollback to epoch {target.epoch}",
+        key_groups=state.key_groups if state is not None else None,
+        state_keys=state.rows if state is not None else None,
+        schemas=schemas,
+        job=job,
     )
+
+
+def _sinks_written_later(epochs: EpochLog, target: ManifestEntry) -> dict[str, tuple[str, int]]:
+    """Sinks the root wrote that ``target`` has no version of, with a version to go back to.
+
+    That is the version before the root's first write to the sink.
+
+    ``target`` predates them: it is a restored copy's first epoch, a ``write_state`` on a
+    new root, or a rollback to one of those.
+
+    Raises:
+        SnapshotDamagedError: The root's first write to such a sink created the table, so
+            no version of it holds the sink as of ``target``.
+    """
+    first: dict[str, tuple[str, int, int]] = {}
+    for entry in epochs.entries:
+        for table, version in entry.table_versions.items():
+            other = table.startswith(SINK_PREFIX) and table not in target.table_versions
+            if other and (table not in first or version < first[table][1]):
+                first[table] = (entry.tables[table], version, entry.epoch)
+    later = {t: (uri, v) for t, (uri, v, epoch) in first.items() if epoch > target.epoch}
+    for table, (uri, version) in later.items():
+        if version < 1:
+            raise SnapshotDamagedError(
+                f"epoch {target.epoch} predates every write to sink {table} at {uri}, but "
+                f"version 0 of that table already holds rows of this root, so no version "
+                f"holds the sink as of epoch {target.epoch}; roll back to a later epoch"
+            )
+    return {table: (uri, version - 1) for table, (uri, version) in later.items()}

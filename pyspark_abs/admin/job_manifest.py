@@ -1,20 +1,28 @@
-"""The job manifest: which stages a job has, and its job-wide rollbacks.
+"""The job manifest: which stages a job has, and its job-wide decisions.
 
 A Delta table (``_job`` under the job's root) with one row per record:
 
 * ``STAGES``: the job's stages and their snapshot roots, written when a job first starts and
   whenever its stages change, so that the CLI can open a job from its root alone;
-* ``ROLLBACK`` ``PREPARED`` then ``COMMITTED``: a job-wide rollback to job snapshot
-  ``epoch``, installed in every stage as restore epoch ``restore_epoch``;
-* ``RESTORE`` ``PREPARED`` then ``COMMITTED``: job snapshot ``epoch`` of another job root
-  (``source``, whose stage roots ``stages`` holds) copied into this job's stages, each as
-  restore epoch ``restore_epoch``.
+* a job-wide decision, ``PREPARED`` then ``COMMITTED``: job snapshot ``epoch`` installed in
+  every stage as restore epoch ``restore_epoch``, so that the stages keep one epoch
+  numbering and their channels stay aligned. Its kind says why:
+
+  * ``ROLLBACK``: a rollback to job snapshot ``epoch``;
+  * ``RESTORE``: job snapshot ``epoch`` of another job root (``source``, whose stage roots
+    ``stages`` holds) copied into this job's stages;
+  * ``MIGRATE``: some stages' state migrated to a new state schema (``states``: the
+    migrated state of each, written before the decision);
+  * ``WRITE_STATE``: a stage's state replaced by written state (``states``).
 
 PREPARED is the decision: an installation that crashes after it is finished by the next
-start of the job or the next rollback, before anything else runs.
+start of the job or of any of its stages (each installs its own part first), or by the next
+job-wide operation, before anything else runs. A decision that a stage can no longer take
+(it ran epochs of its own meanwhile, which only an older pyspark-abs allowed) is
+``ABANDONED`` and decided again with a later restore epoch.
 
 Appends are compare-and-swap against the version read, so two processes never record
-conflicting rollbacks. Each row records the version its commit created
+conflicting decisions. Each row records the version its commit created
 (``manifest_version``), and rows are folded in that order: ``recorded_at`` is the writer's
 clock, for people reading the table.
 """
@@ -36,17 +44,19 @@ from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
 JOB_TABLE = "_job"
 """Table id, and directory under the job's root, of the job manifest."""
 
+_STR_MAP = pa.map_(pa.string(), pa.string())
 _FIELDS: list[pa.Field[Any]] = [
     pa.field("job", pa.string()),
     pa.field("record", pa.string()),
     pa.field("status", pa.string()),
     pa.field("recorded_at", pa.timestamp("us", tz="UTC")),
-    pa.field("stages", pa.map_(pa.string(), pa.string())),
+    pa.field("stages", _STR_MAP),
     pa.field("epoch", pa.int64()),
     pa.field("restore_epoch", pa.int64()),
     pa.field("stage_epochs", pa.map_(pa.string(), pa.int64())),
     pa.field("source", pa.string()),
     pa.field("manifest_version", pa.int64()),
+    pa.field("states", _STR_MAP),
 ]
 _SCHEMA = pa.schema(_FIELDS)
 
@@ -57,34 +67,42 @@ class JobRecord(str, Enum):
     STAGES = "STAGES"
     ROLLBACK = "ROLLBACK"
     RESTORE = "RESTORE"
+    MIGRATE = "MIGRATE"
+    WRITE_STATE = "WRITE_STATE"
 
 
-class RollbackStatus(str, Enum):
-    """The two phases of a job-wide rollback or restore."""
+class DecisionStatus(str, Enum):
+    """The phases of a job-wide decision."""
 
     PREPARED = "PREPARED"
     COMMITTED = "COMMITTED"
+    ABANDONED = "ABANDONED"
 
 
 @dataclass(frozen=True)
-class Rollback:
-    """A job-wide rollback, or a restore from another job root.
+class JobDecision:
+    """A job-wide decision: job snapshot ``epoch`` installed in every stage.
 
     Attributes:
+        kind: ROLLBACK, RESTORE, MIGRATE or WRITE_STATE.
         epoch: The job snapshot installed.
         restore_epoch: The restore epoch every stage gets.
         stage_epochs: Each stage's epoch whose snapshot it installs.
-        status: PREPARED (decided, maybe not finished) or COMMITTED.
-        source: For a restore, the job root copied from; None for a rollback.
+        status: PREPARED (decided, maybe not finished), COMMITTED or ABANDONED.
+        source: For a restore, the job root copied from; None otherwise.
         source_stages: For a restore, the stage roots copied from, by stage name.
+        states: The stages whose state the decision replaces, each with the state to
+            install (see :class:`~pyspark_abs.admin.installing.StateInstall`), as JSON.
     """
 
+    kind: JobRecord
     epoch: int
     restore_epoch: int
     stage_epochs: Mapping[str, int]
-    status: RollbackStatus
+    status: DecisionStatus
     source: str | None = None
     source_stages: Mapping[str, str] = field(default_factory=dict)
+    states: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,14 +114,14 @@ class JobManifest:
         job: The job it belongs to.
         version: The Delta version it was read at.
         stages: The stages and their roots, as last recorded.
-        rollbacks: The rollbacks, oldest first, each with its latest status.
+        decisions: The decisions, oldest first, each with its latest status.
     """
 
     uri: str
     job: str
     version: int
     stages: Mapping[str, str] = field(default_factory=dict)
-    rollbacks: tuple[Rollback, ...] = ()
+    decisions: tuple[JobDecision, ...] = ()
 
     @property
     def root(self) -> str:
@@ -111,10 +129,15 @@ class JobManifest:
         return self.uri[: -len(JOB_TABLE) - 1]
 
     @property
-    def unfinished(self) -> Rollback | None:
-        """The rollback that was decided but not finished, if any."""
-        last = self.rollbacks[-1] if self.rollbacks else None
-        return last if last is not None and last.status is RollbackStatus.PREPARED else None
+    def unfinished(self) -> JobDecision | None:
+        """The decision that was made but not finished, if any."""
+        last = self.decisions[-1] if self.decisions else None
+        return last if last is not None and last.status is DecisionStatus.PREPARED else None
+
+    def stage_of(self, root: str) -> str | None:
+        """The name of the stage whose snapshot root is ``root``, if it is one of the job's."""
+        wanted = normalize_uri(root)
+        return next((n for n, r in self.stages.items() if normalize_uri(r) == wanted), None)
 
 
 def job_manifest_uri(root: str) -> str:
@@ -169,21 +192,23 @@ def _read(store: DeltaStore, uri: str) -> JobManifest:
     except Exception as err:
         raise ManifestError(f"cannot read the job manifest at {uri}: {err}") from err
     stages: dict[str, str] = {}
-    rollbacks: dict[int, Rollback] = {}
+    decisions: dict[int, JobDecision] = {}
     for row in sorted(rows.to_pylist(), key=_commit_order):
         if row["record"] == JobRecord.STAGES.value:
             stages = dict(row["stages"] or ())
-        elif row["record"] in (JobRecord.ROLLBACK.value, JobRecord.RESTORE.value):
-            rollbacks[row["restore_epoch"]] = Rollback(
-                row["epoch"],
-                row["restore_epoch"],
-                dict(row["stage_epochs"] or ()),
-                RollbackStatus(row["status"]),
-                row["source"],
-                dict(row["stages"] or ()) if row["source"] else {},
-            )
+            continue
+        decisions[row["restore_epoch"]] = JobDecision(
+            JobRecord(row["record"]),
+            row["epoch"],
+            row["restore_epoch"],
+            dict(row["stage_epochs"] or ()),
+            DecisionStatus(row["status"]),
+            row["source"],
+            dict(row["stages"] or ()) if row["source"] else {},
+            dict(row.get("states") or ()),
+        )
     return JobManifest(
-        uri, str(owner), version, stages, tuple(rollbacks[e] for e in sorted(rollbacks))
+        uri, str(owner), version, stages, tuple(decisions[e] for e in sorted(decisions))
     )
 
 
@@ -202,27 +227,27 @@ def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
         "restore_epoch": None,
         "stage_epochs": None,
         "source": None,
+        "states": None,
         **row,
     }
-    for name in ("stages", "stage_epochs"):
+    for name in ("stages", "stage_epochs", "states"):
         if full[name] is not None:
             full[name] = list(full[name].items())
     store.append(manifest.uri, pa.Table.from_pylist([full], schema=_SCHEMA), manifest.version)
     return _read(store, manifest.uri)
 
 
-def record_installation(
-    store: DeltaStore, manifest: JobManifest, installed: Rollback
-) -> JobManifest:
-    """Append a rollback's or restore's row with its status (see :func:`record`)."""
+def record_decision(store: DeltaStore, manifest: JobManifest, decision: JobDecision) -> JobManifest:
+    """Append a decision's row with its status (see :func:`record`)."""
     return record(
         store,
         manifest,
-        record=(JobRecord.ROLLBACK if installed.source is None else JobRecord.RESTORE).value,
-        status=installed.status.value,
-        epoch=installed.epoch,
-        restore_epoch=installed.restore_epoch,
-        stage_epochs=dict(installed.stage_epochs),
-        source=installed.source,
-        stages=dict(installed.source_stages) if installed.source else None,
+        record=decision.kind.value,
+        status=decision.status.value,
+        epoch=decision.epoch,
+        restore_epoch=decision.restore_epoch,
+        stage_epochs=dict(decision.stage_epochs),
+        source=decision.source,
+        stages=dict(decision.source_stages) if decision.source else None,
+        states=dict(decision.states) or None,
     )

@@ -172,7 +172,47 @@ def migrate_state(
     """
     snapshots = writer.epochs.snapshots()
     latest = snapshots[-1] if snapshots else None
-    migration = plan_migration(writer.store, writer.root, plan, evolution, latest)
+    migrated = migrated_state(writer.store, writer.root, plan, evolution, spark, config, latest)
+    if migrated is None:
+        return None
+    rows, origin = migrated
+    info = install_state(
+        writer,
+        plan,
+        rows,
+        action=f"migrate the state of operator {plan.name!r}",
+        origin=origin,
+        config=config,
+    )
+    log.info(
+        "operator %s: %d keys of state migrated in restore epoch %d (%s)",
+        plan.name,
+        rows.num_rows,
+        info.epoch,
+        origin,
+    )
+    return info
+
+
+def migrated_state(
+    store: DeltaStore,
+    root: str,
+    plan: OperatorPlan,
+    evolution: StateEvolution | None,
+    spark: SparkSession,
+    config: AbsConfig,
+    target: ManifestEntry | None,
+) -> tuple[pa.Table, str] | None:
+    """The operator's state as of ``target``, migrated to its declared schema.
+
+    Returns the rows (key and state columns, ``_key_group`` and ``_timeout``) and what the
+    migration did, for the manifest; None when nothing differs.
+
+    Raises:
+        StateEvolutionError: The difference is not one the declared evolution allows.
+        SchemaMismatchError: A migration function failed or returned the wrong columns.
+    """
+    migration = plan_migration(store, root, plan, evolution, target)
     if migration is None:
         return None
     stored, rewrites, clockless = migration.stored, migration.rewrites, migration.clockless
@@ -185,7 +225,7 @@ def migrate_state(
         )
     if not migration.needed:
         return None
-    rows = live_state(writer.store, stored, latest)
+    rows = live_state(store, stored, target)
     evolution = evolution or StateEvolution()
     what = f"migrated state of operator {plan.name!r}"
     if not rewrites:
@@ -198,28 +238,14 @@ def migrate_state(
         )
     require_one_row_per_key(migrated, plan.key_columns, what)
     if clockless:
-        migrated = _start_ttl_clocks(plan, migrated, latest)
+        migrated = _start_ttl_clocks(plan, migrated, target)
     changes = "; ".join(
         [f"moved from {stored.table}"] * migration.moved
         + [str(c) for c in stored.comparison.migrations] * rewrites
         + [f"ttl clocks started for {clockless} key(s)"] * bool(clockless)
     )
-    info = install_state(
-        writer,
-        plan,
-        migrated.select([*plan.key_columns, *plan.state_schema.names, KEY_GROUP, TIMEOUT]),
-        action=f"migrate the state of operator {plan.name!r}",
-        origin=f"state of operator {plan.name!r} migrated: {changes}",
-        config=config,
-    )
-    log.info(
-        "operator %s: %d keys of state migrated in restore epoch %d (%s)",
-        plan.name,
-        migrated.num_rows,
-        info.epoch,
-        changes,
-    )
-    return info
+    selected = migrated.select([*plan.key_columns, *plan.state_schema.names, KEY_GROUP, TIMEOUT])
+    return selected, f"state of operator {plan.name!r} migrated: {changes}"
 
 
 def live_state(store: DeltaStore, stored: StoredState, latest: ManifestEntry | None) -> pa.Table:

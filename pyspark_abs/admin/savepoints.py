@@ -21,48 +21,36 @@ state to the operator in that micro-batch (with any partition or key-group count
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
+from pyspark_abs.admin.copying import copy_snapshot
 from pyspark_abs.admin.installing import (
+    install_snapshot,
     install_state,
-    install_tables,
-    installed_table,
     next_epoch,
     open_writer,
     require_one_row_per_key,
     shown,
     snapshot_of,
-    write_rows,
 )
+from pyspark_abs.admin.job_links import linked_job
+from pyspark_abs.admin.job_state import write_job_state
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
-    ManifestError,
     PipelineMismatchError,
     SchemaMismatchError,
-    SnapshotDamagedError,
     SnapshotRootError,
 )
-from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
-from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
-from pyspark_abs.protocol.epoch_writer import EpochWriter
-from pyspark_abs.sources.channel_plan import realigned
 from pyspark_abs.sources.rewind import require_no_channels, require_rewindable
-from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import (
-    SINK_PREFIX,
-    STATE_PREFIX,
     SnapshotRoot,
 )
-from pyspark_abs.storage.schemas import arrow_schema
-from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -106,113 +94,12 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     require_no_channels(target, root, f"roll back to {shown(epoch)}")
     restore_epoch = next_epoch(writer.epochs)
     try:
-        return _roll_back(store, writer, target, restore_epoch, config)
+        return install_snapshot(writer, target, restore_epoch, config)
     except AbsError as err:
         # name the epoch the user asked for; the restore epoch is an internal number
         raise type(err)(
             f"rollback of {root} to {shown(epoch)} (restore epoch {restore_epoch}): {err}"
         ) from None
-
-
-def rollback_stage(
-    root: str, epoch: int, restore_epoch: int, *, config: AbsConfig | None = None
-) -> SnapshotInfo:
-    """Roll one stage of a job back to ``epoch`` as restore epoch ``restore_epoch``.
-
-    Every stage of a job rollback gets the same restore epoch, and a stage's channels
-    resume at upstream epoch ``restore_epoch + 1``, so the stages keep one epoch
-    numbering. Repeating it is safe: a restore epoch left PREPARED is finished, and a
-    RESTORED one is returned as it is.
-
-    Raises:
-        SnapshotNotFoundError: ``epoch`` is not a snapshot of the stage.
-        ManifestError: The stage already has another epoch ``restore_epoch``.
-        CommitError: A table could not be restored; repeating the rollback finishes it.
-    """
-    root = normalize_uri(root)
-    config = config if config is not None else AbsConfig()
-    store = DeltaStore()
-    writer = open_writer(store, root, None, config)
-    writer.recover()
-    done = writer.epochs.latest(restore_epoch)
-    if done is not None:
-        if done.is_restore and done.restored_from == epoch:
-            return SnapshotInfo.from_entry(done)
-        raise ManifestError(
-            f"job rollback of {root} to epoch {epoch}: the stage already has an epoch "
-            f"{restore_epoch} ({done.status}, {done.origin or 'a micro-batch'}), which was to "
-            f"be the job's restore epoch. Run validate on the root"
-        )
-    target = snapshot_of(writer.epochs, epoch, root)
-    require_rewindable(target, root, f"roll back to epoch {epoch}")
-    moved = replace(target, source_offsets=realigned(target.source_offsets, restore_epoch + 1))
-    return _roll_back(store, writer, moved, restore_epoch, config)
-
-
-def _roll_back(
-    store: DeltaStore,
-    writer: EpochWriter,
-    target: ManifestEntry,
-    restore_epoch: int,
-    config: AbsConfig,
-) -> SnapshotInfo:
-    """Record and commit ``restore_epoch``, which installs ``target`` in the root again."""
-    files: list[FileEntry] = []
-    rows: dict[str, int] = {}
-    schemas: dict[str, pa.Schema] = {}
-    for table, uri in target.tables.items():
-        installed = installed_table(store, table, uri, target)
-        if installed is not None:
-            # a state table takes its schema as of the target back (a migration since)
-            schema = installed.schema if table.startswith(STATE_PREFIX) else None
-            files += write_rows(store, table, uri, installed, restore_epoch, config, schema)
-            rows[table] = installed.num_rows
-            if schema is not None:
-                schemas[table] = schema
-    restore_versions = {t: v for t, v in target.table_versions.items() if t not in rows}
-    tables = dict(target.tables)
-    for table, (uri, version) in _sinks_written_later(writer.epochs, target).items():
-        tables[table] = uri
-        restore_versions[table] = version
-    return install_tables(
-        writer,
-        target,
-        restore_epoch,
-        tables=tables,
-        files=files,
-        rows=rows,
-        restore_versions=restore_versions,
-        origin=f"rollback to epoch {target.epoch}",
-        schemas=schemas,
-    )
-
-
-def _sinks_written_later(epochs: EpochLog, target: ManifestEntry) -> dict[str, tuple[str, int]]:
-    """Sinks the root wrote that ``target`` has no version of, with a version to go back to.
-
-    That is the version before the root's first write to the sink.
-
-    ``target`` predates them: it is a restored copy's first epoch, a ``write_state`` on a
-    new root, or a rollback to one of those.
-
-    Raises:
-        SnapshotDamagedError: The root's first write to such a sink created the table, so
-            no version of it holds the sink as of ``target``.
-    """
-    first: dict[str, tuple[str, int]] = {}
-    for entry in epochs.entries:
-        for table, version in entry.table_versions.items():
-            later = table.startswith(SINK_PREFIX) and table not in target.table_versions
-            if later and (table not in first or version < first[table][1]):
-                first[table] = (entry.tables[table], version)
-    for table, (uri, version) in first.items():
-        if version < 1:
-            raise SnapshotDamagedError(
-                f"epoch {target.epoch} predates every write to sink {table} at {uri}, but "
-                f"version 0 of that table already holds rows of this root, so no version "
-                f"holds the sink as of epoch {target.epoch}; roll back to a later epoch"
-            )
-    return {table: (uri, version - 1) for table, (uri, version) in first.items()}
 
 
 def restore(
@@ -252,89 +139,13 @@ def restore(
     source = open_writer(DeltaStore(), root, None, config)
     target = snapshot_of(source.epochs, epoch, root)
     require_no_channels(target, root, f"restore {shown(epoch)} into {into}")
-    return _restore(source, target, epoch, into, pipeline, config, target.epoch)
-
-
-def restore_stage(
-    root: str, epoch: int, into: str, restore_epoch: int, *, config: AbsConfig | None = None
-) -> SnapshotInfo:
-    """Copy one stage of a job into a new root as restore epoch ``restore_epoch``.
-
-    Every stage of a job restore gets the same restore epoch, and a stage's channels
-    resume at upstream epoch ``restore_epoch + 1``, so the new job's stages keep one
-    epoch numbering. Repeating it after an interruption finishes it.
-
-    Raises:
-        SnapshotNotFoundError: ``epoch`` is not a snapshot of the stage.
-        SnapshotRootError: ``into`` already holds other epochs.
-    """
-    root, into = normalize_uri(root), normalize_uri(into)
-    config = config if config is not None else AbsConfig()
-    source = open_writer(DeltaStore(), root, None, config)
-    target = snapshot_of(source.epochs, epoch, root)
-    moved = replace(target, source_offsets=realigned(target.source_offsets, restore_epoch + 1))
-    return _restore(source, moved, epoch, into, None, config, restore_epoch)
-
-
-def _restore(
-    source: EpochWriter,
-    target: ManifestEntry,
-    epoch: int | str,
-    into: str,
-    pipeline: str | None,
-    config: AbsConfig,
-    restore_epoch: int,
-) -> SnapshotInfo:
-    """Install ``target`` of ``source``'s root in the new root ``into`` as ``restore_epoch``."""
-    root, store = source.root, source.store
-    require_rewindable(target, root, f"restore {shown(epoch)} into {into}")
     if into == root:
         raise SnapshotRootError(
             f"restore copies a snapshot into another root; to go back to {shown(epoch)} in "
             f"{root} itself, use rollback({root!r}, {epoch!r})"
         )
-    name = pipeline or source.pipeline
-    origin = f"restored from {root} epoch {target.epoch}"
-    writer = open_writer(store, into, name, config)
-    writer.recover()
-    if writer.epochs.entries:
-        done = writer.epochs.latest(restore_epoch)
-        if len(writer.epochs.snapshots()) == 1 and done is not None and done.origin == origin:
-            return SnapshotInfo.from_entry(done)  # an interrupted restore, now finished
-        raise SnapshotRootError(
-            f"{into} already holds epochs of pipeline {name!r}; restore into a new root"
-        )
-    tables: dict[str, str] = {}
-    files: list[FileEntry] = []
-    rows: dict[str, int] = {}
-    for table, uri in target.tables.items():
-        installed = installed_table(store, table, uri, target)
-        if installed is None:
-            continue
-        new_uri = f"{into}/{table}"
-        schema = installed.schema if table.startswith(STATE_PREFIX) else None
-        store.ensure_table(
-            TableSpec(
-                table,
-                new_uri,
-                schema if schema is not None else arrow_schema(store.open(uri)),
-                (),
-                store.description(uri),
-            )
-        )
-        files += write_rows(store, table, new_uri, installed, restore_epoch, config)
-        tables[table] = new_uri
-        rows[table] = installed.num_rows
-    return install_tables(
-        writer,
-        target,
-        restore_epoch,
-        tables=tables,
-        files=files,
-        rows=rows,
-        restore_versions={},
-        origin=origin,
-    )
+    writer = open_writer(DeltaStore(), into, pipeline or source.pipeline, config)
+    return copy_snapshot(source, target, epoch, writer, config, target.epoch)
 
 
 def write_state(
@@ -358,6 +169,12 @@ def write_state(
     snapshots keep theirs); to migrate state by rules instead, declare
     :class:`~pyspark_abs.StateEvolution` on the operator.
 
+    On a stage of a :class:`~pyspark_abs.Job`, the state goes in through one job-wide
+    decision: every stage goes back to the newest job snapshot as one restore epoch, and
+    this stage gets the written state, so the stages stay aligned. The state must be
+    derived from that snapshot: a stage with newer snapshots is refused (run the job until
+    every stage has read everything first), as is a running job.
+
     Args:
         state: One row per key.
         root: The snapshot root.
@@ -376,6 +193,8 @@ def write_state(
         SourceError: The newest snapshot was read from a source that cannot be rewound.
         TableSchemaError: The root's state table is keyed by other columns.
         PipelineMismatchError: ``pipeline`` differs from the root's pipeline.
+        ConfigError: A job stage has snapshots after the newest job snapshot.
+        FencingError: The pipeline (or, for a job stage, any stage of its job) is running.
     """
     from pyspark.sql import functions as F
 
@@ -421,6 +240,10 @@ def write_state(
     )
     rows = selected.toArrow()
     require_one_row_per_key(rows, plan.key_columns, f"state for operator {operator.name!r}")
+    origin = f"state of operator {operator.name!r} written by write_state"
+    job = linked_job(store, root)
+    if job is not None:
+        return write_job_state(store, job, root, plan, rows, origin=origin, config=config)
     writer = open_writer(store, root, name, config)
     writer.recover()
     return install_state(
@@ -428,6 +251,6 @@ def write_state(
         plan,
         rows,
         action=f"write state for operator {operator.name!r}",
-        origin=f"state of operator {operator.name!r} written by write_state",
+        origin=origin,
         config=config,
     )

@@ -21,13 +21,14 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.admin.compaction import compact
+from pyspark_abs.admin.job_decisions import restore_job, rollback_job
+from pyspark_abs.admin.job_listing import job_snapshots_at, job_stages
 from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.savepoints import restore, rollback, write_state
 from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_table, rounded, size
 from pyspark_abs.errors import AbsError, ConfigError
-from pyspark_abs.job.operations import job_snapshots_at, job_stages, restore_job, rollback_job
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.operators.contract import Operator
 from pyspark_abs.pipeline.check import check

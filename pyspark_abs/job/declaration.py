@@ -4,7 +4,7 @@ A :class:`Job` is a graph of stages. Each stage is a :class:`~pyspark_abs.Pipeli
 own snapshot root; a stage whose source is a :class:`~pyspark_abs.sources.ChannelSource`
 reads other stages' sinks one upstream epoch per micro-batch. Every stage therefore
 numbers its epochs like the stages it reads, and epoch ``n`` of all stages is one
-consistent cut of the job: the job snapshot ``n`` (see :mod:`~pyspark_abs.job.cut`).
+consistent cut of the job: the job snapshot ``n`` (see :mod:`~pyspark_abs.manifest.job_cut`).
 
 The stages run as concurrent streaming queries in one Spark application. A downstream
 stage plans its epoch ``n`` only once every upstream stage has committed ``n``; Spark plans
@@ -17,22 +17,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pyspark_abs.admin.job_manifest import JobManifest, JobRecord, Rollback, open_job, record
+from pyspark_abs.admin.job_decisions import finish, restore_job, rollback_job
+from pyspark_abs.admin.job_links import link_stages
+from pyspark_abs.admin.job_listing import pick, snapshots_of
+from pyspark_abs.admin.job_manifest import JobDecision, JobManifest, JobRecord, open_job, record
+from pyspark_abs.admin.job_state import migrate_job
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
     SnapshotNotFoundError,
 )
-from pyspark_abs.job.cut import JobSnapshot
-from pyspark_abs.job.operations import (
-    finish_unfinished,
-    pick,
-    restore_job,
-    rollback_job,
-    snapshots_of,
-)
 from pyspark_abs.job.query import JobQuery
+from pyspark_abs.manifest.job_cut import JobSnapshot
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
@@ -116,12 +113,13 @@ class Job:
         return [n for n, ups in self.upstreams.items() if not ups]
 
     def _manifest(self, store: DeltaStore) -> JobManifest:
-        """The job manifest, with the current stages recorded and any rollback finished."""
+        """The job manifest: stages recorded and linked, any unfinished decision finished."""
         manifest = open_job(store, self.root, self.name)
         stages = {n: s.root for n, s in self.stages.items()}
         if manifest.stages != stages:
             manifest = record(store, manifest, record=JobRecord.STAGES.value, stages=stages)
-        return finish_unfinished(store, manifest)
+        link_stages(self.name, self.root, stages)
+        return finish(store, manifest)
 
     def start(self, *, available_now: bool = False, processing_time: str | None = None) -> JobQuery:
         """Start every stage as its own streaming query, upstream stages first.
@@ -133,12 +131,22 @@ class Job:
             processing_time: Trigger interval of every stage (default: as fast as
                 possible).
 
+        A stage whose operator now declares another state schema has its state migrated
+        first, in one job-wide decision: every stage goes back to the newest job snapshot
+        as one restore epoch (the migrating stages with their state migrated), so that the
+        stages keep one epoch numbering; epochs a stage ran past that snapshot are run again
+        (see :func:`~pyspark_abs.check` for what a start will do).
+
         Raises:
             AbsError: A stage could not start (see :meth:`Pipeline.start`); the stages
                 already started are stopped again. A stage whose upstream stages have not
                 committed what it reads first starts as soon as they have.
+            StateEvolutionError: A stage's evolution does not cover its state's change;
+                nothing was changed.
         """
-        self._manifest(DeltaStore())
+        store = DeltaStore()
+        manifest = self._manifest(store)
+        migrate_job(store, manifest, {n: s.deployed() for n, s in self.stages.items()})
         return JobQuery(self, available_now=available_now, processing_time=processing_time)
 
     def run(self) -> JobQuery:
@@ -222,7 +230,7 @@ class Job:
                 views[view] = f"sink {output!r} of stage {name!r}"
         return views
 
-    def rollback(self, epoch: int, *, config: AbsConfig | None = None) -> Rollback:
+    def rollback(self, epoch: int, *, config: AbsConfig | None = None) -> JobDecision:
         """Roll every stage, channel and sink back to job snapshot ``epoch``.
 
         Every stage gets the same restore epoch ``R`` (after every epoch of every stage),
@@ -243,7 +251,9 @@ class Job:
         self._manifest(DeltaStore())
         return rollback_job(self.root, epoch, config=config)
 
-    def restore_from(self, root: str, epoch: int, *, config: AbsConfig | None = None) -> Rollback:
+    def restore_from(
+        self, root: str, epoch: int, *, config: AbsConfig | None = None
+    ) -> JobDecision:
         """Start this new job from job snapshot ``epoch`` of the same job at another root.
 
         Every stage's snapshot of ``epoch`` is copied into this job's stage roots (with any

@@ -142,6 +142,7 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("tag", pa.string()),
     pa.field("table_schemas", _STR_MAP),
     pa.field("manifest_version", pa.int64()),
+    pa.field("job", pa.string()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -198,6 +199,9 @@ class ManifestEntry:
             order in which rows were recorded (None: written by an older pyspark-abs).
             ``recorded_at`` comes from the writer's clock, which may be behind another
             writer's, so it is for display only.
+        job: Restore epochs of a job-wide decision (a job rollback, restore, migration or
+            written state): the job's root. The stages reading this stage's channels tell
+            such a restore epoch from a rollback of this stage alone.
     """
 
     pipeline: str
@@ -235,6 +239,7 @@ class ManifestEntry:
     tag: str | None = None
     table_schemas: Mapping[str, str] = field(default_factory=dict)
     manifest_version: int | None = None
+    job: str | None = None
 
     @property
     def is_restore(self) -> bool:

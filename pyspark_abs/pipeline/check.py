@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from pyspark_abs.admin.job_links import linked_job
+from pyspark_abs.admin.job_state import job_migration_plan
 from pyspark_abs.admin.migration import plan_migration
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import ManifestEntry
@@ -168,6 +170,9 @@ def _operator_item(
             require_rewindable(latest, root, f"migrate the state of operator {plan.name!r}")
         except AbsError as err:
             return CheckItem("operator", plan.name, Verdict.INCOMPATIBLE, (*lines, str(err)))
+    job = linked_job(store, root)
+    if job is not None:
+        lines += job_migration_plan(store, job, root)
     return CheckItem("operator", plan.name, Verdict.NEEDS_MIGRATION, tuple(lines))
 
 

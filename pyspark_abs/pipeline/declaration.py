@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from pyspark_abs.admin.job_decisions import settle_stage
+from pyspark_abs.admin.job_state import Redeployed, refuse_lone_migration
 from pyspark_abs.admin.migration import migrate_state
 from pyspark_abs.admin.validation import require_sound_start
 from pyspark_abs.config import AbsConfig
@@ -316,7 +318,13 @@ class Pipeline:
             )
             if self.config.snapshots:
                 recovered = writer.recover()
-                migrate_state(writer, self.plan, self.operator.evolution, self.spark, self.config)
+                job = settle_stage(writer, self.config)
+                if job is None:
+                    migrate_state(
+                        writer, self.plan, self.operator.evolution, self.spark, self.config
+                    )
+                else:
+                    refuse_lone_migration(store, job, self.deployed())
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
                 if lineage.fresh:
                     self._require_upstream_ready(lineage)
@@ -368,6 +376,10 @@ class Pipeline:
             run.close()
             raise
         return PipelineQuery(query, run, self, recovered, available_now and stop_when_idle)
+
+    def deployed(self) -> Redeployed:
+        """This definition, as a job-wide migration of its state needs it."""
+        return Redeployed(self.root, self.plan, self.operator.evolution, self.spark, self.config)
 
     def _require_upstream_ready(self, lineage: Lineage) -> None:
         """Refuse to start a fresh checkpoint on channels that have nothing to read yet.

@@ -64,7 +64,7 @@ class Channel:
             closing = log.latest(epoch if entry.snapshot_epoch is None else entry.snapshot_epoch)
             barrier = None if closing is None else closing.table_versions.get(self.table)
             restored = entry.restored_from if entry.is_restore else None
-            epochs.append(UpstreamEpoch(epoch, barrier, restored))
+            epochs.append(UpstreamEpoch(epoch, barrier, restored, entry.job is not None))
         return Upstream.of(self.stage, epochs)
 
     def files(self, log: EpochLog, epoch: int) -> list[FileEntry]:

@@ -9,6 +9,14 @@ with the barrier kept in the channel instead of sent through it.
 An offset ``{"source": "pyspark_abs_channel", "epoch": n, "barriers": {...}}`` means that
 every upstream epoch before ``n`` is read; ``barriers`` gives each channel's barrier of
 epoch ``n - 1`` (-1 when nothing is visible yet), for people reading the offset log.
+
+A job-wide decision (a job rollback, a migration, written state) gives every stage one
+restore epoch ``R`` and moves the readers' offsets past it. A reader that starts later (a
+stage added to the job since) meets the upstream epochs that decision took back: it reads
+them as empty, since they are not on the timeline it continues, and its offset names the
+channels whose epoch it skipped (``taken_back``), so that its epoch there is no job cut.
+A restore epoch of one stage alone is refused instead: its readers would keep rows it took
+back.
 """
 
 from __future__ import annotations
@@ -37,10 +45,14 @@ class ChannelOffset:
 
     epoch: int
     barriers: Mapping[str, int] = field(default_factory=dict, compare=False)
+    taken_back: tuple[str, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The offset as Spark stores it in the checkpoint's offset log."""
-        return {"source": SOURCE_NAME, "epoch": self.epoch, "barriers": dict(self.barriers)}
+        value = {"source": SOURCE_NAME, "epoch": self.epoch, "barriers": dict(self.barriers)}
+        if self.taken_back:
+            value["taken_back"] = list(self.taken_back)
+        return value
 
     @classmethod
     def parse(cls, value: object) -> ChannelOffset:
@@ -63,7 +75,10 @@ class ChannelOffset:
             isinstance(k, str) and isinstance(v, int) for k, v in barriers.items()
         ):
             raise ValueError(f"offset {dict(value)!r}: barriers must map names to versions")
-        return cls(epoch, dict(barriers))
+        taken = value.get("taken_back", [])
+        if not isinstance(taken, list) or not all(isinstance(n, str) for n in taken):
+            raise ValueError(f"offset {dict(value)!r}: taken_back must list channel names")
+        return cls(epoch, dict(barriers), tuple(taken))
 
 
 def channel_offsets(source_offsets: str | None) -> list[ChannelOffset]:
@@ -105,11 +120,13 @@ class UpstreamEpoch:
         epoch: The upstream epoch.
         barrier: The channel table's Delta version that made its outputs visible.
         restored_from: For a restore epoch (a rollback), the epoch whose snapshot it installs.
+        job: Whether the restore epoch belongs to a job-wide decision.
     """
 
     epoch: int
     barrier: int | None = None
     restored_from: int | None = None
+    job: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,22 +160,29 @@ class Upstream:
                 return entry.barrier
         return NO_BARRIER
 
+    def taken_back(self, epoch: int) -> bool:
+        """Whether a job-wide decision took ``epoch`` back: a reader skips its rows."""
+        return any(
+            r.job and r.restored_from is not None and r.restored_from < epoch < r.epoch
+            for r in self.epochs.values()
+        )
+
     def refusal(self, epoch: int) -> str | None:
         """Why a downstream stage may not read ``epoch`` as a micro-batch, or None.
 
         A restore epoch, or an epoch that a later restore epoch rolled back, belongs to a
-        rollback of this stage alone: the downstream stage already read, or would read,
-        rows that the rollback took back.
+        rollback of this stage alone (unless a job-wide decision made the restore epoch):
+        the downstream stage already read, or would read, rows that the rollback took back.
         """
         entry = self.epochs.get(epoch)
-        if entry is not None and entry.restored_from is not None:
+        if entry is not None and entry.restored_from is not None and not entry.job:
             return (
                 f"upstream stage {self.stage!r} was rolled back on its own: its epoch {epoch} "
                 f"is a restore epoch that installs its epoch {entry.restored_from}"
             )
         for restore in self.epochs.values():
             origin = restore.restored_from
-            if origin is not None and origin < epoch < restore.epoch:
+            if not restore.job and origin is not None and origin < epoch < restore.epoch:
                 return (
                     f"upstream stage {self.stage!r} was rolled back on its own: its epoch "
                     f"{epoch} was taken back by restore epoch {restore.epoch}, which installs "

@@ -149,10 +149,10 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ) from None
         if end == begin.epoch:
             return start
-        barriers = {
-            c.name: u.barrier(end - 1) for c, u in zip(self._channels, upstreams, strict=True)
-        }
-        return ChannelOffset(end, barriers).to_dict()
+        pairs = list(zip(self._channels, upstreams, strict=True))
+        barriers = {c.name: u.barrier(end - 1) for c, u in pairs}
+        taken = tuple(c.name for c, u in pairs if u.taken_back(end - 1))
+        return ChannelOffset(end, barriers, taken).to_dict()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         """One partition per channel file of the upstream epochs between the offsets."""
@@ -171,6 +171,8 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         f"committed in {channel.root}; was the upstream stage restored into "
                         f"another root? Roll back the whole job (Job.rollback)"
                     )
+                if upstream.taken_back(epoch):
+                    continue  # not on the timeline this stage continues
                 for data in channel.files(log, epoch):
                     parts.append(
                         ChannelPartition(

@@ -33,7 +33,7 @@ from pyspark_abs import (
     rollback,
 )
 from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.job_manifest import RollbackStatus, open_job
+from pyspark_abs.admin.job_manifest import DecisionStatus, open_job
 from pyspark_abs.cli import main as cli
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
@@ -146,7 +146,7 @@ def test_a_job_rollback_gives_what_the_uninterrupted_job_gives_also_twice(
     running.stop()
     assert open_job(DeltaStore(), job.root, "medallion").unfinished is None
     done = job.rollback(1)
-    assert (done.epoch, done.restore_epoch, done.status) == (1, 4, RollbackStatus.COMMITTED)
+    assert (done.epoch, done.restore_epoch, done.status) == (1, 4, DecisionStatus.COMMITTED)
     medallion.write_events(tmp_path / "in", FILES[4:])
     job.run()
     # the files after epoch 1 are read again, then the new one: 5, 6, 7 read files 2, 3, 4

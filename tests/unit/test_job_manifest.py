@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from pyspark_abs.admin.job_manifest import (
+    DecisionStatus,
+    JobDecision,
     JobRecord,
-    Rollback,
-    RollbackStatus,
     open_job,
     record,
-    record_installation,
+    record_decision,
 )
 from pyspark_abs.errors import ConcurrentWriteError
 from pyspark_abs.storage.store import DeltaStore
@@ -33,17 +33,15 @@ def test_a_rollback_finished_by_a_host_whose_clock_is_behind_is_finished(
     store = DeltaStore()
     manifest = open_job(store, str(tmp_path / "job"), "j")
     manifest = record(store, manifest, record=JobRecord.STAGES.value, stages={"a": "/a"})
-    decided = Rollback(1, 3, {"a": 1}, RollbackStatus.PREPARED)
-    manifest = record_installation(store, manifest, decided)
+    decided = JobDecision(JobRecord.ROLLBACK, 1, 3, {"a": 1}, DecisionStatus.PREPARED)
+    manifest = record_decision(store, manifest, decided)
     assert manifest.unfinished == decided
     clock(monkeypatch, -30)
-    manifest = record_installation(
-        store, manifest, replace(decided, status=RollbackStatus.COMMITTED)
-    )
+    manifest = record_decision(store, manifest, replace(decided, status=DecisionStatus.COMMITTED))
     assert manifest.unfinished is None
     again = open_job(store, str(tmp_path / "job"), None)
     assert again.unfinished is None
-    assert again.rollbacks[-1].status is RollbackStatus.COMMITTED
+    assert again.decisions[-1].status is DecisionStatus.COMMITTED
     clock(monkeypatch, -60)
     again = record(store, again, record=JobRecord.STAGES.value, stages={"a": "/a", "b": "/b"})
     assert open_job(store, str(tmp_path / "job"), None).stages == {"a": "/a", "b": "/b"}

@@ -11,6 +11,10 @@ epoch before ``n``, if that is a snapshot, holds the same state and outputs. An 
 ``n`` counts as idle only when the stage's next recorded epoch is a micro-batch: a job
 rollback gives every stage a restore epoch after the newest epoch of any stage, so the
 numbers it skips in a stage were never run there, and at them the stages are no cut.
+
+A stage that started reading after a job rollback reads the upstream epochs the rollback
+took back as empty (they are not on the timeline it continues): its epochs there are
+*detached*, no cut with its upstream stages' epochs of the same number.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ class StageEpochs:
         recorded: Epochs with a PREPARED entry (micro-batch or restore epochs).
         snapshots: Epochs that are readable snapshots (COMMITTED or RESTORED).
         restores: Restore epochs.
+        detached: Epochs that read upstream epochs a job rollback took back, as empty.
     """
 
     stage: str
     recorded: frozenset[int]
     snapshots: frozenset[int]
     restores: frozenset[int] = frozenset()
+    detached: frozenset[int] = frozenset()
 
     @classmethod
     def of(
@@ -42,12 +48,21 @@ class StageEpochs:
         recorded: Iterable[int],
         snapshots: Iterable[int],
         restores: Iterable[int] = (),
+        detached: Iterable[int] = (),
     ) -> StageEpochs:
         """The epochs of ``stage``."""
-        return cls(stage, frozenset(recorded), frozenset(snapshots), frozenset(restores))
+        return cls(
+            stage,
+            frozenset(recorded),
+            frozenset(snapshots),
+            frozenset(restores),
+            frozenset(detached),
+        )
 
     def epoch_for(self, epoch: int) -> int | None:
         """The stage epoch whose snapshot is the stage as of job epoch ``epoch``, or None."""
+        if epoch in self.detached:
+            return None
         if epoch in self.snapshots:
             return epoch
         if epoch in self.recorded:
@@ -56,7 +71,7 @@ class StageEpochs:
         if after is None or after in self.restores:
             return None
         before = max((e for e in self.recorded if e < epoch), default=None)
-        return before if before in self.snapshots else None
+        return before if before in self.snapshots - self.detached else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,425 @@
+"""Job-wide decisions: every stage of a job installs one job snapshot as one restore epoch.
+
+A job rollback, a job restore, a state migration of a stage and state written to a stage
+all change the stages' epochs, and the stages must keep one epoch numbering so that their
+channels stay aligned. Each is therefore one decision for the whole job, made in the job
+manifest (:mod:`~pyspark_abs.admin.job_manifest`) in two phases:
+
+1. every stage's lease is taken, so no stage runs (or starts) while the job decides;
+2. state the decision installs (a migration's, written state) is written as files;
+3. PREPARED records job snapshot ``n``, the restore epoch ``R`` after every epoch of every
+   stage, and those files: the decision;
+4. each stage installs its snapshot of ``n`` (or the decided state) as restore epoch ``R``,
+   with its channels moved to upstream epoch ``R + 1``;
+5. COMMITTED, and the leases are released.
+
+A crash after 3 leaves the decision PREPARED. Every stage's own start finishes its part
+before it runs (:func:`settle_stage`: a stage knows its job from a link file in its root),
+and the job's next start or job-wide operation finishes the rest. A decision one stage can
+no longer take (an older pyspark-abs let it run epochs of its own meanwhile) is ABANDONED
+and decided again with a later restore epoch. Finishing needs neither Spark nor the job's
+code: the CLI can do it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pyspark_abs.admin.copying import restore_stage
+from pyspark_abs.admin.installing import (
+    StateInstall,
+    install_snapshot,
+    open_writer,
+    snapshot_of,
+)
+from pyspark_abs.admin.job_links import link_stages, linked_job
+from pyspark_abs.admin.job_listing import (
+    next_restore_epoch,
+    pick,
+    snapshots_of,
+)
+from pyspark_abs.admin.job_manifest import (
+    DecisionStatus,
+    JobDecision,
+    JobManifest,
+    JobRecord,
+    open_job,
+    record,
+    record_decision,
+)
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import (
+    ConcurrentWriteError,
+    ConfigError,
+    FencingError,
+    ManifestError,
+    SnapshotRootError,
+)
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.manifest.info import SnapshotInfo
+from pyspark_abs.manifest.job_cut import JobSnapshot
+from pyspark_abs.manifest.table import load_epoch_log
+from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.lease import Lease, read_lease
+from pyspark_abs.sources.channel_plan import realigned
+from pyspark_abs.sources.rewind import require_rewindable
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+States = Callable[[JobSnapshot, int], Mapping[str, StateInstall]]
+"""Writes the state a decision installs in some stages, given the job snapshot and the
+restore epoch, and returns it by stage."""
+
+
+@dataclass
+class _Held:
+    """The stages' leases a job-wide operation holds, and their writers."""
+
+    store: DeltaStore
+    leases: dict[str, Lease]
+    config: AbsConfig
+
+    def writer(self, root: str, pipeline: str | None) -> EpochWriter:
+        return open_writer(self.store, root, pipeline, self.config, self.leases[root])
+
+
+@contextmanager
+def _holding(
+    store: DeltaStore, action: str, roots: Mapping[str, str], config: AbsConfig
+) -> Iterator[_Held]:
+    """Take every stage's lease (stage name to root) for a job-wide ``action``.
+
+    Raises:
+        FencingError: A stage runs (or another job-wide operation holds it); the leases
+            taken so far are given back and nothing is changed.
+    """
+    run_id = f"job-{uuid.uuid4().hex}"
+    leases: dict[str, Lease] = {}
+    try:
+        for name, root in roots.items():
+            try:
+                leases[normalize_uri(root)] = Lease.acquire(normalize_uri(root), name, run_id)
+            except FencingError:
+                holder = read_lease(normalize_uri(root))
+                shown = "another run" if holder is None else holder.describe(time.time())
+                raise FencingError(
+                    f"{action} is refused: stage {name!r} is held by {shown}; nothing was "
+                    f"changed. Stop every stage of the job first"
+                ) from None
+        yield _Held(store, leases, config)
+    finally:
+        for lease in leases.values():
+            lease.release()
+
+
+def decide(
+    store: DeltaStore,
+    manifest: JobManifest,
+    kind: JobRecord,
+    *,
+    epoch: int | None = None,
+    states: States | None = None,
+    config: AbsConfig | None = None,
+) -> JobDecision:
+    """Install job snapshot ``epoch`` (None: the newest) in every stage, as one decision.
+
+    ``states`` writes the state that replaces some stages' own (a migration, written state).
+
+    Returns:
+        The decision, COMMITTED.
+
+    Raises:
+        FencingError: A stage is running; nothing was changed.
+        SnapshotNotFoundError: ``epoch`` is not a job snapshot, or the job has none.
+        ConcurrentWriteError: Another process decided at the same moment; nothing was
+            changed by this one.
+        CommitError: A table could not be installed; the decision stays PREPARED and is
+            finished by the next start of the job or of a stage, or the next operation.
+    """
+    config = config if config is not None else AbsConfig()
+    action = f"a {kind.value.lower().replace('_', ' ')} of job {manifest.job!r}"
+    with _holding(store, action, manifest.stages, config) as held:
+        manifest = _finish(held, manifest)
+        snapshot = pick(manifest.job, snapshots_of(manifest.stages), epoch)
+        restore_epoch = next_restore_epoch(store, manifest.stages)
+        written = states(snapshot, restore_epoch) if states is not None else {}
+        decided = JobDecision(
+            kind,
+            snapshot.epoch,
+            restore_epoch,
+            dict(snapshot.stages),
+            DecisionStatus.PREPARED,
+            states={n: s.to_json() for n, s in written.items()},
+        )
+        try:
+            manifest = record_decision(store, manifest, decided)
+        except ConcurrentWriteError as err:
+            raise ConcurrentWriteError(
+                f"job {manifest.job!r}: another process changed the job manifest while "
+                f"deciding a {kind.value.lower()} to job snapshot {snapshot.epoch}; nothing "
+                f"was changed. List the job snapshots and try again ({err})"
+            ) from None
+        return _finished(held, manifest)
+
+
+def restore_into(
+    store: DeltaStore,
+    source: JobManifest,
+    target: JobManifest,
+    stages: Mapping[str, str],
+    epoch: int,
+    config: AbsConfig | None = None,
+) -> JobDecision:
+    """Decide and install a copy of job snapshot ``epoch`` of ``source`` into ``target``.
+
+    Each stage is copied into its new root ``stages[name]`` as restore epoch ``epoch``.
+    """
+    config = config if config is not None else AbsConfig()
+    target = record(store, target, record=JobRecord.STAGES.value, stages=dict(stages))
+    link_stages(target.job, target.root, stages)
+    snapshot = pick(source.job, snapshots_of(source.stages), epoch)
+    with _holding(store, f"a restore of job {target.job!r}", stages, config) as held:
+        decided = JobDecision(
+            JobRecord.RESTORE,
+            snapshot.epoch,
+            snapshot.epoch,
+            dict(snapshot.stages),
+            DecisionStatus.PREPARED,
+            source.root,
+            dict(source.stages),
+        )
+        return _finished(held, record_decision(store, target, decided))
+
+
+def finish(
+    store: DeltaStore, manifest: JobManifest, config: AbsConfig | None = None
+) -> JobManifest:
+    """Finish the job's unfinished decision, if it has one (taking every stage's lease).
+
+    Raises:
+        FencingError: A stage is running (it has installed its part: it may run on).
+    """
+    if manifest.unfinished is None:
+        return manifest
+    config = config if config is not None else AbsConfig()
+    action = f"finishing a decision of job {manifest.job!r}"
+    with _holding(store, action, manifest.stages, config) as held:
+        return _finish(held, manifest)
+
+
+def _finished(held: _Held, manifest: JobManifest) -> JobDecision:
+    """Finish the manifest's unfinished decision and return it, committed."""
+    finished = _finish(held, manifest)
+    decided = finished.decisions[-1]
+    assert decided.status is DecisionStatus.COMMITTED
+    return decided
+
+
+def _finish(held: _Held, manifest: JobManifest) -> JobManifest:
+    """Install the unfinished decision in every stage, then record COMMITTED.
+
+    A stage that has its part keeps it. If a stage can no longer take the decision, it is
+    decided again with a later restore epoch.
+    """
+    decision = manifest.unfinished
+    if decision is None:
+        return manifest
+    store = held.store
+    log.info(
+        "job %s: finishing the %s to job snapshot %d (restore epoch %d)",
+        manifest.job,
+        decision.kind.value.lower(),
+        decision.epoch,
+        decision.restore_epoch,
+    )
+    blocked = [n for n in decision.stage_epochs if _blocks(store, manifest, decision, n)]
+    if blocked and decision.kind is not JobRecord.RESTORE:
+        again = replace(decision, restore_epoch=next_restore_epoch(store, manifest.stages))
+        log.warning(
+            "job %s: stage(s) %s ran past restore epoch %d of the unfinished %s; deciding it "
+            "again as restore epoch %d",
+            manifest.job,
+            blocked,
+            decision.restore_epoch,
+            decision.kind.value.lower(),
+            again.restore_epoch,
+        )
+        manifest = record_decision(
+            store, manifest, replace(decision, status=DecisionStatus.ABANDONED)
+        )
+        manifest = record_decision(store, manifest, again)
+        decision = again
+    for name in decision.stage_epochs:
+        root = manifest.stages[name]
+        writer = held.writer(root, None if decision.source is None else name)
+        install_part(writer, manifest, decision, name, held.config)
+    return record_decision(store, manifest, replace(decision, status=DecisionStatus.COMMITTED))
+
+
+def _blocks(store: DeltaStore, manifest: JobManifest, decision: JobDecision, name: str) -> bool:
+    """Whether a stage has epochs from the restore epoch on that are not its part."""
+    uri = SnapshotRoot(manifest.stages[name]).manifest_uri
+    if not store.exists(uri):
+        return False
+    epochs = load_epoch_log(store, uri)
+    return any(
+        e.epoch >= decision.restore_epoch and not _is_part(e, manifest, decision, name)
+        for e in epochs.entries
+    )
+
+
+def _is_part(entry: ManifestEntry, manifest: JobManifest, decision: JobDecision, name: str) -> bool:
+    """Whether a stage's entry is its part of ``decision`` (older ones name no job)."""
+    return (
+        entry.epoch == decision.restore_epoch
+        and entry.is_restore
+        and entry.restored_from == decision.stage_epochs[name]
+        and entry.job in (None, manifest.root)
+    )
+
+
+def install_part(
+    writer: EpochWriter,
+    manifest: JobManifest,
+    decision: JobDecision,
+    name: str,
+    config: AbsConfig,
+) -> SnapshotInfo:
+    """Install stage ``name``'s part of ``decision`` with ``writer``; idempotent.
+
+    Raises:
+        ManifestError: The stage has another epoch with the decision's restore epoch.
+        SnapshotNotFoundError: The stage's epoch of the job snapshot is no snapshot.
+        CommitError: A table could not be installed; repeating finishes it.
+    """
+    epoch, restore_epoch = decision.stage_epochs[name], decision.restore_epoch
+    if decision.kind is JobRecord.RESTORE:
+        assert decision.source_stages
+        return restore_stage(
+            decision.source_stages[name],
+            epoch,
+            writer,
+            restore_epoch,
+            job=manifest.root,
+            config=config,
+        )
+    writer.recover()
+    done = writer.epochs.latest(restore_epoch)
+    if done is not None:
+        if _is_part(done, manifest, decision, name):
+            return SnapshotInfo.from_entry(done)
+        raise ManifestError(
+            f"job {manifest.job!r}, stage {name!r}: the stage has an epoch {restore_epoch} "
+            f"({done.status}, {done.origin or 'a micro-batch'}) of its own, which was to be "
+            f"the restore epoch of the job's {decision.kind.value.lower()}; start the job "
+            f"(Job.start or Job.run), which decides it again"
+        )
+    target = snapshot_of(writer.epochs, epoch, writer.root)
+    what = f"install job snapshot {decision.epoch} of job {manifest.job!r} in stage {name!r}"
+    require_rewindable(target, writer.root, what)
+    moved = replace(target, source_offsets=realigned(target.source_offsets, restore_epoch + 1))
+    state = decision.states.get(name)
+    return install_snapshot(
+        writer,
+        moved,
+        restore_epoch,
+        config,
+        state=StateInstall.from_json(state) if state is not None else None,
+        job=manifest.root,
+        origin=f"{decision.kind.value.lower()} of job {manifest.job!r} to job snapshot "
+        f"{decision.epoch}",
+    )
+
+
+def settle_stage(writer: EpochWriter, config: AbsConfig) -> JobManifest | None:
+    """Before a stage runs: install its part of its job's unfinished decision, if any.
+
+    ``writer`` holds the stage's lease. Returns the job's manifest, or None if the root is
+    no job's stage.
+
+    Raises:
+        ManifestError: The stage ran past the decision's restore epoch (only an older
+            pyspark-abs allowed that); starting the job decides it again.
+    """
+    manifest = linked_job(writer.store, writer.root)
+    if manifest is None:
+        return None
+    decision = manifest.unfinished
+    name = manifest.stage_of(writer.root)
+    if decision is None or name is None or name not in decision.stage_epochs:
+        return manifest
+    log.info(
+        "stage %s of job %s: installing its part of the job's unfinished %s first",
+        name,
+        manifest.job,
+        decision.kind.value.lower(),
+    )
+    install_part(writer, manifest, decision, name, config)
+    return manifest
+
+
+def rollback_job(root: str, epoch: int, *, config: AbsConfig | None = None) -> JobDecision:
+    """Roll every stage, channel and sink of the job at ``root`` back to job snapshot ``epoch``.
+
+    See :meth:`~pyspark_abs.job.declaration.Job.rollback`.
+    """
+    store = DeltaStore()
+    manifest = open_job(store, root, None)
+    return decide(store, manifest, JobRecord.ROLLBACK, epoch=epoch, config=config)
+
+
+def restore_job(
+    root: str,
+    epoch: int,
+    into: str,
+    stages: Mapping[str, str] | None = None,
+    *,
+    config: AbsConfig | None = None,
+) -> JobDecision:
+    """Copy job snapshot ``epoch`` of the job at ``root`` into a new job root ``into``.
+
+    Every stage is copied into its new snapshot root as restore epoch ``epoch``, so the
+    new job continues at ``epoch + 1`` with one epoch numbering: the head stages from
+    their sources' offsets of ``epoch``, the others from their (new, empty) channels.
+    The new job needs its own sink tables. The new job manifest records the restore
+    PREPARED before any stage is copied and COMMITTED after: running it again, or
+    starting the new job, finishes an interrupted restore.
+
+    Args:
+        root: The job root to copy from.
+        epoch: One of its job snapshots.
+        into: The new job root.
+        stages: Each stage's new snapshot root (default: ``<into>/stages/<name>``).
+        config: File size and injected faults (default: ``AbsConfig()``).
+
+    Raises:
+        SnapshotNotFoundError: ``root`` is not a job root or ``epoch`` not a job snapshot.
+        SnapshotRootError: ``into`` already holds a job with epochs, or a stage's new root
+            holds epochs.
+        ConfigError: ``stages`` does not name exactly the job's stages.
+    """
+    store = DeltaStore()
+    source = open_job(store, root, None)
+    target = open_job(store, into, source.job)
+    if target.unfinished is not None:
+        return finish(store, target, config).decisions[-1]
+    if target.decisions:
+        raise SnapshotRootError(f"job root {into} already holds a job; restore into a new root")
+    new_stages = dict(stages or {n: f"{target.root}/stages/{n}" for n in source.stages})
+    if set(new_stages) != set(source.stages):
+        raise ConfigError(
+            f"restore of job {source.job!r} into {into}: give a new root for exactly the "
+            f"stages {sorted(source.stages)}, got {sorted(new_stages)}"
+        )
+    return restore_into(store, source, target, new_stages, epoch, config)

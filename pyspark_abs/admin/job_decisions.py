@@ -89,14 +89,24 @@ class _Held:
     store: DeltaStore
     leases: dict[str, Lease]
     config: AbsConfig
+    configs: Mapping[str, AbsConfig]
 
-    def writer(self, root: str, pipeline: str | None) -> EpochWriter:
-        return open_writer(self.store, root, pipeline, self.config, self.leases[root])
+    def config_of(self, stage: str) -> AbsConfig:
+        """The configuration a stage's part is installed with (file size, faults)."""
+        return self.configs.get(stage, self.config)
+
+    def writer(self, stage: str, root: str, pipeline: str | None) -> EpochWriter:
+        lease = self.leases[normalize_uri(root)]
+        return open_writer(self.store, root, pipeline, self.config_of(stage), lease)
 
 
 @contextmanager
 def _holding(
-    store: DeltaStore, action: str, roots: Mapping[str, str], config: AbsConfig
+    store: DeltaStore,
+    action: str,
+    roots: Mapping[str, str],
+    config: AbsConfig,
+    configs: Mapping[str, AbsConfig] | None = None,
 ) -> Iterator[_Held]:
     """Take every stage's lease (stage name to root) for a job-wide ``action``.
 
@@ -117,7 +127,7 @@ def _holding(
                     f"{action} is refused: stage {name!r} is held by {shown}; nothing was "
                     f"changed. Stop every stage of the job first"
                 ) from None
-        yield _Held(store, leases, config)
+        yield _Held(store, leases, config, dict(configs or {}))
     finally:
         for lease in leases.values():
             lease.release()
@@ -131,10 +141,13 @@ def decide(
     epoch: int | None = None,
     states: States | None = None,
     config: AbsConfig | None = None,
+    configs: Mapping[str, AbsConfig] | None = None,
 ) -> JobDecision:
     """Install job snapshot ``epoch`` (None: the newest) in every stage, as one decision.
 
     ``states`` writes the state that replaces some stages' own (a migration, written state).
+    Each stage's part is installed with its configuration in ``configs`` (by stage name),
+    else with ``config``: their file size and injected faults matter.
 
     Returns:
         The decision, COMMITTED.
@@ -149,7 +162,7 @@ def decide(
     """
     config = config if config is not None else AbsConfig()
     action = f"a {kind.value.lower().replace('_', ' ')} of job {manifest.job!r}"
-    with _holding(store, action, manifest.stages, config) as held:
+    with _holding(store, action, manifest.stages, config, configs) as held:
         manifest = _finish(held, manifest)
         snapshot = pick(manifest.job, snapshots_of(manifest.stages), epoch)
         restore_epoch = next_restore_epoch(store, manifest.stages)
@@ -203,9 +216,14 @@ def restore_into(
 
 
 def finish(
-    store: DeltaStore, manifest: JobManifest, config: AbsConfig | None = None
+    store: DeltaStore,
+    manifest: JobManifest,
+    config: AbsConfig | None = None,
+    configs: Mapping[str, AbsConfig] | None = None,
 ) -> JobManifest:
     """Finish the job's unfinished decision, if it has one (taking every stage's lease).
+
+    Each stage's part is installed with its configuration in ``configs``, else ``config``.
 
     Raises:
         FencingError: A stage is running (it has installed its part: it may run on).
@@ -214,7 +232,7 @@ def finish(
         return manifest
     config = config if config is not None else AbsConfig()
     action = f"finishing a decision of job {manifest.job!r}"
-    with _holding(store, action, manifest.stages, config) as held:
+    with _holding(store, action, manifest.stages, config, configs) as held:
         return _finish(held, manifest)
 
 
@@ -262,21 +280,24 @@ def _finish(held: _Held, manifest: JobManifest) -> JobManifest:
         decision = again
     for name in decision.stage_epochs:
         root = manifest.stages[name]
-        writer = held.writer(root, None if decision.source is None else name)
-        install_part(writer, manifest, decision, name, held.config)
+        writer = held.writer(name, root, None if decision.source is None else name)
+        install_part(writer, manifest, decision, name, held.config_of(name))
     return record_decision(store, manifest, replace(decision, status=DecisionStatus.COMMITTED))
 
 
 def _blocks(store: DeltaStore, manifest: JobManifest, decision: JobDecision, name: str) -> bool:
-    """Whether a stage has epochs from the restore epoch on that are not its part."""
+    """Whether a stage ran epochs from the restore epoch on without installing its part.
+
+    A stage that installed its part may have run on after it: that is no conflict.
+    """
     uri = SnapshotRoot(manifest.stages[name]).manifest_uri
     if not store.exists(uri):
         return False
     epochs = load_epoch_log(store, uri)
-    return any(
-        e.epoch >= decision.restore_epoch and not _is_part(e, manifest, decision, name)
-        for e in epochs.entries
-    )
+    part = epochs.latest(decision.restore_epoch)
+    if part is not None:
+        return not _is_part(part, manifest, decision, name)
+    return any(e.epoch > decision.restore_epoch for e in epochs.entries)
 
 
 def _is_part(entry: ManifestEntry, manifest: JobManifest, decision: JobDecision, name: str) -> bool:

@@ -108,7 +108,10 @@ def migrate_job(
                 )
         return states
 
-    decided = decide(store, manifest, JobRecord.MIGRATE, states=migrated, config=config)
+    configs = {n: s.config for n, s in stages.items()}
+    decided = decide(
+        store, manifest, JobRecord.MIGRATE, states=migrated, config=config, configs=configs
+    )
     log.info(
         "job %s: state of stage(s) %s migrated; every stage continues from job snapshot %d "
         "at restore epoch %d",

@@ -119,7 +119,7 @@ class Job:
         if manifest.stages != stages:
             manifest = record(store, manifest, record=JobRecord.STAGES.value, stages=stages)
         link_stages(self.name, self.root, stages)
-        return finish(store, manifest)
+        return finish(store, manifest, configs={n: s.config for n, s in self.stages.items()})
 
     def start(self, *, available_now: bool = False, processing_time: str | None = None) -> JobQuery:
         """Start every stage as its own streaming query, upstream stages first.

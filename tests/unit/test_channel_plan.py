@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -164,3 +165,29 @@ def test_channels_that_do_not_fit_together_are_refused(
 def test_a_bad_starting_epoch_is_refused() -> None:
     with pytest.raises(ConfigError, match="starting_epoch"):
         ChannelSource((_channel("a", "k string"),), starting_epoch=-1)
+
+
+def test_a_reader_started_after_a_job_rollback_reads_the_timeline_the_job_continues() -> None:
+    """bronze: epochs 0..2, a job rollback to 1 as restore epoch 3, then epochs 4 and 5. A
+    stage added since reads 0 and 1, skips 2 (taken back), reads nothing at 3, then 4, 5."""
+    entries = [UpstreamEpoch(e, e + 1) for e in range(3)]
+    entries += [UpstreamEpoch(3, 4, restored_from=1, job=True), UpstreamEpoch(4, 5)]
+    bronze = Upstream.of("bronze", [*entries, UpstreamEpoch(5, 6)])
+    start, read = 0, []
+    while (end := next_epoch(start, [bronze])) != start:
+        read.append((start, bronze.taken_back(start)))
+        start = end
+    assert read == [(0, False), (1, False), (2, True), (3, False), (4, False), (5, False)]
+    alone = Upstream.of("bronze", [*entries[:3], UpstreamEpoch(3, 4, restored_from=1)])
+    with pytest.raises(ValueError, match="rolled back on its own"):
+        next_epoch(2, [alone])
+    assert not alone.taken_back(2)
+
+
+def test_an_offset_names_the_channels_whose_epoch_it_skipped() -> None:
+    offset = ChannelOffset(3, {"bronze": 3}, ("bronze",))
+    parsed = ChannelOffset.parse(json.dumps(offset.to_dict()))
+    assert (parsed, parsed.taken_back) == (offset, ("bronze",))
+    assert "taken_back" not in ChannelOffset(3).to_dict()
+    with pytest.raises(ValueError, match="taken_back must list"):
+        ChannelOffset.parse('{"source":"pyspark_abs_channel","epoch":1,"taken_back":"x"}')

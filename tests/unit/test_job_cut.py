@@ -88,3 +88,13 @@ def test_an_idle_epoch_reads_the_snapshot_before_it() -> None:
         (2, {"bronze": 2, "silver": 2}),
     ]
     assert job_snapshots([StageEpochs.of("a", [0, 1], [1]), tail])[0].epoch == 1
+
+
+def test_epochs_a_stage_read_as_taken_back_are_no_cut() -> None:
+    """tally joined after a job rollback to 1 (restore epoch 4): it read 2 and 3 as empty."""
+    bronze = StageEpochs.of("bronze", [0, 1, 2, 4, 5], [0, 1, 2, 4, 5], [4])
+    tally = StageEpochs.of("tally", [0, 1, 2, 4, 5], [0, 1, 2, 4, 5], detached=[2, 3])
+    assert [s.epoch for s in job_snapshots([bronze, tally])] == [0, 1, 4, 5]
+    idle = StageEpochs.of("tally", [0, 1, 2, 5], [0, 1, 2, 5], detached=[2])
+    assert tally.epoch_for(3) is None
+    assert idle.epoch_for(3) is None, "an idle epoch after a detached one is no cut either"

@@ -1,0 +1,226 @@
+"""Job-wide decisions where features meet jobs: a stage's state migration, state written to a
+stage, a decision interrupted and then a stage started on its own, and a stage added after a
+job rollback. Every job snapshot is compared with a model of the input (tests/support/jobs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import pyspark_abs.admin.job_decisions as job_decisions
+from pyspark_abs import (
+    AbsConfig,
+    ConfigError,
+    Fault,
+    FaultStep,
+    InjectedFault,
+    Job,
+    Pipeline,
+    Snapshots,
+    StateEvolution,
+    UpstreamNotReadyError,
+    check,
+    write_state,
+)
+from pyspark_abs.admin.job_manifest import DecisionStatus, JobRecord, open_job
+from pyspark_abs.examples import medallion
+from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
+from pyspark_abs.storage.store import DeltaStore
+from tests.support.jobs import FILES, Event, Forget, assert_job_matches, job_of, model
+from tests.support.pipelines import assert_same
+
+SYNC = AbsConfig(key_groups=4, commit_mode="sync")
+
+
+@vectorized_operator(
+    key="event_id",
+    state_schema="user string, seen long",
+    output_schema=medallion.EVENT_DDL,
+    name="dedup",
+    evolution=StateEvolution(added={"seen": 1}),
+)
+def dedup_v2(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Silver, redeployed: its state also counts how often each event id was seen."""
+    fresh = rows.drop_duplicates("event_id")
+    fresh = fresh[~fresh["event_id"].isin(state["event_id"])].copy()
+    fresh["seen"] = 1
+    return KeyGroupResult(
+        state=fresh[["event_id", "user", "seen"]], output=fresh[["event_id", "user", "amount"]]
+    )
+
+
+def test_a_stage_redeployed_with_a_new_state_schema_migrates_with_the_whole_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    job_of(spark, tmp_path).run()
+    medallion.write_events(tmp_path / "in", FILES[3:])
+
+    def v2(faults: tuple[Fault, ...] = ()) -> Job:
+        silver = AbsConfig(key_groups=4, commit_mode="sync", faults=faults)
+        return medallion.build(
+            spark,
+            str(tmp_path / "in"),
+            str(tmp_path / "job"),
+            config=SYNC,
+            stage_configs={"silver": silver},
+            operators={"silver": dedup_v2},
+        )
+
+    crashing = v2((Fault(FaultStep.AFTER_PREPARED, 3),))
+    report = check(crashing.stages["silver"])
+    assert report.exit_code == 3
+    assert any("every stage goes back to job snapshot 2" in d for d in report.items[0].details)
+    with pytest.raises(ConfigError, match="which every stage of the job takes together"):
+        crashing.stages["silver"].start(available_now=True)
+    with pytest.raises(InjectedFault, match="'after_prepared' of epoch 3"):
+        crashing.run()  # bronze has its part, silver's is PREPARED, gold's and audit's not
+    unfinished = open_job(DeltaStore(), str(tmp_path / "job"), None).unfinished
+    assert unfinished is not None
+    assert (unfinished.kind, unfinished.restore_epoch, list(unfinished.states)) == (
+        JobRecord.MIGRATE,
+        3,
+        ["silver"],
+    )
+
+    job = v2()
+    with pytest.raises(UpstreamNotReadyError):  # gold alone installs its part, then waits
+        job.stages["gold"].start(available_now=True)
+    gold = Snapshots(job.stages["gold"].root).get(3)
+    assert (gold.restored_from, gold.status.value) == (2, "RESTORED")
+    job.run()
+    assert check(job.stages["silver"]).exit_code == 0
+    expected = {0: 0, 1: 1, 2: 2, 3: 2, 4: 3, 5: 4}
+    assert_job_matches(spark, job, expected)
+    seen = job.state("silver", 5).select("seen").distinct().collect()
+    assert [r.seen for r in seen] == [1]
+
+
+def test_state_written_to_a_job_stage_goes_in_for_the_whole_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Silver forgets event e1 (written state), so e1 counts again when it arrives again."""
+    medallion.write_events(tmp_path / "in", FILES[:4])
+    job = job_of(spark, tmp_path)
+    job.run()
+    medallion.write_events(tmp_path / "in", FILES[4:])
+    for alone in ("bronze", "silver"):  # silver runs ahead of the newest job snapshot
+        job.stages[alone].start(available_now=True).await_termination()
+    silver = job.stages["silver"]
+    with pytest.raises(ConfigError, match=r"has snapshots up to epoch 4, after job snapshot 3"):
+        write_state(silver.snapshots.state("dedup"), silver.root, medallion.dedup)
+    job.run()
+
+    forgotten = job.state("silver").filter(F.col("event_id") != "e1")
+    info = write_state(forgotten, silver.root, medallion.dedup)
+    assert info.epoch == 5
+    decided = open_job(DeltaStore(), job.root, None).decisions[-1]
+    assert (decided.kind, decided.epoch, decided.status) == (
+        JobRecord.WRITE_STATE,
+        4,
+        DecisionStatus.COMMITTED,
+    )
+    again: list[Event] = [("e1", "ann", 5), ("e7", "cy", 1)]
+    medallion.write_events(tmp_path / "in", [again])
+    job.run()
+    steps: list[list[Event] | Forget] = [*FILES, Forget({"e1"}), again]
+    assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}, steps)
+    ann = [r for r in model(steps, 6)["gold"] if r[0] == "ann"]
+    assert ann == [("ann", 15, 4)]  # e1 twice
+
+
+class Crash(Exception):
+    """The process dies here."""
+
+
+def test_an_interrupted_job_decision_holds_back_every_stage_until_it_has_its_part(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job rollback that dies after its decision: bronze started alone installs its part
+    before it runs. A decision an older version let a stage run past (its restore epoch taken
+    by a micro-batch) is decided again with a later restore epoch."""
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    job = job_of(spark, tmp_path)
+    job.run()
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(job_decisions, "install_part", crash)
+        with pytest.raises(Crash):
+            job.rollback(1)
+    medallion.write_events(tmp_path / "in", FILES[3:4])
+    job.stages["bronze"].start(available_now=True).await_termination()
+    bronze = [(i.epoch, i.status.value) for i in Snapshots(job.stages["bronze"].root).list()]
+    assert bronze[-3:] == [(3, "RESTORED"), (4, "COMMITTED"), (5, "COMMITTED")]
+    job.run()
+    first = {0: 0, 1: 1, 2: 2, 3: 1, 4: 2, 5: 3}
+    assert_job_matches(spark, job, first)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(job_decisions, "install_part", crash)
+        with pytest.raises(Crash):
+            job.rollback(4)  # restore epoch 6
+    medallion.write_events(tmp_path / "in", FILES[4:])
+    with monkeypatch.context() as patch:  # as an older pyspark-abs did: no part installed
+        patch.setattr("pyspark_abs.pipeline.declaration.settle_stage", lambda *a: None)
+        job.stages["bronze"].start(available_now=True).await_termination()
+    assert Snapshots(job.stages["bronze"].root).get(6).status.value == "COMMITTED"
+    job.run()
+    decisions = open_job(DeltaStore(), job.root, None).decisions
+    assert [(d.restore_epoch, d.status) for d in decisions[-2:]] == [
+        (6, DecisionStatus.ABANDONED),
+        (7, DecisionStatus.COMMITTED),
+    ]
+    assert_job_matches(spark, job, {**first, 7: 2, 8: 3, 9: 4})
+
+
+@vectorized_operator(
+    key="user", state_schema="events long", output_schema="user string, events long"
+)
+def tally(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """A stage added later: each user's events kept by silver."""
+    counts = rows.groupby("user", sort=False).size().rename("new").reset_index()
+    merged = counts.merge(state[["user", "events"]], on="user", how="left")
+    merged["events"] = merged["events"].fillna(0).astype("int64") + merged["new"]
+    updated = merged[["user", "events"]]
+    return KeyGroupResult(state=updated, output=updated)
+
+
+def test_a_stage_added_after_a_job_rollback_follows_the_timeline_the_job_continues(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    job = job_of(spark, tmp_path)
+    job.run()
+    job.rollback(1)
+    medallion.write_events(tmp_path / "in", FILES[3:])
+    job.run()
+    silver = job.stages["silver"]
+    added = Pipeline(
+        "tally",
+        silver.channel(),
+        tally,
+        root=f"{job.root}/stages/tally",
+        sinks=f"{job.root}/tables/tally",
+        config=SYNC,
+    )
+    grown = Job("medallion", job.root, [*job.stages.values(), added])
+    grown.run()
+    # tally read the epoch the rollback took back (2) as empty: no job snapshot there
+    expected = {0: 0, 1: 1, 3: 1, 4: 2, 5: 3, 6: 4}
+    assert_job_matches(spark, grown, expected)
+    for epoch, through in expected.items():
+        users = [(u, n) for u, _, n in model(FILES, through)["gold"]]
+        assert_same(
+            grown.state("tally", epoch), spark.createDataFrame(users, "user string, events long")
+        )
+    grown.rollback(4)
+    grown.run()
+    assert_job_matches(spark, grown, {**expected, 7: 2, 8: 3, 9: 4})

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         ConcurrentWriteError,
         ConfigError,
         DefinitionError,
+        ExternalChangeError,
         FencingError,
         InjectedFault,
         InvalidTimeoutError,

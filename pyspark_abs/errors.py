@@ -13,8 +13,9 @@ move it is:
   is visible and a restart recovers (``AlignmentError``, ``PrecommitFileError``,
   ``CommitError``, ``FencingError``, ``ManifestError``, ``QuiescenceError``,
   ``ReplayDivergedError``, ``InjectedFault``).
-- :class:`SnapshotError`: a snapshot that was asked for is missing or damaged
-  (``SnapshotNotFoundError``, ``SnapshotDamagedError``).
+- :class:`SnapshotError`: a snapshot that was asked for is missing or damaged, or cannot be
+  installed as it is (``SnapshotNotFoundError``, ``SnapshotDamagedError``,
+  ``ExternalChangeError``).
 - :class:`StorageIOError`: a table, file or log cannot be read or written
   (``SnapshotRootError``, ``ConcurrentWriteError``, ``StorageError``, ``SourceError``).
 
@@ -140,6 +141,10 @@ class CommitError(ProtocolError):
 
 class SnapshotNotFoundError(SnapshotError, LookupError):
     """The requested epoch, operator or table is not in the snapshot root."""
+
+
+class ExternalChangeError(SnapshotError):
+    """A table was changed outside pyspark-abs in a way a restore or a reader cannot keep."""
 
 
 class SourceError(StorageIOError):

@@ -10,9 +10,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from pyspark_abs.admin.sink_restores import keeping_other_writers, sinks_written_later
 from pyspark_abs.admin.validation import require_intact
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import OperatorDefinitionError, SnapshotDamagedError, TableSchemaError
+from pyspark_abs.errors import (
+    OperatorDefinitionError,
+    TableSchemaError,
+)
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
@@ -32,7 +36,6 @@ from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import (
     BACKEDGE_PREFIX,
-    SINK_PREFIX,
     STATE_PREFIX,
     SnapshotRoot,
     state_table,
@@ -337,16 +340,22 @@ def install_snapshot(
     state: StateInstall | None = None,
     job: str | None = None,
     origin: str | None = None,
+    refuse_lost_changes: bool = True,
 ) -> SnapshotInfo:
     """Record and commit ``restore_epoch``, which installs snapshot ``target`` in the root.
 
     Each state table gets its live state as of ``target`` (with its schema of then), each
     back-edge log the records in flight in ``target``, and each sink its Delta version of
     ``target`` (or the version before this root first wrote it, for a sink ``target``
-    predates). With ``state``, the operator's state is that instead (under its own table
-    and schema). ``job`` names the job root of a job-wide decision.
+    predates), keeping other writers' changes (see :func:`keeping_other_writers`). With
+    ``state``, the operator's state is that instead (under its own table and schema).
+    ``job`` names the job root of a job-wide decision. A job-wide decision checks the
+    sinks before it decides and installs with ``refuse_lost_changes`` False: once decided,
+    it is finished.
 
     Raises:
+        ExternalChangeError: Another writer removed rows from a sink since ``target``, and
+            the root committed to it since too; nothing was changed.
         SnapshotDamagedError: A sink the root wrote after ``target`` has no version as of
             ``target``.
         CommitError: A table could not be restored; the restore epoch stays PREPARED.
@@ -377,9 +386,12 @@ def install_snapshot(
     restore_versions = {
         t: v for t, v in target.table_versions.items() if t in tables and t not in rows
     }
-    for table, (uri, version) in _sinks_written_later(writer.epochs, target).items():
+    for table, (uri, version) in sinks_written_later(writer.epochs, target).items():
         tables[table] = uri
         restore_versions[table] = version
+    restore_versions = keeping_other_writers(
+        store, tables, restore_versions, target.epoch, refuse=refuse_lost_changes
+    )
     return install_tables(
         writer,
         target,
@@ -394,32 +406,3 @@ def install_snapshot(
         schemas=schemas,
         job=job,
     )
-
-
-def _sinks_written_later(epochs: EpochLog, target: ManifestEntry) -> dict[str, tuple[str, int]]:
-    """Sinks the root wrote that ``target`` has no version of, with a version to go back to.
-
-    That is the version before the root's first write to the sink.
-
-    ``target`` predates them: it is a restored copy's first epoch, a ``write_state`` on a
-    new root, or a rollback to one of those.
-
-    Raises:
-        SnapshotDamagedError: The root's first write to such a sink created the table, so
-            no version of it holds the sink as of ``target``.
-    """
-    first: dict[str, tuple[str, int, int]] = {}
-    for entry in epochs.entries:
-        for table, version in entry.table_versions.items():
-            other = table.startswith(SINK_PREFIX) and table not in target.table_versions
-            if other and (table not in first or version < first[table][1]):
-                first[table] = (entry.tables[table], version, entry.epoch)
-    later = {t: (uri, v) for t, (uri, v, epoch) in first.items() if epoch > target.epoch}
-    for table, (uri, version) in later.items():
-        if version < 1:
-            raise SnapshotDamagedError(
-                f"epoch {target.epoch} predates every write to sink {table} at {uri}, but "
-                f"version 0 of that table already holds rows of this root, so no version "
-                f"holds the sink as of epoch {target.epoch}; roll back to a later epoch"
-            )
-    return {table: (uri, version - 1) for table, (uri, version) in later.items()}

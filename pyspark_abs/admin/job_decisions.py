@@ -53,6 +53,7 @@ from pyspark_abs.admin.job_manifest import (
     record,
     record_decision,
 )
+from pyspark_abs.admin.sink_restores import check_sink_restores
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConcurrentWriteError,
@@ -165,6 +166,10 @@ def decide(
     with _holding(store, action, manifest.stages, config, configs) as held:
         manifest = _finish(held, manifest)
         snapshot = pick(manifest.job, snapshots_of(manifest.stages), epoch)
+        for name, stage_epoch in snapshot.stages.items():  # once decided, it is finished
+            stage_root = manifest.stages[name]
+            epochs = load_epoch_log(store, SnapshotRoot(stage_root).manifest_uri)
+            check_sink_restores(store, epochs, snapshot_of(epochs, stage_epoch, stage_root))
         restore_epoch = next_restore_epoch(store, manifest.stages)
         written = states(snapshot, restore_epoch) if states is not None else {}
         decided = JobDecision(
@@ -360,6 +365,7 @@ def install_part(
         job=manifest.root,
         origin=f"{decision.kind.value.lower()} of job {manifest.job!r} to job snapshot "
         f"{decision.epoch}",
+        refuse_lost_changes=False,
     )
 
 

@@ -30,10 +30,11 @@ from pyspark_abs.manifest.table import (
 from pyspark_abs.operators.changelog import duplicate_changes
 from pyspark_abs.operators.schema import EPOCH
 from pyspark_abs.protocol.compaction import Progress, quiet
+from pyspark_abs.storage.commits import commits_between
 from pyspark_abs.storage.files import add_actions, file_sizes
 from pyspark_abs.storage.log_files import log_entries
 from pyspark_abs.storage.rewrites import history
-from pyspark_abs.storage.root import MANIFEST_TABLE, STATE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, MANIFEST_TABLE, STATE_PREFIX
 from pyspark_abs.storage.store import DeltaStore, brief_error, normalize_uri
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, app_id
 
@@ -240,10 +241,14 @@ def _check_version(
         ]
     paths = [unquote(a["path"]) for a in actions]
     sizes = file_sizes(uri, paths)
+    erased = _erased(store, table, uri, version) if None in sizes else frozenset()
     problems = []
     for action, path, size in zip(actions, paths, sizes, strict=True):
         if size is None:
-            problems.append(Problem(None, table, f"file {path} of version {version} is missing"))
+            if path not in erased:
+                problems.append(
+                    Problem(None, table, f"file {path} of version {version} is missing")
+                )
         elif size != action["size_bytes"]:
             problems.append(
                 Problem(
@@ -254,6 +259,24 @@ def _check_version(
                 )
             )
     return set(paths), problems
+
+
+def _erased(store: DeltaStore, table: str, uri: str, version: int) -> frozenset[str]:
+    """Files of a sink's ``version`` that another writer removed since (a ``DELETE``).
+
+    Once vacuumed they are gone on purpose (a person's data erased, say): the sink as of
+    that version can no longer be read, but the root is not damaged. Tables only
+    pyspark-abs writes (state, back-edge logs) have none.
+    """
+    if table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
+        return frozenset()
+    current = int(store.open(uri).version())
+    return frozenset(
+        path
+        for commit in commits_between(uri, version + 1, current)
+        if not commit.ours
+        for path in (*commit.removed, *commit.rewritten)
+    )
 
 
 def _expired(uri: str, version: int) -> str:

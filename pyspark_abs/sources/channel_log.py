@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pyspark_abs.errors import ExternalChangeError
 from pyspark_abs.manifest.entries import MANIFEST_SCHEMA, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.sources.channel_plan import Upstream, UpstreamEpoch
 from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
+from pyspark_abs.storage.commits import Commit, commits_between
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import SnapshotRoot
 
@@ -144,3 +146,69 @@ class ManifestFollower:
                     rows.extend(ManifestEntry.from_row(r) for r in batch.to_pylist())
         self._log.forget_before(version + 1)
         return rows
+
+
+Survivor = tuple[str, tuple[tuple[str, str | None], ...]]
+"""A file holding rows of a rewritten one: its path and partition values."""
+
+_FOLLOWED = frozenset({"DELETE"})
+"""Operations of other writers that remove rows and that a reader follows: their removed
+rows are left out of the epochs not read yet (a compaction, which keeps every row, is
+followed too)."""
+
+
+class Rewrites:
+    """Another writer's rewrites of a channel table's files (a ``DELETE``, an ``OPTIMIZE``).
+
+    A reader reads an upstream epoch from the files its PREPARED entry lists. When another
+    writer has removed one of them since, the rows still in the table are those of the files
+    that replaced it, transitively; the reader keeps the listed file's rows that are still
+    there (see :meth:`survivors`).
+
+    Args:
+        uri: The channel table.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self._read_through = -1
+        self._replaced: dict[str, Commit] = {}
+
+    def update(self, first: int, last: int) -> None:
+        """Read the table's commits up to version ``last``, from ``first`` if not read yet."""
+        start = max(first, self._read_through + 1)
+        for commit in commits_between(self.uri, start, last):
+            if not commit.ours:
+                for path in (*commit.removed, *commit.rewritten):
+                    self._replaced[path] = commit
+        self._read_through = max(self._read_through, last)
+
+    def replaced_by(self, path: str) -> Commit | None:
+        """The other writer's commit that removed ``path``, if one did."""
+        return self._replaced.get(path)
+
+    def survivors(self, path: str) -> tuple[tuple[Survivor, ...], tuple[Commit, ...]]:
+        """The files now holding what remains of ``path``'s rows, and the commits between.
+
+        Raises:
+            ExternalChangeError: A commit between changed rows otherwise than by deleting.
+        """
+        found: dict[str, Survivor] = {}
+        chain: list[Commit] = []
+        pending: list[Survivor] = [(path, ())]
+        while pending:
+            current, values = pending.pop()
+            commit = self._replaced.get(current)
+            if commit is None:
+                found[current] = (current, values)
+                continue
+            if commit.changes_rows and commit.operation not in _FOLLOWED:
+                raise ExternalChangeError(
+                    f"{commit.operation} at version {commit.version} of {self.uri}, by a writer "
+                    f"other than pyspark-abs, changed rows of {current}; a reader cannot tell "
+                    f"which of the new rows belong to which upstream epoch (only DELETE and "
+                    f"OPTIMIZE can be followed)"
+                )
+            chain.append(commit)
+            pending.extend((p, commit.partitions.get(p, ())) for p in commit.added)
+        return tuple(found[p] for p in sorted(found)), tuple(chain)

@@ -21,12 +21,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.errors import ConfigError, ExternalChangeError, SourceError
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.sources.channel_log import (
     CHANNEL_COLUMN,
     Channel,
     ManifestFollower,
+    Rewrites,
+    Survivor,
     channels_of,
 )
 from pyspark_abs.sources.channel_plan import (
@@ -36,7 +38,8 @@ from pyspark_abs.sources.channel_plan import (
     frontier_of,
     next_epoch,
 )
-from pyspark_abs.sources.delta_log import DeltaFilePartition, read_slice
+from pyspark_abs.sources.delta_log import DeltaFilePartition, read_slice, read_whole
+from pyspark_abs.storage.files import file_sizes
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -47,10 +50,14 @@ class ChannelPartition(InputPartition):
     Attributes:
         channel: The channel's name.
         file: The file's rows.
+        survivors: When another writer rewrote the file (a ``DELETE``, an ``OPTIMIZE``):
+            the files now holding what remains of its rows; only its rows found there are
+            read. None when the file is as the upstream stage committed it.
     """
 
     channel: str
     file: DeltaFilePartition
+    survivors: tuple[Survivor, ...] | None = None
 
 
 class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -70,12 +77,14 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._manifests: dict[str, ManifestFollower] = {}
         self._store: DeltaStore | None = None
         self._views: dict[str, tuple[EpochLog, Upstream]] = {}
+        self._rewrites: dict[str, Rewrites] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_manifests"] = {}
         state["_store"] = None
         state["_views"] = {}
+        state["_rewrites"] = {}
         return state
 
     def _logs(self) -> dict[str, EpochLog | None]:
@@ -164,6 +173,7 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if log is None:
                 continue
             upstream = self._upstream(channel, log)
+            rewrites = self._rewrites_of(channel, upstream.barrier(begin.epoch - 1) + 1)
             for epoch in range(begin.epoch, finish.epoch):
                 if upstream.visible_through < epoch:
                     raise SourceError(
@@ -174,20 +184,61 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if upstream.taken_back(epoch):
                     continue  # not on the timeline this stage continues
                 for data in channel.files(log, epoch):
-                    parts.append(
-                        ChannelPartition(
-                            channel.name,
-                            DeltaFilePartition(
-                                channel.uri,
-                                upstream.barrier(epoch),
-                                data.path,
-                                0,
-                                data.num_rows,
-                                tuple(sorted(data.partitions.items())),
-                            ),
-                        )
+                    part = DeltaFilePartition(
+                        channel.uri,
+                        upstream.barrier(epoch),
+                        data.path,
+                        0,
+                        data.num_rows,
+                        tuple(sorted(data.partitions.items())),
                     )
+                    if rewrites.replaced_by(data.path) is None:
+                        parts.append(ChannelPartition(channel.name, part))
+                    else:
+                        parts.extend(self._rewritten(channel, epoch, part, rewrites))
         return parts
+
+    def _rewrites_of(self, channel: Channel, first: int) -> Rewrites:
+        """Other writers' rewrites of the channel table, read up to its latest version."""
+        assert self._store is not None
+        rewrites = self._rewrites.get(channel.name)
+        if rewrites is None:
+            rewrites = self._rewrites[channel.name] = Rewrites(channel.uri)
+        rewrites.update(first, int(self._store.open(channel.uri).version()))
+        return rewrites
+
+    def _rewritten(
+        self, channel: Channel, epoch: int, part: DeltaFilePartition, rewrites: Rewrites
+    ) -> list[ChannelPartition]:
+        """The partition of a listed file another writer rewrote: its rows still there.
+
+        Raises:
+            ExternalChangeError: The rewrite changed rows (not a DELETE or a compaction),
+                or the file is gone (vacuumed), so the epoch's rows cannot be told.
+        """
+        where = f"upstream epoch {epoch} of channel {channel.name!r} ({channel.uri})"
+        try:
+            survivors, chain = rewrites.survivors(part.path)
+        except ExternalChangeError as err:
+            raise ExternalChangeError(
+                f"the stream cannot read {where}: {err}. Nothing was read. Undo that change "
+                f"(Delta's RESTORE of the channel table), or restore the job from a job "
+                f"snapshot before epoch {epoch} into a new root (Job.restore_from)"
+            ) from None
+        if not survivors:
+            return []  # every row of the file was deleted
+        if file_sizes(channel.uri, [part.path])[0] is None:
+            done = ", ".join(f"{c.operation} at version {c.version}" for c in chain)
+            raise ExternalChangeError(
+                f"the stream cannot read {where}: its file {part.path} was rewritten by "
+                f"another writer ({done}) and then deleted (a VACUUM) before this stage read "
+                f"it, so which rows remain of that epoch can no longer be told. Nothing was "
+                f"read. Put the file back from a backup, or restore the job from a job "
+                f"snapshot before epoch {epoch} into a new root (Job.restore_from): its "
+                f"stages read their input again from there. Vacuum a channel only of files "
+                f"every stage reading it has read"
+            )
+        return [ChannelPartition(channel.name, part, survivors)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows, with the stream's schema."""
@@ -198,7 +249,11 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         schema = to_arrow(self._schema)
         fan_in = CHANNEL_COLUMN in schema.names and len(self._channels) > 1
         rows_schema = pa.schema([f for f in schema if not (fan_in and f.name == CHANNEL_COLUMN)])
+        kept = _rows_in(partition, rows_schema) if partition.survivors is not None else None
         for batch in read_slice(partition.file, rows_schema):
+            if kept is not None:
+                mask = [tuple(r.values()) in kept for r in batch.to_pylist()]
+                batch = batch.filter(pa.array(mask, pa.bool_()))
             if fan_in:
                 name = pa.array([partition.channel] * batch.num_rows, pa.string())
                 batch = pa.RecordBatch.from_arrays([*batch.columns, name], schema=schema)
@@ -206,6 +261,16 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to forget: the reader keeps no state between micro-batches."""
+
+
+def _rows_in(partition: ChannelPartition, schema: pa.Schema) -> set[tuple[Any, ...]]:
+    """The rows (as tuples) of the files holding what remains of a rewritten file."""
+    assert partition.survivors is not None
+    rows: set[tuple[Any, ...]] = set()
+    for path, values in partition.survivors:
+        for batch in read_whole(partition.file.table, path, values, schema):
+            rows.update(tuple(r.values()) for r in batch.to_pylist())
+    return rows
 
 
 class ChannelDataSource(DataSource):

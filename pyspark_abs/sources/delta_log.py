@@ -416,6 +416,26 @@ def read_slice(part: DeltaFilePartition, schema: pa.Schema) -> Iterator[pa.Recor
         )
 
 
+def read_whole(
+    table: str,
+    path: str,
+    partition_values: tuple[tuple[str, str | None], ...],
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """Every row of one data file, read as :func:`read_slice` reads a slice.
+
+    Raises:
+        SourceError: The file cannot be read.
+    """
+    try:
+        fs, location = _file_location(table, path)
+        with fs.open_input_file(location) as handle:
+            rows = int(pq.ParquetFile(handle).metadata.num_rows)
+    except (OSError, pa.ArrowException) as err:
+        raise SourceError(f"cannot read data file {path} of Delta table {table}: {err}") from None
+    yield from read_slice(DeltaFilePartition(table, 0, path, 0, rows, partition_values), schema)
+
+
 def _conform(
     rows: pa.Table,
     schema: pa.Schema,

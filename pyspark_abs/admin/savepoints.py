@@ -33,6 +33,7 @@ from pyspark_abs.admin.installing import (
     shown,
     snapshot_of,
 )
+from pyspark_abs.admin.job_decisions import settle_stage
 from pyspark_abs.admin.job_links import linked_job
 from pyspark_abs.admin.job_state import write_job_state
 from pyspark_abs.config import AbsConfig
@@ -89,6 +90,7 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     store = DeltaStore()
     writer = open_writer(store, root, None, config)
     writer.recover()
+    settle_stage(writer, config)  # a job's unfinished decision first: it reserved an epoch
     target = snapshot_of(writer.epochs, epoch, root)
     require_rewindable(target, root, f"roll back to {shown(epoch)}")
     require_no_channels(target, root, f"roll back to {shown(epoch)}")
@@ -139,6 +141,7 @@ def restore(
     source = open_writer(DeltaStore(), root, None, config)
     target = snapshot_of(source.epochs, epoch, root)
     require_no_channels(target, root, f"restore {shown(epoch)} into {into}")
+    require_rewindable(target, root, f"restore {shown(epoch)} into {into}")
     if into == root:
         raise SnapshotRootError(
             f"restore copies a snapshot into another root; to go back to {shown(epoch)} in "

@@ -224,3 +224,28 @@ def test_a_stage_added_after_a_job_rollback_follows_the_timeline_the_job_continu
     grown.rollback(4)
     grown.run()
     assert_job_matches(spark, grown, {**expected, 7: 2, 8: 3, 9: 4})
+
+
+def test_stages_restarted_with_other_intervals_and_commit_modes_stay_exact(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Silver and gold restart with a snapshot interval and async commits, later bronze too:
+    the job snapshots are the epochs every stage committed, each one exact, also after a
+    job rollback."""
+    medallion.write_events(tmp_path / "in", FILES[:2])
+    job_of(spark, tmp_path).run()
+    medallion.write_events(tmp_path / "in", FILES[2:4])
+    grouped = AbsConfig(key_groups=4, commit_mode="async", snapshot_interval=2)
+    job_of(spark, tmp_path, {"silver": grouped, "gold": AbsConfig(key_groups=4)}).run()
+    medallion.write_events(tmp_path / "in", FILES[4:])
+    bronze = AbsConfig(key_groups=4, commit_mode="async", snapshot_interval=3)
+    job = job_of(spark, tmp_path, {"bronze": bronze})
+    job.run()
+    merged = [
+        i.epoch for i in Snapshots(job.stages["silver"].root).list() if i.status.value == "MERGED"
+    ]
+    assert merged == [2]
+    assert_job_matches(spark, job, {0: 0, 1: 1, 3: 3, 4: 4})
+    job.rollback(3)
+    job.run()
+    assert_job_matches(spark, job, {0: 0, 1: 1, 3: 3, 4: 4, 5: 3, 6: 4})

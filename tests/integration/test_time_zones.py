@@ -11,6 +11,7 @@ import datetime as dt
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
+    Job,
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
@@ -33,6 +35,7 @@ from pyspark_abs import (
     write_state,
 )
 from pyspark_abs.testing import assert_sink_equal, assert_state_equal
+from tests.support.pipelines import sessions
 
 UTC = dt.UTC
 EPOCHS = [
@@ -177,3 +180,62 @@ def test_a_restart_and_an_edit_in_another_time_zone_keep_every_instant(
     write_state(snapshots.state("latest"), str(root), latest)  # read and written in New York
     spark.conf.set("spark.sql.session.timeZone", "Asia/Kolkata")
     assert_state_equal(root, "latest", want_state)
+
+
+@vectorized_operator(key="word", state_schema="n long", output_schema="word string, ts timestamp")
+def land(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """A head stage that passes events on and keeps no state."""
+    return KeyGroupResult(output=rows[["word", "ts"]])
+
+
+def zone_job(bronze: Path, base: Path) -> Job:
+    """bronze ─► zones (timestamps in state and sink) and ─► sessions (event-time timeouts)."""
+    config = AbsConfig(key_groups=2, commit_mode="sync", local_state_dir=str(base / "local"))
+
+    def stage(name: str, source: Any, operator: Any, **more: Any) -> Pipeline:
+        root = base / "stages" / name
+        return Pipeline(
+            name, source, operator, root=str(root), sinks=str(base / name), config=config, **more
+        )
+
+    head = stage("bronze", DeltaSource(str(bronze), max_files_per_trigger=1), land)
+    zones = stage("zones", head.channel(), latest)
+    gaps = stage(
+        "sessions",
+        head.channel(),
+        sessions,
+        transform=lambda df: df.withWatermark("ts", "0 seconds"),
+    )
+    return Job("zones", str(base), [head, zones, gaps])
+
+
+@pytest.mark.parametrize("zone", ["America/New_York"], indirect=True)
+def test_a_downstream_job_stage_keeps_every_instant_and_event_time_in_another_zone(
+    spark: SparkSession, tmp_path: Path, zone: str
+) -> None:
+    """Timestamps through a channel, and event-time timeouts in a downstream stage, in New
+    York: what Spark computes in the zone, what the same job gives in UTC, and again after a
+    job rollback."""
+    bronze = tmp_path / "bronze"
+    write_bronze(bronze)
+    job = zone_job(bronze, tmp_path / "ny")
+    job.run()
+    want_sink, want_state = expected(spark, bronze, len(EPOCHS))
+    assert_df_equality(job.sink("zones"), want_sink, ignore_row_order=True, ignore_nullable=True)
+    assert_df_equality(job.state("zones"), want_state, ignore_row_order=True, ignore_nullable=True)
+
+    def sessions_of(job: Job, epoch: int | None = None) -> list[tuple[Any, ...]]:
+        return sorted(map(tuple, job.state("sessions", epoch).collect()))
+
+    ny = {s.epoch: sessions_of(job, s.epoch) for s in job.snapshots()}
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    utc_job = zone_job(bronze, tmp_path / "utc")
+    utc_job.run()
+    assert {
+        s.epoch: utc_job.state("sessions", s.epoch).collect() for s in utc_job.snapshots()
+    } == ny
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    job.rollback(1)
+    job.run()
+    assert_df_equality(job.state("zones"), want_state, ignore_row_order=True, ignore_nullable=True)
+    assert sessions_of(job) == ny[max(ny)]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pyspark_abs.admin.installing import StateInstall
 from pyspark_abs.admin.job_manifest import (
     DecisionStatus,
     JobDecision,
@@ -15,6 +16,7 @@ from pyspark_abs.admin.job_manifest import (
     record_decision,
 )
 from pyspark_abs.errors import ConcurrentWriteError
+from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -53,3 +55,29 @@ def test_a_record_against_a_stale_version_is_refused(tmp_path: Path) -> None:
     record(store, stale, record=JobRecord.STAGES.value, stages={"a": "/a"})
     with pytest.raises(ConcurrentWriteError):
         record(store, stale, record=JobRecord.STAGES.value, stages={"b": "/b"})
+
+
+def test_a_decision_abandoned_and_decided_again_folds_to_the_new_one(tmp_path: Path) -> None:
+    store = DeltaStore()
+    manifest = open_job(store, str(tmp_path / "job"), "j")
+    state = StateInstall(
+        "state/dedup",
+        "/r/state/dedup",
+        (FileEntry("state/dedup", "abs-e3.parquet", 10, 2, 7),),
+        2,
+        '{"type":"struct","fields":[]}',
+        4,
+        "state of operator 'dedup' migrated",
+    )
+    assert StateInstall.from_json(state.to_json()) == state
+    decided = JobDecision(
+        JobRecord.MIGRATE, 2, 3, {"a": 2}, DecisionStatus.PREPARED, states={"a": state.to_json()}
+    )
+    manifest = record_decision(store, manifest, decided)
+    manifest = record_decision(store, manifest, replace(decided, status=DecisionStatus.ABANDONED))
+    again = replace(decided, restore_epoch=5)
+    manifest = record_decision(store, manifest, again)
+    read = open_job(store, str(tmp_path / "job"), None)
+    assert read.unfinished == again
+    assert [d.status for d in read.decisions] == [DecisionStatus.ABANDONED, DecisionStatus.PREPARED]
+    assert StateInstall.from_json(read.unfinished.states["a"]) == state

@@ -5,7 +5,8 @@ all change the stages' epochs, and the stages must keep one epoch numbering so t
 channels stay aligned. Each is therefore one decision for the whole job, made in the job
 manifest (:mod:`~pyspark_abs.admin.job_manifest`) in two phases:
 
-1. every stage's lease is taken, so no stage runs (or starts) while the job decides;
+1. every stage's lease is taken, so no stage runs (or starts) while the job decides, and
+   no sink would go back across another writer's DELETE (checked before deciding);
 2. state the decision installs (a migration's, written state) is written as files;
 3. PREPARED records job snapshot ``n``, the restore epoch ``R`` after every epoch of every
    stage, and those files: the decision;
@@ -29,7 +30,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from pyspark_abs.admin.copying import restore_stage
 from pyspark_abs.admin.installing import (
@@ -73,9 +73,6 @@ from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 
 States = Callable[[JobSnapshot, int], Mapping[str, StateInstall]]
@@ -97,6 +94,7 @@ class _Held:
         return self.configs.get(stage, self.config)
 
     def writer(self, stage: str, root: str, pipeline: str | None) -> EpochWriter:
+        """A writer of a stage's root that writes as the holder of its lease."""
         lease = self.leases[normalize_uri(root)]
         return open_writer(self.store, root, pipeline, self.config_of(stage), lease)
 

@@ -48,10 +48,8 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections import Counter
@@ -62,7 +60,15 @@ from unittest import mock
 
 from deltalake import DeltaTable
 from job_model import STAGES, Delete, Event, JobModel, JobPlan, read_table, read_tags, state_as_of
-from nemesis import Child, signal_group, wait_stop
+from nemesis import (
+    Child,
+    beside,
+    kill,
+    schedule_arguments,
+    signal_group,
+    start_child,
+    wait_stop,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
@@ -330,24 +336,10 @@ class JobNemesis:
         self.inputs.append(events)
 
     def start_child(self, cluster: bool = False) -> Child:
+        """A child process starting Spark, to be given its operation later."""
         self.children += 1
         log = self.logs / f"{self.children:04d}.log"
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "JDK_JAVA_OPTIONS": f"-Dlog4j2.configurationFile={REPO / 'conf' / 'log4j2.properties'}",
-        }
-        command = [sys.executable, str(SCRIPT), "child", *(["--cluster"] if cluster else [])]
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        return Child(process, log)
+        return start_child(SCRIPT, log, *(["--cluster"] if cluster else []))
 
     def spawn(self, what: str, plan: JobPlan, *extra: str, cluster: bool = False) -> Child:
         """Give an operation on a job root to the child started ahead (or a new one)."""
@@ -423,18 +415,7 @@ class JobNemesis:
             extra += ["--fault", self.stage_fault("pause")]
         child = self.spawn("run", self.current, *extra)
         limit = self.rng.uniform(2.0, 15.0) if kind == "timer" else CHILD_TIMEOUT_S
-        how = wait_stop(child, limit)
-        if how == "exited":
-            code, result = child.wait()
-            if code != 0:
-                self.error(f"kill run exited {code} before its kill: {result}, see {child.log}")
-            return f"{kind}:finished_first"
-        if how == "stopped" and kind == "after_step":
-            signal_group(child.process.pid, signal.SIGCONT)
-            time.sleep(self.rng.uniform(0.0, 0.6))
-        signal_group(child.process.pid, signal.SIGKILL)
-        child.wait()
-        return f"{kind}:killed"
+        return kill(child, kind, limit, self.rng, self.error)
 
     def op_fault(self) -> str:
         child = self.spawn(
@@ -559,36 +540,22 @@ class JobNemesis:
         from pyspark_abs.admin.retention import vacuum
 
         child = self.spawn("run", self.current, *self.run_args())
-        stop = threading.Event()
-        done: Counter[str] = Counter()
 
-        def loop(name: str, rng: random.Random) -> None:
-            while not stop.is_set():
-                time.sleep(rng.uniform(0.2, 2.0))
-                root = self.current.stage_root(rng.choice(STAGES))
-                if not (root / "_manifest").exists():
-                    continue
-                try:
-                    if name == "compact":
-                        compact(str(root))
-                    else:
-                        vacuum(str(root), keep_last=rng.randint(1, 3), min_age_seconds=0)
-                    done[name] += 1
-                except Exception as err:
-                    self.error(f"{name} of {root.name} beside the job failed: {err!r}")
+        def stage_root(rng: random.Random) -> Path | None:
+            root = self.current.stage_root(rng.choice(STAGES))
+            return root if (root / "_manifest").exists() else None
 
-        threads = [
-            threading.Thread(target=loop, args=(n, random.Random(self.rng.random())))
-            for n in ("compact", "vacuum")
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            self.expect_ok(child, "run beside maintenance")
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join()
+        def compacting(rng: random.Random) -> None:
+            if (root := stage_root(rng)) is not None:
+                compact(str(root))
+
+        def vacuuming(rng: random.Random) -> None:
+            if (root := stage_root(rng)) is not None:
+                vacuum(str(root), keep_last=rng.randint(1, 3), min_age_seconds=0)
+
+        loops = {"compact": compacting, "vacuum": vacuuming}
+        wait = lambda: self.expect_ok(child, "run beside maintenance")  # noqa: E731
+        done = beside(wait, loops, self.rng, self.error)
         return f"compact x{done['compact']} vacuum x{done['vacuum']}"
 
     def op_delete(self) -> str:
@@ -765,21 +732,9 @@ def run_schedule(workdir: Path, seed: int, kinds: Sequence[str], ops: int) -> Jo
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run a schedule; print progress to stderr and the JSON report as the last stdout line."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--ops", type=int, required=True, help="operations in the schedule")
-    parser.add_argument("--seed", type=int, required=True, help="random seed")
-    parser.add_argument("--root", type=Path, help="a new working directory (default: temp)")
-    parser.add_argument(
-        "--kinds", default=",".join(WEIGHTS), help=f"operations to draw from ({', '.join(WEIGHTS)})"
-    )
-    args = parser.parse_args(argv)
-    kinds = [k for k in args.kinds.split(",") if k]
-    unknown = set(kinds) - set(WEIGHTS)
-    if unknown or not kinds:
-        parser.error(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(WEIGHTS)}")
-    workdir = (args.root or Path(tempfile.mkdtemp(prefix="pyspark-abs-job-nemesis-"))).resolve()
-    if workdir.exists() and any(workdir.iterdir()):
-        parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
+    description = (__doc__ or "").splitlines()[0]
+    prefix = "pyspark-abs-job-nemesis-"
+    args, kinds, workdir = schedule_arguments(argv, description, WEIGHTS, prefix)
     started = time.monotonic()
     nemesis = run_schedule(workdir, args.seed, kinds, args.ops)
     report = nemesis.report(args.seed, time.monotonic() - started)

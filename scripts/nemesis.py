@@ -56,7 +56,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -557,6 +557,84 @@ class Child:
         return self.process.returncode, last_json(self.log)
 
 
+def start_child(script: Path, log: Path, *args: str) -> Child:
+    """A child process of ``script`` (``script child ARGS``), in a session of its own."""
+    log_config = REPO / "conf" / "log4j2.properties"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "JDK_JAVA_OPTIONS": f"-Dlog4j2.configurationFile={log_config}",
+    }
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(script), "child", *args],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return Child(process, log)
+
+
+def beside(
+    wait: Callable[[], object],
+    loops: Mapping[str, Callable[[random.Random], None]],
+    rng: random.Random,
+    error: Callable[[str], None],
+) -> Counter[str]:
+    """Call ``wait`` while each loop repeats in a thread of its own (0.2 to 2 s apart).
+
+    Returns how often each loop ran without an error; ``error`` gets each failure.
+    """
+    stop = threading.Event()
+    done: Counter[str] = Counter()
+
+    def repeat(name: str, own: random.Random) -> None:
+        while not stop.is_set():
+            time.sleep(own.uniform(0.2, 2.0))
+            try:
+                loops[name](own)
+                done[name] += 1
+            except Exception as err:
+                error(f"{name} beside a run failed: {err!r}")
+
+    threads = [
+        threading.Thread(target=repeat, args=(name, random.Random(rng.random()))) for name in loops
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    return done
+
+
+def schedule_arguments(
+    argv: Sequence[str] | None, description: str, weights: Mapping[str, int], prefix: str
+) -> tuple[argparse.Namespace, list[str], Path]:
+    """A schedule's command line: the arguments, the kinds to draw and a new working dir."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--ops", type=int, required=True, help="operations in the schedule")
+    parser.add_argument("--seed", type=int, required=True, help="random seed")
+    parser.add_argument("--root", type=Path, help="a new working directory (default: temp)")
+    parser.add_argument(
+        "--kinds", default=",".join(weights), help=f"operations to draw from ({', '.join(weights)})"
+    )
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(weights)
+    if unknown or not kinds:
+        parser.error(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(weights)}")
+    workdir = (args.root or Path(tempfile.mkdtemp(prefix=prefix))).resolve()
+    if workdir.exists() and any(workdir.iterdir()):
+        parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
+    return args, kinds, workdir
+
+
 def last_json(log: Path) -> dict[str, Any]:
     """The last JSON object a child printed, or {}."""
     for line in reversed(log.read_text(errors="replace").splitlines()):
@@ -584,6 +662,26 @@ def wait_stop(child: Child, limit: float) -> str:
             child.process.returncode = os.waitstatus_to_exitcode(status)
             return "exited"
     return "timeout"
+
+
+def kill(
+    child: Child, kind: str, limit: float, rng: random.Random, error: Callable[[str], None]
+) -> str:
+    """SIGKILL a run: after ``limit`` s (``timer``), exactly at the protocol step it paused
+    at (``at_step``), or a moment after it (``after_step``). Returns the outcome: killed, or
+    finished before the kill (an exit status other than 0 goes to ``error``)."""
+    how = wait_stop(child, limit)
+    if how == "exited":
+        code, result = child.wait()
+        if code != 0:
+            error(f"kill run exited {code} before its kill: {result}, see {child.log}")
+        return f"{kind}:finished_first"
+    if how == "stopped" and kind == "after_step":
+        signal_group(child.process.pid, signal.SIGCONT)
+        time.sleep(rng.uniform(0.0, 0.6))
+    signal_group(child.process.pid, signal.SIGKILL)
+    child.wait()
+    return f"{kind}:killed"
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -650,23 +748,7 @@ class Nemesis:
     def start_child(self) -> Child:
         """A child process starting Spark, to be given its operation later."""
         self.children += 1
-        log = self.logs / f"{self.children:04d}.log"
-        log_config = REPO / "conf" / "log4j2.properties"
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-            "JDK_JAVA_OPTIONS": f"-Dlog4j2.configurationFile={log_config}",
-        }
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, str(SCRIPT), "child"],
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        return Child(process, log)
+        return start_child(SCRIPT, self.logs / f"{self.children:04d}.log")
 
     def close(self) -> None:
         """Stop the child started ahead."""
@@ -729,18 +811,7 @@ class Nemesis:
             extra += ["--pause", self.pause_at(self.current)]
         child = self.spawn("run", self.current, *extra)
         limit = self.rng.uniform(1.0, 10.0) if kind == "timer" else CHILD_TIMEOUT_S
-        how = wait_stop(child, limit)
-        if how == "exited":
-            code, result = child.wait()
-            if code != 0:
-                self.error(f"kill run exited {code} before its kill: {result}, see {child.log}")
-            return f"{kind}:finished_first"
-        if how == "stopped" and kind == "after_step":
-            signal_group(child.process.pid, signal.SIGCONT)
-            time.sleep(self.rng.uniform(0.0, 0.6))
-        signal_group(child.process.pid, signal.SIGKILL)
-        child.wait()
-        return f"{kind}:killed"
+        return kill(child, kind, limit, self.rng, self.error)
 
     def op_rollback(self) -> str:
         from pyspark_abs import rollback
@@ -797,37 +868,19 @@ class Nemesis:
         from pyspark_abs.admin.retention import vacuum
 
         root = self.current
-        extra = self.run_args(root)
-        child = self.spawn("run", root, *extra)
-        stop = threading.Event()
-        done: Counter[str] = Counter()
+        child = self.spawn("run", root, *self.run_args(root))
 
-        def loop(name: str, rng: random.Random) -> None:
-            while not stop.is_set():
-                time.sleep(rng.uniform(0.2, 2.0))
-                if not (root / "_manifest").exists():
-                    continue
-                try:
-                    if name == "compact":
-                        compact(str(root))
-                    else:
-                        vacuum(str(root), keep_last=rng.randint(2, 4), min_age_seconds=0)
-                    done[name] += 1
-                except Exception as err:
-                    self.error(f"{name} beside a run failed: {err!r}")
+        def compacting(rng: random.Random) -> None:
+            if (root / "_manifest").exists():
+                compact(str(root))
 
-        threads = [
-            threading.Thread(target=loop, args=(n, random.Random(self.rng.random())))
-            for n in ("compact", "vacuum")
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            self.expect_ok(child, "run beside maintenance")
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join()
+        def vacuuming(rng: random.Random) -> None:
+            if (root / "_manifest").exists():
+                vacuum(str(root), keep_last=rng.randint(2, 4), min_age_seconds=0)
+
+        loops = {"compact": compacting, "vacuum": vacuuming}
+        wait = lambda: self.expect_ok(child, "run beside maintenance")  # noqa: E731
+        done = beside(wait, loops, self.rng, self.error)
         return f"compact x{done['compact']} vacuum x{done['vacuum']}"
 
     def op_race(self) -> str:
@@ -978,21 +1031,8 @@ class Nemesis:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run a schedule; print progress to stderr and the JSON report as the last stdout line."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--ops", type=int, required=True, help="operations in the schedule")
-    parser.add_argument("--seed", type=int, required=True, help="random seed")
-    parser.add_argument("--root", type=Path, help="a new working directory (default: temp)")
-    parser.add_argument(
-        "--kinds", default=",".join(WEIGHTS), help=f"operations to draw from ({', '.join(WEIGHTS)})"
-    )
-    args = parser.parse_args(argv)
-    kinds = [k for k in args.kinds.split(",") if k]
-    unknown = set(kinds) - set(WEIGHTS)
-    if unknown or not kinds:
-        parser.error(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(WEIGHTS)}")
-    workdir = (args.root or Path(tempfile.mkdtemp(prefix="pyspark-abs-nemesis-"))).resolve()
-    if workdir.exists() and any(workdir.iterdir()):
-        parser.error(f"--root {workdir} is not empty; give the nemesis a new directory")
+    description = (__doc__ or "").splitlines()[0]
+    args, kinds, workdir = schedule_arguments(argv, description, WEIGHTS, "pyspark-abs-nemesis-")
     started = time.monotonic()
     nemesis = Nemesis(workdir, args.seed, kinds)
     try:

@@ -5,6 +5,9 @@ job rollback. Every job snapshot is compared with a model of the input (tests/su
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,70 +19,59 @@ import pyspark_abs.admin.job_decisions as job_decisions
 from pyspark_abs import (
     AbsConfig,
     ConfigError,
-    Fault,
-    FaultStep,
-    InjectedFault,
     Job,
     Pipeline,
     Snapshots,
-    StateEvolution,
     UpstreamNotReadyError,
     check,
     write_state,
 )
 from pyspark_abs.admin.job_manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.examples import medallion
+from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.storage.store import DeltaStore
-from tests.support.jobs import FILES, Event, Forget, assert_job_matches, job_of, model
+from tests.support.jobs import (
+    FILES,
+    Event,
+    Forget,
+    assert_job_matches,
+    dedup_v2,
+    job_of,
+    model,
+)
 from tests.support.pipelines import assert_same
 
 SYNC = AbsConfig(key_groups=4, commit_mode="sync")
 
 
-@vectorized_operator(
-    key="event_id",
-    state_schema="user string, seen long",
-    output_schema=medallion.EVENT_DDL,
-    name="dedup",
-    evolution=StateEvolution(added={"seen": 1}),
-)
-def dedup_v2(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
-    """Silver, redeployed: its state also counts how often each event id was seen."""
-    fresh = rows.drop_duplicates("event_id")
-    fresh = fresh[~fresh["event_id"].isin(state["event_id"])].copy()
-    fresh["seen"] = 1
-    return KeyGroupResult(
-        state=fresh[["event_id", "user", "seen"]], output=fresh[["event_id", "user", "amount"]]
-    )
-
-
 def test_a_stage_redeployed_with_a_new_state_schema_migrates_with_the_whole_job(
     spark: SparkSession, tmp_path: Path
 ) -> None:
+    """Silver's new state schema is a job-wide decision; the application dies inside it."""
     medallion.write_events(tmp_path / "in", FILES[:3])
     job_of(spark, tmp_path).run()
     medallion.write_events(tmp_path / "in", FILES[3:])
-
-    def v2(faults: tuple[Fault, ...] = ()) -> Job:
-        silver = AbsConfig(key_groups=4, commit_mode="sync", faults=faults)
-        return medallion.build(
-            spark,
-            str(tmp_path / "in"),
-            str(tmp_path / "job"),
-            config=SYNC,
-            stage_configs={"silver": silver},
-            operators={"silver": dedup_v2},
-        )
-
-    crashing = v2((Fault(FaultStep.AFTER_PREPARED, 3),))
-    report = check(crashing.stages["silver"])
+    job = medallion.build(
+        spark,
+        str(tmp_path / "in"),
+        str(tmp_path / "job"),
+        config=SYNC,
+        operators={"silver": dedup_v2},
+    )
+    report = check(job.stages["silver"])
     assert report.exit_code == 3
     assert any("every stage goes back to job snapshot 2" in d for d in report.items[0].details)
     with pytest.raises(ConfigError, match="which every stage of the job takes together"):
-        crashing.stages["silver"].start(available_now=True)
-    with pytest.raises(InjectedFault, match="'after_prepared' of epoch 3"):
-        crashing.run()  # bronze has its part, silver's is PREPARED, gold's and audit's not
+        job.stages["silver"].start(available_now=True)
+    # the application is killed as silver's part of the decision is PREPARED
+    crashed = subprocess.run(
+        [sys.executable, "-m", "tests.support.job_runs", str(tmp_path), "silver:after_prepared:3"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        capture_output=True,
+        timeout=600,
+    )
+    assert crashed.returncode == EXIT_CODE, crashed.stderr.decode()[-2000:]
     unfinished = open_job(DeltaStore(), str(tmp_path / "job"), None).unfinished
     assert unfinished is not None
     assert (unfinished.kind, unfinished.restore_epoch, list(unfinished.states)) == (
@@ -87,8 +79,6 @@ def test_a_stage_redeployed_with_a_new_state_schema_migrates_with_the_whole_job(
         3,
         ["silver"],
     )
-
-    job = v2()
     with pytest.raises(UpstreamNotReadyError):  # gold alone installs its part, then waits
         job.stages["gold"].start(available_now=True)
     gold = Snapshots(job.stages["gold"].root).get(3)

@@ -7,11 +7,13 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, Job
+from pyspark_abs import AbsConfig, Job, StateEvolution
 from pyspark_abs.examples import medallion
+from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
 from tests.support.pipelines import assert_same
 
 Event = tuple[str, str, int]
@@ -33,6 +35,23 @@ SCHEMAS = {
     "audit": "user string, landed long, kept long",
 }
 """The state of each stateful stage."""
+
+
+@vectorized_operator(
+    key="event_id",
+    state_schema="user string, seen long",
+    output_schema=medallion.EVENT_DDL,
+    name="dedup",
+    evolution=StateEvolution(added={"seen": 1}),
+)
+def dedup_v2(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Silver, redeployed: its state also counts how often each event id was seen."""
+    fresh = rows.drop_duplicates("event_id")
+    fresh = fresh[~fresh["event_id"].isin(state["event_id"])].copy()
+    fresh["seen"] = 1
+    return KeyGroupResult(
+        state=fresh[["event_id", "user", "seen"]], output=fresh[["event_id", "user", "amount"]]
+    )
 
 
 def job_of(

@@ -91,6 +91,8 @@ WEIGHTS = {
     "copy": 1,
     "cluster": 1,
 }
+NEED_SNAPSHOTS = {"rollback", "crashed_rollback", "restore", "write_state", "tag", "copy"}
+"""Operations drawn before the job has a job snapshot become runs."""
 COUNTS = (
     "lost",
     "duplicated",
@@ -691,7 +693,13 @@ class JobNemesis:
             kind = self.schedule.choices(self.kinds, weights)[0]
             self.append_input()
             started = time.monotonic()
-            outcome = getattr(self, f"op_{kind}")()
+            if kind in NEED_SNAPSHOTS and not self.job_snapshots(self.current):
+                kind = "run"  # nothing to go back to, copy or edit yet
+            try:
+                outcome = getattr(self, f"op_{kind}")()
+            except Exception as err:
+                self.error(f"{kind} raised {err!r}: {traceback.format_exc()[-1500:]}")
+                outcome = "raised"
             self.ops[kind] += 1
             self.outcomes[f"{kind}:{outcome}"] += 1
             self.check(step, kind)

@@ -576,6 +576,7 @@ class JobNemesis:
         original = self.current
         copy = JobPlan(self.workdir / f"job-{len(self.plans)}", self.inputs_dir)
         shutil.copytree(original.root, copy.root)
+        copy.parent = original.parent  # a copy's first epochs are the original's
         copy.forgets = dict(original.forgets)
         copy.deletes = list(original.deletes)
         for stage in STAGES:

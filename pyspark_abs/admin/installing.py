@@ -10,7 +10,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from pyspark_abs.admin.sink_restores import keeping_other_writers, sinks_written_later
+from pyspark_abs.admin.sink_restores import (
+    check_sink_restores,
+    keeping_other_writers,
+    sinks_written_later,
+)
 from pyspark_abs.admin.validation import require_intact
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
@@ -389,6 +393,8 @@ def install_snapshot(
     for table, (uri, version) in sinks_written_later(writer.epochs, target).items():
         tables[table] = uri
         restore_versions[table] = version
+    if refuse_lost_changes:
+        check_sink_restores(writer, target)
     restore_versions = keeping_other_writers(
         store, tables, restore_versions, target.epoch, refuse=refuse_lost_changes
     )

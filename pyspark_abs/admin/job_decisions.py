@@ -165,9 +165,8 @@ def decide(
         manifest = _finish(held, manifest)
         snapshot = pick(manifest.job, snapshots_of(manifest.stages), epoch)
         for name, stage_epoch in snapshot.stages.items():  # once decided, it is finished
-            stage_root = manifest.stages[name]
-            epochs = load_epoch_log(store, SnapshotRoot(stage_root).manifest_uri)
-            check_sink_restores(store, epochs, snapshot_of(epochs, stage_epoch, stage_root))
+            writer = held.writer(name, manifest.stages[name], None)
+            check_sink_restores(writer, snapshot_of(writer.epochs, stage_epoch, writer.root))
         restore_epoch = next_restore_epoch(store, manifest.stages)
         written = states(snapshot, restore_epoch) if states is not None else {}
         decided = JobDecision(

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pyspark_abs.errors import ExternalChangeError, SnapshotDamagedError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.lineage import require_own_sinks
 from pyspark_abs.storage.commits import commits_between
 from pyspark_abs.storage.root import SINK_PREFIX
 from pyspark_abs.storage.store import DeltaStore
@@ -87,18 +89,26 @@ def keeping_other_writers(
     return kept
 
 
-def check_sink_restores(store: DeltaStore, epochs: EpochLog, target: ManifestEntry) -> None:
-    """Refuse, before a decision, to restore sinks to ``target`` across another's change.
+def check_sink_restores(writer: EpochWriter, target: ManifestEntry) -> dict[str, int]:
+    """The versions the sinks of ``target`` go back to, refused before anything is decided.
 
     Raises:
         ExternalChangeError: See :func:`keeping_other_writers`.
+        PipelineMismatchError: A sink belongs to another root: the original of this root,
+            which was copied as a directory (see
+            :func:`~pyspark_abs.protocol.lineage.require_own_sinks`).
     """
+    store = writer.store
     tables = dict(target.tables)
     versions = {
         t: v
         for t, v in target.table_versions.items()
         if t.startswith(SINK_PREFIX) and store.exists(tables[t])
     }
-    for table, (uri, version) in sinks_written_later(epochs, target).items():
+    for table, (uri, version) in sinks_written_later(writer.epochs, target).items():
         tables[table], versions[table] = uri, version
-    keeping_other_writers(store, tables, versions, target.epoch)
+    decided = writer.epochs.latest_decided()
+    sinks = {t: tables[t] for t in versions}
+    newest = None if decided is None else decided.epoch
+    require_own_sinks(store, writer.pipeline, writer.root, writer.root_id, sinks, newest)
+    return keeping_other_writers(store, tables, versions, target.epoch)

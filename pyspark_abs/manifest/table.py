@@ -13,6 +13,7 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.manifest.entries import FORMAT_VERSION, MANIFEST_SCHEMA, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.manifest.relocation import relocated
 from pyspark_abs.storage.root import MANIFEST_TABLE, SnapshotRoot
 from pyspark_abs.storage.store import (
     DeltaStore,
@@ -62,12 +63,17 @@ def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
 def load_epoch_log(store: DeltaStore, uri: str) -> EpochLog:
     """The manifest table at ``uri`` as an :class:`EpochLog`, with the version it was read at.
 
+    Entries written at another location (a root copied or moved as a directory) name their
+    tables where they are now (see :mod:`~pyspark_abs.manifest.relocation`).
+
     Raises:
         ManifestError: The manifest cannot be read or breaks the epoch state machine.
     """
+    root = uri[: -len(MANIFEST_TABLE) - 1]
     try:
         rows, version = store.read_versioned(uri)
-        return EpochLog((ManifestEntry.from_row(r) for r in rows.to_pylist()), version)
+        entries = (ManifestEntry.from_row(r) for r in rows.to_pylist())
+        return EpochLog(relocated(root, entries), version)
     except ManifestError:
         raise
     except Exception as err:

@@ -186,3 +186,26 @@ def test_rollback_to_written_state_restores_the_sinks(spark: SparkSession, tmp_p
     words_pipeline(root, words).run()  # the same input again, from the written state
     assert_same(snapshots.sink("output"), spark.createDataFrame(sink, STATE_DDL))
     assert_same(snapshots.state(OP), spark.createDataFrame(state, STATE_DDL))
+
+
+def test_a_root_copied_as_a_directory_rolls_back_its_own_tables_never_the_originals(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Its manifest names the original's table locations: a rollback of the copy must go to
+    the copy's own tables (state and the sink copied with it), and leave the original as it
+    was; both then go on to what an uninterrupted run gives."""
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
+    root, copy = tmp_path / "root", tmp_path / "copy"
+    word_pipeline(spark, inputs, root, bronze=True).run()
+    shutil.copytree(root, copy)
+    tables = [root / "state" / "word_count", root / "sinks" / "word_counts"]
+    before = [DeltaTable(str(t)).version() for t in tables]
+    rollback(str(copy), 1)
+    assert [DeltaTable(str(t)).version() for t in tables] == before
+    assert_same(Snapshots(str(copy), spark).state("word_count"), counts_df(spark, EPOCHS[:2]))
+    write_epochs(tmp_path / "in", EPOCHS)
+    for each in (root, copy):
+        word_pipeline(spark, inputs, each, bronze=True).run()
+        snapshots = Snapshots(str(each), spark)
+        assert_same(snapshots.state("word_count"), counts_df(spark, EPOCHS))
+        assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))

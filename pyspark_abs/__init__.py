@@ -24,8 +24,11 @@ from pyspark_abs.runtime import require_pyspark
 require_pyspark()
 
 if TYPE_CHECKING:
+    from pyspark_abs.admin.compaction import compact
+    from pyspark_abs.admin.retention import vacuum
     from pyspark_abs.admin.savepoints import restore, rollback, write_state
     from pyspark_abs.admin.tags import tag, untag
+    from pyspark_abs.admin.validation import validate
     from pyspark_abs.config import AbsConfig
     from pyspark_abs.errors import (
         AbsError,
@@ -91,8 +94,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, tuple[str, ...]] = {
+    "pyspark_abs.admin.compaction": ("compact",),
+    "pyspark_abs.admin.retention": ("vacuum",),
     "pyspark_abs.admin.savepoints": ("restore", "rollback", "write_state"),
     "pyspark_abs.admin.tags": ("tag", "untag"),
+    "pyspark_abs.admin.validation": ("validate",),
     "pyspark_abs.config": ("AbsConfig",),
     "pyspark_abs.faults": ("Fault", "FaultAction", "FaultStep"),
     "pyspark_abs.manifest.job_cut": ("JobSnapshot",),

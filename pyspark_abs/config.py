@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -82,14 +82,7 @@ class AbsConfig:
 
     def __new__(cls, *args: object, **kwargs: object) -> AbsConfig:
         """Refuse a misspelt keyword with the known keys, as files and Spark confs do."""
-        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            known = sorted(f.name for f in dataclasses.fields(cls))
-            hints = [m for u in unknown for m in difflib.get_close_matches(u, known, 1)]
-            hint = f" (did you mean {hints}?)" if hints else ""
-            raise ConfigError(
-                f"unknown configuration key(s) {unknown}{hint}; known keys are {known}"
-            )
+        _refuse_unknown({k: k for k in kwargs}, [f.name for f in dataclasses.fields(cls)])
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
@@ -149,11 +142,7 @@ class AbsConfig:
             ConfigError: A key is unknown or a value cannot be converted.
         """
         known = {f.name: f for f in dataclasses.fields(cls) if f.name != "faults"}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"unknown configuration key(s) {unknown}; known keys are {sorted(known)}"
-            )
+        _refuse_unknown({k: k for k in values}, list(known))
         converted = {name: _convert(name, known[name].type, v) for name, v in values.items()}
         return cls(**converted)  # type: ignore[arg-type]
 
@@ -199,11 +188,17 @@ class AbsConfig:
         Raises:
             ConfigError: A ``spark.abs.*`` key is unknown or its value is invalid.
         """
-        values = {
-            _snake(key[len(SPARK_CONF_PREFIX) :]): value
-            for key, value in spark.conf.getAll.items()
-            if key.startswith(SPARK_CONF_PREFIX)
-        }
+        given = {k: v for k, v in spark.conf.getAll.items() if k.startswith(SPARK_CONF_PREFIX)}
+        fields = {key: _snake(key[len(SPARK_CONF_PREFIX) :]) for key in given}
+        try:
+            _refuse_unknown(
+                fields,
+                [f.name for f in dataclasses.fields(cls) if f.name != "faults"],
+                spell=lambda name: SPARK_CONF_PREFIX + _camel(name),
+            )
+        except ConfigError as err:
+            raise ConfigError(f"in the Spark conf: {err}") from None
+        values = {fields[key]: value for key, value in given.items()}
         try:
             return cls.from_mapping(values)
         except ConfigError as err:
@@ -212,6 +207,33 @@ class AbsConfig:
 
 def _snake(camel: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
+
+
+def _camel(snake: str) -> str:
+    first, *rest = snake.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+def _refuse_unknown(
+    written: Mapping[str, str], known: list[str], spell: Callable[[str], str] = str
+) -> None:
+    """Refuse keys that name no setting, with the closest known one as a hint.
+
+    Args:
+        written: Each key as the user wrote it, and the setting it stands for.
+        known: The settings.
+        spell: How the user writes a setting (a Spark conf key is camelCase).
+
+    Raises:
+        ConfigError: A key names no setting.
+    """
+    unknown = sorted(key for key, name in written.items() if name not in known)
+    if not unknown:
+        return
+    spelled = sorted(spell(name) for name in known)
+    hints = [m for key in unknown for m in difflib.get_close_matches(key, spelled, 1)]
+    hint = f" (did you mean {hints}?)" if hints else ""
+    raise ConfigError(f"unknown configuration key(s) {unknown}{hint}; known keys are {spelled}")
 
 
 def _require_positive(name: str, value: int) -> None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from pyspark_abs.admin.job_manifest import JobManifest, open_job
+from pyspark_abs.admin.job_manifest import (
+    DecisionStatus,
+    JobDecision,
+    JobManifest,
+    JobRecord,
+    open_job,
+)
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.job_cut import JobSnapshot, StageEpochs, job_snapshots
@@ -113,3 +119,18 @@ def job_snapshots_at(root: str) -> list[JobSnapshot]:
         SnapshotNotFoundError: ``root`` is not a job root.
     """
     return snapshots_of(job_stages(root))
+
+
+def job_origins(decisions: Iterable[JobDecision]) -> dict[int, str]:
+    """What made each job snapshot that a job-wide decision made, by its restore epoch."""
+    said = {
+        JobRecord.ROLLBACK: lambda d: f"rollback to {d.epoch}",
+        JobRecord.RESTORE: lambda d: f"restore of {d.source} at {d.epoch}",
+        JobRecord.MIGRATE: lambda d: f"state migration of {', '.join(sorted(d.states))}",
+        JobRecord.WRITE_STATE: lambda d: f"write_state of {', '.join(sorted(d.states))}",
+    }
+    return {
+        d.restore_epoch: said[d.kind](d)
+        for d in decisions
+        if d.status is DecisionStatus.COMMITTED and d.kind in said
+    }

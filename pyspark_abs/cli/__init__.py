@@ -21,12 +21,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.job_decisions import restore_job, rollback_job
-from pyspark_abs.admin.job_listing import job_snapshots_at, job_stages
 from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.savepoints import restore, rollback, write_state
 from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
+from pyspark_abs.cli.jobs import add_job_commands
 from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_table, rounded, size
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
@@ -129,23 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE:NAME",
         help="a pyspark_abs Pipeline, or a function of no arguments returning one",
     )
-    command(
-        "job-snapshots",
-        "list the job snapshots of a job root (every stage's epoch)",
-        _job_snapshots,
-    )
-    command(
-        "job-rollback",
-        "roll every stage of the (stopped) job back to a job snapshot",
-        _job_rollback,
-    ).add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot's epoch")
-    copy_job = command(
-        "job-restore", "copy a job snapshot into a new job root, to continue there", _job_restore
-    )
-    copy_job.add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot")
-    copy_job.add_argument(
-        "--into", required=True, metavar="NEW_ROOT", help="the new job root (stages go under it)"
-    )
+    add_job_commands(command)
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
     clean.add_argument("--keep-last", type=_positive, help="keep only the newest N snapshots")
@@ -165,12 +148,6 @@ EPOCH_HELP = "a committed epoch, or the name of a savepoint"
 def _epoch(text: str) -> int | str:
     """An epoch number, or a savepoint's name (names start with a letter)."""
     return int(text) if text.isdigit() else text
-
-
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an epoch number (0 or more), got {text!r}")
-    return int(text)
 
 
 def _positive(text: str) -> int:
@@ -313,48 +290,6 @@ def _rollback(args: argparse.Namespace) -> int:
             f"epoch {info.epoch} RESTORED from epoch {info.restored_from}; the next start "
             f"reprocesses from epoch {info.restored_from}'s source offsets"
         )
-    return 0
-
-
-def _job_snapshots(args: argparse.Namespace) -> int:
-    found = job_snapshots_at(args.root)
-    if args.json:
-        print_json([{"epoch": s.epoch, "stages": dict(s.stages)} for s in found])
-        return 0
-    rows = [
-        [str(s.epoch), " ".join(f"{name}={epoch}" for name, epoch in s.stages.items())]
-        for s in found
-    ]
-    print_table(["epoch", "stage epochs"], rows)
-    return 0
-
-
-def _job_rollback(args: argparse.Namespace) -> int:
-    done = rollback_job(args.root, args.epoch)
-    if args.json:
-        print_json(
-            {
-                "epoch": done.epoch,
-                "restore_epoch": done.restore_epoch,
-                "stage_epochs": dict(done.stage_epochs),
-            }
-        )
-    else:
-        print(
-            f"job rolled back to epoch {done.epoch}: every stage has restore epoch "
-            f"{done.restore_epoch}; the next start continues from epoch {done.restore_epoch + 1}"
-        )
-    return 0
-
-
-def _job_restore(args: argparse.Namespace) -> int:
-    done = restore_job(args.root, args.epoch, args.into)
-    stages = job_stages(args.into)
-    if args.json:
-        print_json({"epoch": done.epoch, "stages": stages})
-    else:
-        print(f"job snapshot {done.epoch} copied into {args.into}; its stages' roots are:")
-        print_table(["stage", "root"], [[name, root] for name, root in stages.items()])
     return 0
 
 

@@ -73,6 +73,9 @@ class JobQuery:
         self._stopping = threading.Event()
         self._failure: BaseException | None = None
         self._starter: threading.Thread | None = None
+        self._waiter_lock = threading.Lock()
+        self._waiter: threading.Thread | None = None
+        self._end_failure: BaseException | None = None
         self._guarded(self._start_ready)
         if self._pending:
             self._starter = threading.Thread(
@@ -137,16 +140,57 @@ class JobQuery:
 
         self._guarded(lambda: self._each(catch_up))
 
-    def await_termination(self) -> None:
+    @property
+    def is_active(self) -> bool:
+        """Whether the run goes on: a stage runs, or waits to start and the run is not stopped."""
+        if self._failure is not None:
+            return False
+        if any(query.is_active for query in list(self.stages.values())):
+            return True
+        return bool(self.waiting) and not self._stopping.is_set()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
         """Wait until the run ends; with ``available_now``, until every stage has read all.
 
         With ``available_now`` the head stages end on their own, and every other stage is
         stopped once it has read everything its upstream stages committed. Otherwise this
-        waits until every stage has ended (one failing stops the others).
+        waits until every stage has ended (one failing stops the others). The waiting goes
+        on in a thread of its own, so a call that times out can be repeated.
+
+        Args:
+            timeout: Seconds to wait; None waits until the run ends.
+
+        Returns:
+            Whether the run has ended.
 
         Raises:
             AbsError: A stage failed; every stage is stopped.
         """
+        with self._waiter_lock:
+            if self._waiter is None:
+                self._waiter = threading.Thread(
+                    target=self._wait_for_end, name=f"pyspark-abs-job-{self.job.name}-end"
+                )
+                self._waiter.daemon = True
+                self._waiter.start()
+        try:
+            self._waiter.join(timeout)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        if self._waiter.is_alive():
+            return False
+        if self._end_failure is not None:
+            raise self._end_failure
+        return True
+
+    def _wait_for_end(self) -> None:
+        try:
+            self._run_to_end()
+        except BaseException as err:
+            self._end_failure = err
+
+    def _run_to_end(self) -> None:
         if self._available_now:
 
             def finish(name: str) -> None:

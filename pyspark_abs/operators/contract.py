@@ -23,6 +23,10 @@ from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import RESERVED_COLUMNS, SchemaLike
 
 DEFAULT_OUTPUT = "output"
+
+STATELESS_COLUMN = "_stateless"
+STATELESS = f"{STATELESS_COLUMN} boolean"
+"""The state schema of an operator declared without one: a column it never writes."""
 """Name of the output of an operator declared with ``output_schema=``."""
 
 
@@ -113,7 +117,8 @@ class Operator:
     Attributes:
         name: Operator id; its state table is ``state/<name>`` under the snapshot root.
         key: Key column names in the input rows.
-        state_schema: Columns of one key's state.
+        state_schema: Columns of one key's state (:data:`STATELESS` for an operator
+            declared without state).
         outputs: Output names and their schemas, in declaration order.
         function: The key-group function; for an operator declared per key, the adapter
             around the per-key function.
@@ -137,11 +142,16 @@ class Operator:
         """Names of the operator's outputs."""
         return tuple(name for name, _ in self.outputs)
 
+    @property
+    def stateless(self) -> bool:
+        """Whether the operator was declared without state (no ``state_schema``)."""
+        return self.state_schema == STATELESS
+
 
 def vectorized_operator(
     *,
     key: str | Sequence[str],
-    state_schema: SchemaLike,
+    state_schema: SchemaLike | None = None,
     output_schema: SchemaLike | None = None,
     outputs: Mapping[str, SchemaLike] | None = None,
     timeout: TimeoutMode | str = TimeoutMode.NONE,
@@ -169,7 +179,9 @@ def vectorized_operator(
 
     Args:
         key: Key column name(s).
-        state_schema: Columns of a key's state.
+        state_schema: Columns of a key's state. Leave it out for a stateless operator (a
+            filter, a parser, a bronze stage): its state table stays empty, and it may not
+            return state, have timeouts or a ttl.
         output_schema: Schema of the single output, named ``"output"``.
         outputs: Several named outputs with their schemas (instead of ``output_schema``).
         timeout: ``"none"``, ``"processing_time"`` or ``"event_time"``.
@@ -208,7 +220,7 @@ def declare(
     fn: KeyGroupFunction,
     *,
     key: str | Sequence[str],
-    state_schema: SchemaLike,
+    state_schema: SchemaLike | None,
     output_schema: SchemaLike | None,
     outputs: Mapping[str, SchemaLike] | None,
     timeout: TimeoutMode | str,
@@ -275,10 +287,15 @@ def declare(
             f"operator {op_name!r}: evolution= must be a StateEvolution, got "
             f"{type(evolution).__name__}"
         )
+    if state_schema is None and (mode is not TimeoutMode.NONE or evolution is not None):
+        raise OperatorDefinitionError(
+            f"operator {op_name!r} is stateless (no state_schema), so it can have no "
+            f"timeouts, ttl or evolution; declare the state_schema it keeps"
+        )
     return Operator(
         name=op_name,
         key=keys,
-        state_schema=state_schema,
+        state_schema=STATELESS if state_schema is None else state_schema,
         outputs=declared,
         function=fn,
         timeout=mode,

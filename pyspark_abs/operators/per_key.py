@@ -24,6 +24,7 @@ from pyspark_abs.errors import (
     describe,
 )
 from pyspark_abs.operators.contract import (
+    STATELESS_COLUMN,
     Clock,
     KeyGroupContext,
     KeyGroupResult,
@@ -103,7 +104,13 @@ class KeyState:
 
         Raises:
             SchemaMismatchError: The value does not have the state columns.
+            OperatorError: The operator was declared without state.
         """
+        if self._fields == (STATELESS_COLUMN,):
+            raise OperatorError(
+                f"state.update for key {self._key!r}: the operator was declared without "
+                f"state_schema; declare the state it keeps"
+            )
         if isinstance(value, Mapping):
             missing = [f for f in self._fields if f not in value]
             extra = [k for k in value if k not in self._fields]
@@ -230,7 +237,7 @@ def to_epoch_ms(value: int | dt.datetime, time_zone: str) -> int:
 def operator(
     *,
     key: str | Sequence[str],
-    state_schema: SchemaLike,
+    state_schema: SchemaLike | None = None,
     output_schema: SchemaLike | None = None,
     outputs: Mapping[str, SchemaLike] | None = None,
     timeout: TimeoutMode | str = TimeoutMode.NONE,

@@ -10,7 +10,12 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, StateEncodingError, StateTooLargeError
-from pyspark_abs.operators.contract import KeyGroupFunction, Operator, TimeoutMode
+from pyspark_abs.operators.contract import (
+    STATELESS_COLUMN,
+    KeyGroupFunction,
+    Operator,
+    TimeoutMode,
+)
 from pyspark_abs.operators.schema import (
     DELETED,
     EPOCH,
@@ -209,6 +214,11 @@ class OperatorPlan:
         """New state a function returns: key and state columns (``_timeout`` optional)."""
         return pa.schema([*self.key_schema, *self.state_schema])
 
+    @property
+    def stateless(self) -> bool:
+        """Whether the operator was declared without state."""
+        return self.state_schema.names == [STATELESS_COLUMN]
+
     @cached_property
     def change_schema(self) -> pa.Schema:
         """A key group's state changes: the blob schema plus ``_deleted``."""
@@ -279,6 +289,22 @@ class OperatorPlan:
 EVENT_TIME_MARK = "spark.watermarkDelayMs"
 
 
+def require_watermark(pipeline: str, plan: OperatorPlan) -> None:
+    """Refuse event-time timeouts or an event-time ttl over a stream without a watermark.
+
+    Raises:
+        OperatorDefinitionError: The operator needs a watermark and the source has none.
+    """
+    if plan.timeout is not TimeoutMode.EVENT_TIME or plan.event_time is not None:
+        return
+    what = "an event-time ttl" if plan.ttl_ms is not None else "event-time timeouts"
+    raise OperatorDefinitionError(
+        f"pipeline {pipeline!r}: operator {plan.name!r} has {what}, but the source has no "
+        f"watermark (the source's columns are {plan.input_schema.names}); set one with "
+        f"transform=lambda df: df.withWatermark(<event-time column>, <delay>)"
+    )
+
+
 def resolve_plan(
     name: str,
     source: DataFrame,
@@ -324,13 +350,6 @@ def resolve_plan(
     if operator.evolution is not None:
         operator.evolution.check(operator.name, operator.key, state_schema)
     event_time = next((f.name for f in source.schema.fields if EVENT_TIME_MARK in f.metadata), None)
-    event_ttl = operator.ttl_ms is not None and operator.timeout is TimeoutMode.EVENT_TIME
-    if event_ttl and event_time is None:
-        raise OperatorDefinitionError(
-            f"pipeline {name!r}: operator {operator.name!r} has an event-time ttl, but the "
-            f"source has no watermark; set one with transform=lambda df: "
-            f"df.withWatermark(<event-time column>, <delay>)"
-        )
     return OperatorPlan(
         name=operator.name,
         key_columns=operator.key,

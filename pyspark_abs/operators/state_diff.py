@@ -239,6 +239,11 @@ def _upsert_table(
 ) -> pa.Table:
     if frame is None:
         return plan.blob_schema.empty_table()
+    if plan.stateless and len(frame):
+        raise OperatorError(
+            f"{where}: returned state, but the operator was declared without state_schema; "
+            f"declare the state it keeps, or return no state"
+        )
     what = f"{where}: returned state"
     check_columns(frame, plan.upsert_schema.names, what, optional=[TIMEOUT])
     if TIMEOUT in frame.columns:

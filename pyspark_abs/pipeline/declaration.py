@@ -35,7 +35,13 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
 from pyspark_abs.operators.keygroups import key_group_column
-from pyspark_abs.operators.plan import LiveState, OperatorPlan, StateInSpark, resolve_plan
+from pyspark_abs.operators.plan import (
+    LiveState,
+    OperatorPlan,
+    StateInSpark,
+    require_watermark,
+    resolve_plan,
+)
 from pyspark_abs.operators.schema import (
     KEY_GROUP,
     to_arrow,
@@ -195,6 +201,7 @@ class Pipeline:
             self.config.snapshots,
             max_state_bytes=self.config.max_key_group_state_bytes,
         )
+        require_watermark(name, self.plan)
         self._frame = frame
         self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
         self._check_back_edges(sinks)

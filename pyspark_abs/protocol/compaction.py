@@ -36,6 +36,7 @@ from pyspark_abs.operators.envelope import Kind
 from pyspark_abs.protocol.precommit import (
     TableTarget,
     compaction_prefix,
+    file_name,
     write_files,
 )
 from pyspark_abs.sources.backedge_log import consumed_before
@@ -261,14 +262,25 @@ def compact_table(
         committed, _ = commit_retrying(store, uri, actions, what, "run compact again later")
     except _Superseded as skip:
         delete_files(uri, [w.path for w in written])
-        log.info("%s: nothing committed, %s", what, skip.reason)
-        return Compaction(
-            table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, skip.reason
-        )
+        reason = _already_compacted(store.open(uri), snapshot.epoch) or skip.reason
+        log.info("%s: nothing committed, %s", what, reason)
+        return Compaction(table, snapshot.epoch, None, 0, changes.num_rows, live.num_rows, reason)
     except (CommitError, FencingError):
         delete_files(uri, [w.path for w in written])
         raise
     return Compaction(table, snapshot.epoch, committed, len(files), changes.num_rows, live.num_rows)
+
+
+def _already_compacted(current: DeltaTable, epoch: int) -> str | None:
+    """Say so if another compaction as of ``epoch`` or later already holds the table."""
+    names = [file_name(str(a["path"])) for a in add_actions(current)]
+    compacted = [n.epoch for n in names if n is not None and n.compaction]
+    if not compacted or max(compacted) < epoch:
+        return None
+    return (
+        f"already compacted as of epoch {max(compacted)} by another compaction (table "
+        f"version {current.version()}); nothing left to do"
+    )
 
 
 class _Superseded(Exception):

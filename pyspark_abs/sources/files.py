@@ -154,6 +154,29 @@ def list_files(directory: str) -> list[Landed]:
     ]
 
 
+def require_folder(directory: str) -> None:
+    """Fail unless ``directory`` exists and is a folder.
+
+    Raises:
+        SourceError: It does not exist, is a file, or cannot be looked at.
+    """
+    fs, path = _location(directory)
+    try:
+        kind = fs.get_file_info(path).type
+    except (OSError, pa.ArrowException) as err:
+        raise SourceError(f"FileSource({directory}): cannot look at the folder: {err}") from None
+    if kind == pafs.FileType.NotFound:
+        raise SourceError(
+            f"FileSource({directory}): the folder does not exist. Check the path, or create "
+            f"the folder first if the files land later"
+        )
+    if kind != pafs.FileType.Directory:
+        raise SourceError(
+            f"FileSource({directory}): this is a file, not a folder; give the folder the "
+            f"files land in"
+        )
+
+
 def read_file(path: str, fmt: Format, schema: pa.Schema, *, header: bool = True) -> pa.Table:
     """One file's rows with ``schema`` (columns the file lacks are null).
 
@@ -407,8 +430,11 @@ class FileSource:
 
         Raises:
             OperatorDefinitionError: ``schema`` is not a valid DDL schema.
+            SourceError: ``path`` is not a folder that exists.
         """
         from pyspark_abs.operators.schema import resolve_struct, to_spark
+
+        require_folder(self.path)
 
         if self.schema is None:  # text
             schema = to_spark(TEXT_SCHEMA)

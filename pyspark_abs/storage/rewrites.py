@@ -34,17 +34,17 @@ def superseded(current: DeltaTable, since: int, removing: Iterable[str]) -> str 
     was restored or overwritten after ``since`` (a rollback, restore or restore epoch
     replaced the state the plan was made from). None when they may be committed.
     """
+    replaced = _replacing_commit(current, since)
+    if replaced is not None:
+        return f"the table was {replaced} after version {since}: a rollback or restore replaced it"
     present = {str(a["path"]) for a in add_actions(current)}
     gone = [path for path in removing if path not in present]
     if gone:
         return (
             f"file {unquote(gone[0])} of version {since} is no longer in the table "
-            f"(version {current.version()}; {len(gone)} such file(s)): another compaction or "
-            f"a rollback replaced it"
+            f"(version {current.version()}; {len(gone)} such file(s)): another compaction "
+            f"replaced it"
         )
-    replaced = _replacing_commit(current, since)
-    if replaced is not None:
-        return f"the table was {replaced} after version {since}: a rollback or restore replaced it"
     return None
 
 

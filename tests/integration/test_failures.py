@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples import wordcount
 from tests.support.inputs import EPOCHS, write_epochs
-from tests.support.pipelines import STATE_DDL, assert_word_counts, word_pipeline
+from tests.support.pipelines import STATE_DDL, assert_word_counts, sessions, word_pipeline
 
 
 def failing_on(word: str, error: type[Exception] = ValueError) -> Any:
@@ -213,6 +214,18 @@ def test_sink_with_another_schema_is_refused(spark: SparkSession, tmp_path: Path
         pipeline.start()
 
 
+@operator(
+    key="word",
+    state_schema="n long",
+    output_schema="word string, n long",
+    ttl=dt.timedelta(minutes=1),
+    ttl_clock="event_time",
+)
+def expiring(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    state.update({"n": len(rows)})
+    return {"word": key[0], "n": len(rows)}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -227,6 +240,15 @@ def test_sink_with_another_schema_is_refused(spark: SparkSession, tmp_path: Path
         (
             {"sinks": {"output": "/tmp/x"}, "partition": ("nope",)},
             "partitioned by 'nope', which is not an output column",
+        ),
+        (
+            {"operator": sessions},
+            r"operator 'sessions' has event-time timeouts, but the source has no watermark "
+            r"\(the source's columns are \['word'\]\); set one with transform=",
+        ),
+        (
+            {"operator": expiring},
+            r"operator 'expiring' has an event-time ttl, but the source has no watermark",
         ),
     ],
 )

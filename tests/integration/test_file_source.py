@@ -7,9 +7,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import AbsConfig, FileSource, Pipeline, Snapshots, rollback
+from pyspark_abs import AbsConfig, FileSource, Pipeline, Snapshots, SourceError, rollback
 from pyspark_abs.examples.wordcount import word_count
 from tests.support.inputs import EPOCHS
 from tests.support.pipelines import assert_same, expected_sink, expected_state
@@ -50,3 +51,15 @@ def test_a_rollback_resumes_right_after_the_files_of_the_snapshot(
     pipeline(inputs, root).run()  # reads files 2.. again, exactly once
     assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
     assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
+
+
+def test_a_missing_folder_is_refused_before_the_root_is_created(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    inputs, root = tmp_path / "in", tmp_path / "root"
+    with pytest.raises(SourceError, match=r"in\): the folder does not exist"):
+        pipeline(inputs, root).run()
+    assert not root.exists()
+    land(inputs, EPOCHS)
+    pipeline(inputs, root).run()
+    assert_same(Snapshots(str(root), spark).state("word_count"), expected_state(spark, EPOCHS))

@@ -7,6 +7,7 @@ alone (:mod:`tests.support.jobs`).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,7 +49,12 @@ ALL = {n: n for n in range(len(FILES))}
 def test_every_job_snapshot_is_the_cut_the_input_gives(spark: SparkSession, tmp_path: Path) -> None:
     medallion.write_events(tmp_path / "in", FILES)
     job = job_of(spark, tmp_path)
-    job.run()
+    query = job.start(available_now=True)
+    running = [query.is_active]
+    assert query.await_termination(timeout=0) is False
+    assert query.await_termination(timeout=600)
+    running.append(query.is_active)
+    assert running == [True, False]
     assert_job_matches(spark, job, ALL)
     # a channel as of a job snapshot: silver's sink holds each event once, up to that epoch
     first: dict[str, tuple[str, str, int]] = {}
@@ -158,7 +164,10 @@ def test_a_job_rollback_gives_what_the_uninterrupted_job_gives_also_twice(
     job.run()
     assert_job_matches(spark, job, {**first, 8: 2, 9: 3, 10: 4})
     assert cli(["job-snapshots", root, "--json"]) == 0
-    assert '"epoch": 10' in capsys.readouterr().out
+    listed = json.loads(capsys.readouterr().out)
+    assert [s["epoch"] for s in listed] == list(range(11))
+    origins = {s["epoch"]: s["origin"] for s in listed if s["origin"] is not None}
+    assert origins == {4: "rollback to 1", 8: "rollback to 5"}
 
 
 def test_a_job_restored_into_a_new_root_with_other_counts_continues_as_the_original_would(
@@ -182,6 +191,9 @@ def test_a_job_restored_into_a_new_root_with_other_counts_continues_as_the_origi
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     assert_job_matches(spark, copy, {2: 2, 3: 3, 4: 4})
+    assert cli(["job-snapshots", str(tmp_path / "copy")]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("2 ") and "restore of " in line for line in listed), listed
 
 
 def test_a_crash_inside_a_job_rollback_is_finished_by_the_next_start(

@@ -44,6 +44,7 @@ from tests.support.pipelines import (
     state_history,
     word_pipeline,
 )
+from tests.support.readme import block_with
 
 STATE = "state/word_count"
 MORE = ("a l m", "b a n")
@@ -75,6 +76,19 @@ def test_background_compaction_while_the_pipeline_runs(spark: SparkSession, tmp_
     assert any(name.startswith("abs-c") for name in live_files(root / STATE))
     assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []
+
+
+def test_the_readme_maintenance_block_runs_on_a_real_root(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    block = block_with("from pyspark_abs import compact, vacuum, validate")
+    scope: dict[str, Any] = {}
+    exec(block.replace("/data/abs/orders", str(root)), scope)
+    assert scope["report"].expired == []
+    assert all(name.startswith("abs-c") for name in live_files(root / STATE))
+    assert_word_counts(spark, root, EPOCHS)
 
 
 def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
@@ -180,18 +194,23 @@ def paused_compaction(root: Path) -> subprocess.Popen[bytes]:
         "import sys; from pyspark_abs import AbsConfig; "
         "from pyspark_abs.faults import Fault, FaultAction, FaultStep; "
         "from pyspark_abs.admin.compaction import compact; "
-        f"compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
-        f"action={fault.action.value!r}),)))"
+        f"done = compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
+        f"action={fault.action.value!r}),))); print([r.skipped for r in done])"
     )
-    process = subprocess.Popen([sys.executable, "-c", script, str(root)], start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(root)], start_new_session=True, stdout=subprocess.PIPE
+    )
     _, status = os.waitpid(process.pid, os.WUNTRACED)
     assert os.WIFSTOPPED(status), f"the compaction ended before its commit (status {status})"
     return process
 
 
-def resume(process: subprocess.Popen[bytes]) -> None:
+def resume(process: subprocess.Popen[bytes]) -> str:
+    """Let the paused compaction go on; what it says for each table it skipped."""
     os.kill(process.pid, signal.SIGCONT)
-    assert process.wait(timeout=120) == 0
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 0
+    return out.decode()
 
 
 def test_two_racing_compactions_resurrect_no_deleted_key(
@@ -207,7 +226,8 @@ def test_two_racing_compactions_resurrect_no_deleted_key(
         assert "b" not in before[3]
         compact(str(root))  # as of epoch 3, where "b" is removed
     finally:
-        resume(stale)
+        said = resume(stale)
+    assert "already compacted as of epoch 3 by another compaction" in said
     assert live_state(root) == before[3]
     assert {epoch: live_state(root, epoch) for epoch in range(4)} == before
     assert validate(str(root)) == []
@@ -225,7 +245,8 @@ def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
     try:
         restored = rollback(str(root), 1)
     finally:
-        resume(stale)
+        said = resume(stale)
+    assert "a rollback or restore replaced it" in said
     assert live_state(root, restored.epoch) == as_of_1
     assert live_state(root) == as_of_1
     assert validate(str(root)) == []

@@ -203,7 +203,9 @@ def test_configuration_comes_from_spark_conf(spark: SparkSession, tmp_path: Path
         assert pipeline.config == AbsConfig(commit_mode="sync", key_groups=4)
         spark.conf.set("spark.abs.keyGroup", "4")
         with pytest.raises(
-            ConfigError, match=r"spark.abs.\*: unknown configuration key\(s\) \['key_group'\]"
+            ConfigError,
+            match=r"in the Spark conf: unknown configuration key\(s\) \['spark\.abs\.keyGroup'\] "
+            r"\(did you mean \['spark\.abs\.keyGroups'\]\?\); known keys are \['spark\.abs\.",
         ):
             Pipeline(
                 "conf",

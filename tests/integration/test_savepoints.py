@@ -42,6 +42,7 @@ from tests.support.pipelines import (
     counts_df,
     event_table,
     session_pipeline,
+    sessions,
     word_table,
 )
 
@@ -251,6 +252,27 @@ def test_restored_event_time_timeouts_fire_in_the_new_checkpoint(
     assert_same(
         restored.sink("output"),
         reference.sink("output").subtract(reference.sink("output", 1)),
+    )
+
+
+def test_write_state_of_an_event_time_operator_keeps_its_timers(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    batches = [[("a", 100), ("b", 101)], [("a", 105)], [("c", 130)], [("d", 131)]]
+    uninterrupted = tmp_path / "uninterrupted"
+    session_pipeline(event_table(tmp_path / "all", batches), uninterrupted).run()
+
+    events = event_table(tmp_path / "events", batches[:2])
+    root = tmp_path / "root"
+    session_pipeline(events, root).run()
+    state = Snapshots(str(root), spark).state("sessions", with_metadata=True)
+    info = write_state(state, str(root), sessions)  # the same state and timers, written back
+    assert info.epoch == 2
+    event_table(tmp_path / "events", batches[2:])
+    session_pipeline(events, root).run()
+    assert_same(
+        Snapshots(str(root), spark).sink("output"),
+        Snapshots(str(uninterrupted), spark).sink("output"),
     )
 
 

@@ -20,12 +20,11 @@ def word_plan(
     function: Any, timeout: TimeoutMode = TimeoutMode.NONE, **fields: Any
 ) -> OperatorPlan:
     """A word count's plan (operator ``wc``) running ``function``; ``fields`` override."""
-    settings: dict[str, Any] = {"outputs": OUTPUT, **fields}
+    settings: dict[str, Any] = {"outputs": OUTPUT, "state_schema": STATE, **fields}
     return OperatorPlan(
         name="wc",
         key_columns=("word",),
         input_schema=INPUT,
-        state_schema=STATE,
         timeout=timeout,
         function=function,
         **settings,

@@ -45,7 +45,18 @@ def test_a_file_removed_since_the_plan_supersedes_it(tmp_path: Path) -> None:
         write_deltalake(uri, ROWS, mode="append")
     planned = paths(DeltaTable(uri))
     DeltaTable(uri).delete()
+    reason = superseded(DeltaTable(uri), 1, planned)
+    assert reason is not None
+    assert "is no longer in the table (version 2; 2 such file(s))" in reason
+
+
+def test_a_restore_after_a_removal_is_named_first(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    for _ in range(2):
+        write_deltalake(uri, ROWS, mode="append")
+    planned = paths(DeltaTable(uri))
+    DeltaTable(uri).delete()
     write_deltalake(uri, ROWS, mode="overwrite")
     reason = superseded(DeltaTable(uri), 1, planned)
     assert reason is not None
-    assert "is no longer in the table" in reason
+    assert "overwritten at version 3" in reason

@@ -67,7 +67,11 @@ def test_the_example_pipeline_file_is_read() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[abs]\ncommit_mod = "sync"\n', r"in \[abs\] of .*unknown configuration key"),
+        (
+            '[abs]\ncommit_mod = "sync"\n',
+            r"in \[abs\] of .*unknown configuration key\(s\) \['commit_mod'\] "
+            r"\(did you mean \['commit_mode'\]\?\)",
+        ),
         ("[abs]\nkey_groups = 0\n", "key_groups must be a positive integer"),
         ('[job]\nroot = "/data"\n', r"has no \[abs\] table"),
         ("[abs\n", "is not valid TOML"),

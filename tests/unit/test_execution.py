@@ -19,7 +19,10 @@ from pyspark_abs import (
     SchemaMismatchError,
     StateTooLargeError,
     TimeoutMode,
+    operator,
+    vectorized_operator,
 )
+from pyspark_abs.operators.contract import STATELESS_COLUMN
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan
@@ -404,3 +407,28 @@ def test_the_watermark_floor_drops_late_rows_for_event_time_timeouts_only() -> N
     assert no_timers.without_late_rows(arrived) is arrived
     no_watermark = dataclasses.replace(floored, event_time=None)
     assert no_watermark.without_late_rows(arrived) is arrived
+
+
+def test_a_stateless_operator_passes_rows_through_and_may_not_keep_state() -> None:
+    @vectorized_operator(key="word", output_schema="word string, count long")
+    def passing(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        assert list(state.columns) == ["word", "_stateless", "_timeout"]
+        return KeyGroupResult(output=rows.assign(count=1)[["word", "count"]])
+
+    @operator(key="word", output_schema="word string, count long")
+    def keeping(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        state.update({"count": len(rows)})
+        return None
+
+    assert passing.stateless
+    assert keeping.stateless
+    stateless = arrow_schema((STATELESS_COLUMN, pa.bool_()))
+    plan = word_plan(passing.function, state_schema=stateless)
+    assert plan.stateless
+    outcome = run_key_group(plan, 1, rows("a", "b"), plan.blob_schema.empty_table(), CLOCK, 0)
+    assert outcome.changes.num_rows == 0
+    assert sort(outcome.outputs[0]) == [{"word": "a", "count": 1}, {"word": "b", "count": 1}]
+
+    plan = word_plan(keeping.function, state_schema=stateless)
+    with pytest.raises(OperatorError, match="declared without state_schema; declare the state"):
+        run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pyspark_abs import ConfigError, FileSource
+from pyspark_abs import ConfigError, FileSource, SourceError
 from pyspark_abs.sources.files import (
     NOTHING,
     START,
@@ -18,6 +18,7 @@ from pyspark_abs.sources.files import (
     list_files,
     next_files,
     read_file,
+    require_folder,
 )
 from pyspark_abs.sources.rewind import unrewindable
 
@@ -101,3 +102,12 @@ def test_listing_skips_hidden_and_temporary_files(tmp_path: Path) -> None:
 def test_bad_declarations_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         FileSource("/in", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_missing_folder_or_a_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    require_folder(str(tmp_path))
+    with pytest.raises(SourceError, match=r"missing\): the folder does not exist\. Check the path"):
+        require_folder(str(tmp_path / "missing"))
+    (tmp_path / "one.json").write_text("{}\n")
+    with pytest.raises(SourceError, match="this is a file, not a folder"):
+        require_folder(str(tmp_path / "one.json"))

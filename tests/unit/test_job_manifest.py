@@ -3,10 +3,12 @@
 import datetime as dt
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pyspark_abs.admin.installing import StateInstall
+from pyspark_abs.admin.job_listing import job_origins
 from pyspark_abs.admin.job_manifest import (
     DecisionStatus,
     JobDecision,
@@ -81,3 +83,28 @@ def test_a_decision_abandoned_and_decided_again_folds_to_the_new_one(tmp_path: P
     assert read.unfinished == again
     assert [d.status for d in read.decisions] == [DecisionStatus.ABANDONED, DecisionStatus.PREPARED]
     assert StateInstall.from_json(read.unfinished.states["a"]) == state
+
+
+def test_job_snapshots_made_by_a_decision_say_which() -> None:
+    def decided(kind: JobRecord, status: DecisionStatus, **more: Any) -> JobDecision:
+        return JobDecision(kind, 1, 4, {"bronze": 1}, status, **more)
+
+    origins = job_origins(
+        [
+            decided(JobRecord.ROLLBACK, DecisionStatus.COMMITTED),
+            replace(decided(JobRecord.ROLLBACK, DecisionStatus.ABANDONED), restore_epoch=5),
+            replace(
+                decided(JobRecord.MIGRATE, DecisionStatus.COMMITTED, states={"silver": "{}"}),
+                restore_epoch=6,
+            ),
+            replace(
+                decided(JobRecord.RESTORE, DecisionStatus.COMMITTED, source="/jobs/a"),
+                restore_epoch=7,
+            ),
+        ]
+    )
+    assert origins == {
+        4: "rollback to 1",
+        6: "state migration of silver",
+        7: "restore of /jobs/a at 1",
+    }

@@ -1,3 +1,4 @@
+import datetime as dt
 from typing import Any
 
 import pandas as pd
@@ -68,6 +69,14 @@ def test_declaration_records_keys_outputs_and_form() -> None:
             "operator name",
         ),
         ({"key": "a", "state_schema": "n long", "outputs": {}}, "outputs= is empty"),
+        (
+            {"key": "a", "output_schema": "a long", "timeout": "event_time"},
+            r"operator 'fn' is stateless \(no state_schema\), so it can have no timeouts",
+        ),
+        (
+            {"key": "a", "output_schema": "a long", "ttl": dt.timedelta(hours=1)},
+            "is stateless",
+        ),
     ],
 )
 def test_inconsistent_declarations_are_refused(kwargs: dict[str, Any], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 import pyspark_abs
 from pyspark_abs import errors
+from tests.support.readme import python_blocks
 
 INIT = Path(pyspark_abs.__file__)
 
@@ -138,3 +140,20 @@ def test_importing_the_sources_does_not_load_pandas() -> None:
         cwd=INIT.parents[1],
     )
     assert result.stdout.strip() == "False"
+
+
+def _readme_imports() -> set[str]:
+    names: set[str] = set()
+    for block in python_blocks():
+        for line in block.splitlines():
+            found = re.match(r"\s*from pyspark_abs import (.+)", line)
+            if found:
+                names.update(name.strip() for name in found.group(1).split(","))
+    return names
+
+
+def test_every_name_the_readme_imports_exists() -> None:
+    names = _readme_imports()
+    assert {"validate", "compact", "vacuum", "Job", "rollback"} <= names
+    missing = sorted(n for n in names if not hasattr(pyspark_abs, n) and n != "testing")
+    assert missing == []

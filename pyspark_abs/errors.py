@@ -27,7 +27,10 @@ Spark task can be rebuilt on the driver from the text Spark reports (see
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
+from pathlib import Path
 
 
 class AbsError(Exception):
@@ -178,8 +181,33 @@ def error_classes() -> list[type[AbsError]]:
 
 
 def describe(err: BaseException) -> str:
-    """An exception a user's function raised, on one line: its type and message."""
-    return f"{type(err).__name__}: {err}".replace("\n", " ")
+    """An exception a user's function raised, on one line: type, message and where.
+
+    Where is the user's own frames of the traceback (the last three, outermost first: file,
+    line, function and code), leaving out pyspark-abs and the libraries it calls into, so
+    the line that raised shows without DEBUG logging, also after Spark carried the error
+    from a Python worker to the driver.
+    """
+    text = f"{type(err).__name__}: {err}"
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if _users(f.filename)][-3:]
+    if frames:
+        text += " (at " + " -> ".join(_frame(f) for f in frames) + ")"
+    return text.replace("\n", " ")
+
+
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+_LIBRARIES = tuple(f"{os.sep}{name}{os.sep}" for name in ("pandas", "numpy", "pyarrow", "pyspark"))
+
+
+def _users(filename: str) -> bool:
+    if filename.startswith(_PACKAGE) or filename.startswith("<frozen"):
+        return False
+    return not ("-packages" in filename and any(lib in filename for lib in _LIBRARIES))
+
+
+def _frame(frame: traceback.FrameSummary) -> str:
+    code = f": {frame.line.strip()}" if frame.line else ""
+    return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
 
 
 _ALL: dict[str, type[AbsError]] = {cls.__name__: cls for cls in error_classes()}

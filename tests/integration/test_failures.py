@@ -66,8 +66,11 @@ def test_user_error_names_operator_epoch_and_key_and_commits_nothing(
     with pytest.raises(
         OperatorError,
         match=r"operator 'word_count', epoch 2, key group \d+, key \('f',\): the function raised ValueError: cannot count 'f'",
-    ):
+    ) as raised:
         broken.run()
+    # the user's own line, carried from the Python worker to the driver
+    assert f"(at {__file__}:" in str(raised.value)
+    assert 'in counting: raise error(f"cannot count {word!r}"))' in str(raised.value)
     assert_epoch_aborted(root, 2, committed=2, message="cannot count 'f'")
     # The fixed function picks up at epoch 2; nothing before or after is lost.
     word_pipeline(spark, inputs, root).run()

@@ -432,3 +432,25 @@ def test_a_stateless_operator_passes_rows_through_and_may_not_keep_state() -> No
     plan = word_plan(keeping.function, state_schema=stateless)
     with pytest.raises(OperatorError, match="declared without state_schema; declare the state"):
         run_key_group(plan, 1, rows("a"), plan.blob_schema.empty_table(), CLOCK, 0)
+
+
+def _lookup(state: pd.DataFrame, word: str) -> int:
+    return int(state.set_index("word").loc[word, "count"])
+
+
+def test_a_user_error_shows_the_users_own_lines_and_not_the_librarys() -> None:
+    def counting(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+        total = _lookup(state, "missing")
+        return KeyGroupResult(output=rows.assign(count=total))
+
+    plan = plan_for(None, counting)
+    with pytest.raises(OperatorError) as raised:
+        run_key_group(plan, 7, rows("a"), plan.blob_schema.empty_table(), CLOCK, 2)
+    message = str(raised.value)
+    here = Path(__file__)
+    assert f"(at {here}:" in message
+    assert 'in counting: total = _lookup(state, "missing") -> ' in message
+    assert 'in _lookup: return int(state.set_index("word").loc[word, "count"]))' in message
+    assert "pyspark_abs" not in message
+    assert "pandas" not in message
+    assert "\n" not in message

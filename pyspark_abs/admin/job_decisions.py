@@ -24,7 +24,6 @@ code: the CLI can do it.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -62,6 +61,7 @@ from pyspark_abs.errors import (
     ManifestError,
     SnapshotRootError,
 )
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.job_cut import JobSnapshot
@@ -73,7 +73,7 @@ from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 States = Callable[[JobSnapshot, int], Mapping[str, StateInstall]]
 """Writes the state a decision installs in some stages, given the job snapshot and the

@@ -7,7 +7,6 @@ numbering, and the changed stages get their new state in that epoch.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from pyspark_abs.admin.job_manifest import JobDecision, JobManifest, JobRecord
 from pyspark_abs.admin.migration import migrated_state, plan_migration
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import ConfigError
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.job_cut import JobSnapshot
 from pyspark_abs.manifest.table import load_epoch_log
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pyspark_abs.operators.evolution import StateEvolution
     from pyspark_abs.operators.plan import OperatorPlan
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ stored and declared schemas agree and later starts do nothing.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 from functools import reduce
@@ -26,6 +25,7 @@ import pyarrow.compute as pc
 from pyspark_abs.admin.installing import install_state, installed_table, require_one_row_per_key
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import SchemaMismatchError, StateEvolutionError
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.operators.changelog import latest_per_key
@@ -54,7 +54,7 @@ from pyspark_abs.storage.store import DeltaStore
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ stage runs alongside its upstream stages instead of after them.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pyspark_abs.errors import UpstreamNotReadyError
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.pipeline.query import PipelineQuery
@@ -24,7 +24,7 @@ from pyspark_abs.storage.store import DeltaStore
 if TYPE_CHECKING:
     from pyspark_abs.job.declaration import Job
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 _POLL_SECONDS = 0.25
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable, Sequence
 
 from pyspark_abs.errors import ManifestError, SnapshotNotFoundError
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import (
     SNAPSHOT_STATUSES,
     TAG_STATUSES,
@@ -17,7 +17,7 @@ from pyspark_abs.manifest.entries import (
     commit_order,
 )
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 _TAG_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,99}")
 

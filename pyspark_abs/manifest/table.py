@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from collections.abc import Iterable
 
@@ -11,6 +10,7 @@ from pyspark_abs.errors import (
     ManifestError,
     PipelineMismatchError,
 )
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import FORMAT_VERSION, MANIFEST_SCHEMA, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.relocation import relocated
@@ -20,7 +20,7 @@ from pyspark_abs.storage.store import (
     TableSpec,
 )
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def manifest_spec(root: str, pipeline: str) -> TableSpec:

@@ -13,7 +13,6 @@ records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.p
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from pyspark_abs.errors import (
     UpstreamNotReadyError,
 )
 from pyspark_abs.faults import FaultInjector
+from pyspark_abs.logs import logger, working_for
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
@@ -91,7 +91,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 _NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -284,7 +284,8 @@ class Pipeline:
             StateEvolutionError: The stored state has another schema than the operator
                 declares, and its ``evolution=`` does not cover the difference.
         """
-        return self._start(processing_time, available_now, epoch_limit=None)
+        with working_for(self.name):
+            return self._start(processing_time, available_now, epoch_limit=None)
 
     def _start(
         self, processing_time: str | None, available_now: bool, epoch_limit: int | None

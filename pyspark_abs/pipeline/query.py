@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, NoReturn
 
 from pyspark.errors import StreamingQueryException
@@ -14,6 +13,7 @@ from pyspark_abs.errors import (
     ConfigError,
     rebuild_from_text,
 )
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.operators.contract import TimeoutMode
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from pyspark_abs.pipeline.declaration import Pipeline
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class PipelineQuery:

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from pyspark_abs.errors import AbsError, CommitError
+from pyspark_abs.logs import background
 from pyspark_abs.manifest.entries import ManifestEntry
 
 Group = Sequence[ManifestEntry]
@@ -39,7 +40,7 @@ class OrderedCommitter:
         self._closed = False
         self._failure: BaseException | None = None
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="pyspark-abs-committer", daemon=True)
+        self._thread = background(self._run, "pyspark-abs-committer")
         self._thread.start()
 
     @property

@@ -15,7 +15,6 @@ The coordinator compacts in the background after a snapshot when the policy says
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from pyspark_abs.errors import (
     FencingError,
 )
 from pyspark_abs.faults import FaultInjector, FaultStep
+from pyspark_abs.logs import background, logger
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.envelope import Kind
@@ -46,7 +46,7 @@ from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 Progress = Callable[[str], None]
@@ -156,9 +156,7 @@ class BackgroundCompactor:
         changed = sum(e.rows.get(table, 0) for e in group)
         due = self._policy.observe(changed, snapshot.state_keys or 0, len(group))
         if due and (self._thread is None or not self._thread.is_alive()):
-            self._thread = threading.Thread(
-                target=self._compact, args=(snapshot,), name=self._name, daemon=True
-            )
+            self._thread = background(self._compact, self._name, snapshot)
             self._thread.start()
 
     def join(self) -> None:

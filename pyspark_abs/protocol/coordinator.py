@@ -31,7 +31,6 @@ and that changes nothing, is not recorded: its snapshot would equal the previous
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from pyspark_abs.errors import (
     rebuild_from_text,
 )
 from pyspark_abs.faults import FaultStep
+from pyspark_abs.logs import logger, working_for
 from pyspark_abs.manifest.entries import EpochDecision, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import closes_group
@@ -64,7 +64,7 @@ from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -163,13 +163,14 @@ class EpochCoordinator:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: run the protocol for one micro-batch."""
         try:
-            self._raise_if_failed(f"epoch {self.epoch_base + batch_id}")
-            if self._committer is not None:
-                self._committer.raise_if_failed()
-            if self.config.snapshots:
-                self._process_snapshot(batch, batch_id)
-            else:
-                self._process_sinks_only(batch, batch_id)
+            with working_for(self.layout.pipeline):
+                self._raise_if_failed(f"epoch {self.epoch_base + batch_id}")
+                if self._committer is not None:
+                    self._committer.raise_if_failed()
+                if self.config.snapshots:
+                    self._process_snapshot(batch, batch_id)
+                else:
+                    self._process_sinks_only(batch, batch_id)
         except BaseException as err:
             if self.failure is None:
                 self.failure = err
@@ -214,14 +215,15 @@ class EpochCoordinator:
         Raises:
             AbsError: A commit failed, or (sync mode) this run failed earlier.
         """
-        if self.failure is None or isinstance(self.failure, QuiescenceError):
-            with self._group_lock:
-                if self._group:
-                    self._close_group()
-        elif self._committer is None:
-            self._raise_if_failed("the drain of the open group")
-        if self._committer is not None:
-            self._committer.drain()
+        with working_for(self.layout.pipeline):
+            if self.failure is None or isinstance(self.failure, QuiescenceError):
+                with self._group_lock:
+                    if self._group:
+                        self._close_group()
+            elif self._committer is None:
+                self._raise_if_failed("the drain of the open group")
+            if self._committer is not None:
+                self._committer.drain()
 
     def close(self) -> None:
         """Stop the background committer after it has committed what it holds.
@@ -229,10 +231,11 @@ class EpochCoordinator:
         Also waits for a running background compaction to finish, then gives up the run's
         lease on the snapshot root.
         """
-        if self._committer is not None:
-            self._committer.close()
-        self._compactor.join()
-        self.writer.close()
+        with working_for(self.layout.pipeline):
+            if self._committer is not None:
+                self._committer.close()
+            self._compactor.join()
+            self.writer.close()
 
     def _process_snapshot(self, batch: DataFrame, batch_id: int) -> None:
         epoch = self.epoch_base + batch_id

@@ -10,7 +10,6 @@ recovery.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from functools import cached_property
 
 from pyspark_abs.errors import ConcurrentWriteError, ManifestError, SnapshotRootError
 from pyspark_abs.faults import FaultInjector, FaultStep
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import (
     TAG_STATUSES,
     EpochStatus,
@@ -32,7 +32,7 @@ from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, brief_error
 from pyspark_abs.storage.transactions import app_id
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 MANIFEST_RETRIES = 8
 

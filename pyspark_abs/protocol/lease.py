@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import socket
@@ -50,8 +49,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pyspark_abs.errors import FencingError, SnapshotRootError
+from pyspark_abs.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 LEASE_SECONDS = 30.0
 """How long a lease stays valid without renewal."""

@@ -8,11 +8,11 @@ replays the micro-batches it had not committed; the coordinator discards replays
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark_abs.errors import PipelineMismatchError
+from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id, tables_of
@@ -21,7 +21,7 @@ from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, app_id
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def require_own_sinks(

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from pyspark_abs.logs import logger
 
 if TYPE_CHECKING:
     from pyspark_abs.manifest.info import SnapshotInfo
 
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class SnapshotListener:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
@@ -14,10 +13,11 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark_abs.errors import (
     CommitError,
 )
+from pyspark_abs.logs import logger
 from pyspark_abs.storage.files import add_actions
 from pyspark_abs.storage.store import DeltaStore
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 Actions = list[AddAction | RemoveAction]
 """The actions of one Delta commit."""

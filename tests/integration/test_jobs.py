@@ -8,6 +8,7 @@ alone (:mod:`tests.support.jobs`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -46,15 +47,25 @@ ALL = {n: n for n in range(len(FILES))}
 """A failure-free run: job snapshot n has read files 0..n."""
 
 
-def test_every_job_snapshot_is_the_cut_the_input_gives(spark: SparkSession, tmp_path: Path) -> None:
+def test_every_job_snapshot_is_the_cut_the_input_gives(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     medallion.write_events(tmp_path / "in", FILES)
     job = job_of(spark, tmp_path)
+    caplog.set_level(logging.INFO, logger="pyspark_abs")
     query = job.start(available_now=True)
     running = [query.is_active]
     assert query.await_termination(timeout=0) is False
     assert query.await_termination(timeout=600)
     running.append(query.is_active)
     assert running == [True, False]
+    named = [
+        (getattr(r, "pipeline", None), r.getMessage())
+        for r in caplog.records
+        if r.name.startswith("pyspark_abs")
+    ]
+    assert {stage for stage, _ in named} == set(job.stages)
+    assert all(line.startswith(f"[{stage}] ") for stage, line in named)
     assert_job_matches(spark, job, ALL)
     # a channel as of a job snapshot: silver's sink holds each event once, up to that epoch
     first: dict[str, tuple[str, str, int]] = {}

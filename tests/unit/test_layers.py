@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("faults", "config", "runtime", "session"),
+    ("faults", "config", "runtime", "session", "logs"),
     ("operators",),
     ("storage",),
     ("manifest",),

@@ -52,6 +52,7 @@ from pyspark_abs.admin.job_manifest import (
     record,
     record_decision,
 )
+from pyspark_abs.admin.job_tags import job_epoch
 from pyspark_abs.admin.sink_restores import check_sink_restores
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
@@ -393,19 +394,21 @@ def settle_stage(writer: EpochWriter, config: AbsConfig) -> JobManifest | None:
     return manifest
 
 
-def rollback_job(root: str, epoch: int, *, config: AbsConfig | None = None) -> JobDecision:
+def rollback_job(root: str, epoch: int | str, *, config: AbsConfig | None = None) -> JobDecision:
     """Roll every stage, channel and sink of the job at ``root`` back to job snapshot ``epoch``.
 
-    See :meth:`~pyspark_abs.job.declaration.Job.rollback`.
+    ``epoch`` is a job snapshot's number or a job savepoint's name. See
+    :meth:`~pyspark_abs.job.declaration.Job.rollback`.
     """
     store = DeltaStore()
     manifest = open_job(store, root, None)
-    return decide(store, manifest, JobRecord.ROLLBACK, epoch=epoch, config=config)
+    target = job_epoch(root, epoch)
+    return decide(store, manifest, JobRecord.ROLLBACK, epoch=target, config=config)
 
 
 def restore_job(
     root: str,
-    epoch: int,
+    epoch: int | str,
     into: str,
     stages: Mapping[str, str] | None = None,
     *,
@@ -422,7 +425,7 @@ def restore_job(
 
     Args:
         root: The job root to copy from.
-        epoch: One of its job snapshots.
+        epoch: One of its job snapshots, or a job savepoint's name.
         into: The new job root.
         stages: Each stage's new snapshot root (default: ``<into>/stages/<name>``).
         config: File size and injected faults (default: ``AbsConfig()``).
@@ -446,4 +449,4 @@ def restore_job(
             f"restore of job {source.job!r} into {into}: give a new root for exactly the "
             f"stages {sorted(source.stages)}, got {sorted(new_stages)}"
         )
-    return restore_into(store, source, target, new_stages, epoch, config)
+    return restore_into(store, source, target, new_stages, job_epoch(root, epoch), config)

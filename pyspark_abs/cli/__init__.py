@@ -26,7 +26,17 @@ from pyspark_abs.admin.savepoints import restore, rollback, write_state
 from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli.jobs import add_job_commands
-from pyspark_abs.cli.output import cell, merged, ms, or_dash, print_json, print_table, rounded, size
+from pyspark_abs.cli.output import (
+    cell,
+    epoch_or_name,
+    merged,
+    ms,
+    or_dash,
+    print_json,
+    print_table,
+    rounded,
+    size,
+)
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.operators.contract import Operator
@@ -74,20 +84,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     command(
         "describe", "show everything the manifest records for an epoch", _describe
-    ).add_argument("epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP)
+    ).add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
     state = command("state", "print an operator's state as of an epoch", _state)
     state.add_argument("operator", metavar="OPERATOR")
-    state.add_argument("--epoch", type=_epoch, help=f"{EPOCH_HELP} (default: the newest)")
+    state.add_argument("--epoch", type=epoch_or_name, help=f"{EPOCH_HELP} (default: the newest)")
     state.add_argument("--limit", type=_positive, default=20, help="rows to print (default 20)")
     command("metrics", "print per-epoch snapshot metrics as a table", _metrics).add_argument(
         "--last", type=_positive, help="only the newest N epochs"
     )
     command("validate", "check every retained snapshot; exit 1 if something is broken", _validate)
     command("rollback", "roll the (stopped) pipeline back to an epoch", _rollback).add_argument(
-        "epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP
+        "epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP
     )
     copy = command("restore", "copy a snapshot into a new root, to continue there", _restore)
-    copy.add_argument("epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP)
+    copy.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
     copy.add_argument("--into", required=True, metavar="NEW_ROOT", help="the new snapshot root")
     edit = command(
         "write-state", "write an operator's state from a file as a new snapshot", _write_state
@@ -113,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "--clear-timeouts", action="store_true", help="write without _timeout: drop every timer"
     )
     name = command("tag", "name a snapshot: a savepoint that retention keeps", _tag)
-    name.add_argument("epoch", metavar="EPOCH", type=_epoch, help=EPOCH_HELP)
+    name.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
     name.add_argument("name", metavar="NAME", help="the savepoint's name (starts with a letter)")
     name.add_argument("--move", action="store_true", help="move NAME if it names another epoch")
     command("untag", "take a savepoint's name away", _untag).add_argument(
@@ -143,11 +153,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 EPOCH_HELP = "a committed epoch, or the name of a savepoint"
-
-
-def _epoch(text: str) -> int | str:
-    """An epoch number, or a savepoint's name (names start with a letter)."""
-    return int(text) if text.isdigit() else text
 
 
 def _positive(text: str) -> int:

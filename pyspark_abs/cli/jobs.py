@@ -9,7 +9,8 @@ from typing import Any
 from pyspark_abs.admin.job_decisions import restore_job, rollback_job
 from pyspark_abs.admin.job_listing import job_origins, job_snapshots_at, job_stages
 from pyspark_abs.admin.job_manifest import open_job
-from pyspark_abs.cli.output import print_json, print_table
+from pyspark_abs.admin.job_tags import tag_job
+from pyspark_abs.cli.output import epoch_or_name, print_json, print_table
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -24,20 +25,33 @@ def add_job_commands(command: Callable[..., Any]) -> None:
         "job-rollback",
         "roll every stage of the (stopped) job back to a job snapshot",
         _job_rollback,
-    ).add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot's epoch")
+    ).add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=JOB_EPOCH_HELP)
     copy_job = command(
         "job-restore", "copy a job snapshot into a new job root, to continue there", _job_restore
     )
-    copy_job.add_argument("epoch", metavar="EPOCH", type=_non_negative, help="a job snapshot")
+    copy_job.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=JOB_EPOCH_HELP)
     copy_job.add_argument(
         "--into", required=True, metavar="NEW_ROOT", help="the new job root (stages go under it)"
     )
+    name = command(
+        "job-tag", "name a job snapshot: a job savepoint that every stage keeps", _job_tag
+    )
+    name.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=JOB_EPOCH_HELP)
+    name.add_argument("name", metavar="NAME", help="the savepoint's name (starts with a letter)")
+    name.add_argument("--move", action="store_true", help="move NAME if it names another one")
 
 
-def _non_negative(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an epoch number (0 or more), got {text!r}")
-    return int(text)
+JOB_EPOCH_HELP = "a job snapshot's epoch, or the name of a job savepoint"
+
+
+def _job_tag(args: argparse.Namespace) -> int:
+    snapshot = tag_job(args.root, args.epoch, args.name, move=args.move)
+    if args.json:
+        print_json({"epoch": snapshot.epoch, "stages": dict(snapshot.stages), "name": args.name})
+    else:
+        stages = " ".join(f"{stage}={epoch}" for stage, epoch in snapshot.stages.items())
+        print(f"job snapshot {snapshot.epoch} ({stages}) is named {args.name!r}")
+    return 0
 
 
 def _job_snapshots(args: argparse.Namespace) -> int:

@@ -70,3 +70,8 @@ def size(value: int) -> str:
             return f"{value:.0f} {unit}"
         value //= 1024
     return f"{value} GiB"
+
+
+def epoch_or_name(text: str) -> int | str:
+    """An epoch number, or a savepoint's name (names start with a letter)."""
+    return int(text) if text.isdigit() else text

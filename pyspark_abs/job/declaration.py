@@ -22,6 +22,7 @@ from pyspark_abs.admin.job_links import link_stages
 from pyspark_abs.admin.job_listing import pick, snapshots_of
 from pyspark_abs.admin.job_manifest import JobDecision, JobManifest, JobRecord, open_job, record
 from pyspark_abs.admin.job_state import migrate_job
+from pyspark_abs.admin.job_tags import tag_job
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
@@ -230,8 +231,22 @@ class Job:
                 views[view] = f"sink {output!r} of stage {name!r}"
         return views
 
-    def rollback(self, epoch: int, *, config: AbsConfig | None = None) -> JobDecision:
-        """Roll every stage, channel and sink back to job snapshot ``epoch``.
+    def tag(self, epoch: int | str, name: str, *, move: bool = False) -> JobSnapshot:
+        """Name job snapshot ``epoch``: a job savepoint, kept by every stage's retention.
+
+        ``rollback``, ``restore_from`` and the CLI's ``job-rollback`` and ``job-restore``
+        accept the name wherever they take a job snapshot's number.
+
+        Raises:
+            ConfigError: ``name`` is not a valid name, or already names another snapshot
+                (without ``move``).
+            SnapshotNotFoundError: ``epoch`` is not a job snapshot.
+        """
+        self._manifest(DeltaStore())
+        return tag_job(self.root, epoch, name, move=move)
+
+    def rollback(self, epoch: int | str, *, config: AbsConfig | None = None) -> JobDecision:
+        """Roll every stage, channel and sink back to job snapshot ``epoch`` (or a name).
 
         Every stage gets the same restore epoch ``R`` (after every epoch of every stage),
         which installs its snapshot of ``epoch``; the job then continues at ``R + 1``, the
@@ -252,9 +267,9 @@ class Job:
         return rollback_job(self.root, epoch, config=config)
 
     def restore_from(
-        self, root: str, epoch: int, *, config: AbsConfig | None = None
+        self, root: str, epoch: int | str, *, config: AbsConfig | None = None
     ) -> JobDecision:
-        """Start this new job from job snapshot ``epoch`` of the same job at another root.
+        """Start this new job from job snapshot ``epoch`` (or a name) of the job at ``root``.
 
         Every stage's snapshot of ``epoch`` is copied into this job's stage roots (with any
         partition or key-group count), each as restore epoch ``epoch``; the next start

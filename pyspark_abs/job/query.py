@@ -12,8 +12,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pyspark_abs.errors import UpstreamNotReadyError
+from pyspark_abs.admin.job_tags import stages_named
+from pyspark_abs.admin.tags import check_name
+from pyspark_abs.errors import ConfigError, UpstreamNotReadyError
 from pyspark_abs.logs import logger
+from pyspark_abs.manifest.job_cut import JobSnapshot
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.pipeline.query import PipelineQuery
@@ -221,8 +224,30 @@ class JobQuery:
 
         self._guarded(ended)
 
-    def stop(self) -> None:
-        """Stop every stage, upstream stages first, committing what each has PREPARED."""
+    def stop(self, *, savepoint: str | None = None) -> JobSnapshot | None:
+        """Stop every stage, upstream stages first, committing what each has PREPARED.
+
+        Args:
+            savepoint: Name the newest job snapshot once every stage has stopped: a job
+                savepoint, which every stage's retention keeps and ``Job.rollback``,
+                ``Job.restore_from`` and the CLI accept (see :meth:`Job.tag`).
+
+        Returns:
+            The named job snapshot, with ``savepoint``; else None.
+
+        Raises:
+            ConfigError: ``savepoint`` is not a valid name, or already names another job
+                snapshot; checked before anything stops.
+            AbsError: A stage failed to stop; the others are stopped first, nothing named.
+        """
+        if savepoint is not None:
+            check_name(savepoint)
+            taken = stages_named({n: s.root for n, s in self.job.stages.items()}, savepoint)
+            if taken:
+                raise ConfigError(
+                    f"savepoint {savepoint!r} already names snapshots of stage(s) {taken} of "
+                    f"job {self.job.name!r}; untag it there, or give another name"
+                )
         self._stop_starter()
         failure: BaseException | None = None
         for query in list(self.stages.values()):
@@ -232,6 +257,9 @@ class JobQuery:
                 failure = failure or err
         if failure is not None:
             raise failure
+        if savepoint is None:
+            return None
+        return self.job.tag(self.job.snapshot().epoch, savepoint)
 
     def _stop_starter(self) -> None:
         self._stopping.set()

@@ -29,10 +29,13 @@ from pyspark_abs import (
     Job,
     OperatorDefinitionError,
     Pipeline,
+    SnapshotNotFoundError,
     Snapshots,
     SourceError,
     UpstreamNotReadyError,
     rollback,
+    untag,
+    vacuum,
 )
 from pyspark_abs.admin.compaction import compact
 from pyspark_abs.admin.job_manifest import DecisionStatus, open_job
@@ -237,6 +240,40 @@ def test_one_stage_rolled_back_alone_is_refused_or_stops_its_readers_until_a_job
     medallion.write_events(tmp_path / "in", FILES[3:4])
     job.run()
     assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 6: 2, 7: 3})
+
+
+def test_a_named_job_savepoint_outlives_retention_and_rolls_the_job_back(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    medallion.write_events(tmp_path / "in", FILES[:4])
+    job = job_of(spark, tmp_path)
+    job.run()
+    running = job.start()
+    with pytest.raises(ConfigError, match="cannot name a savepoint"):
+        running.stop(savepoint="9 lives")  # refused before anything stops
+    named = running.stop(savepoint="v1")
+    assert named is not None
+    assert named.epoch == 3
+    medallion.write_events(tmp_path / "in", FILES[4:])
+    job.run()
+    for stage in job.stages.values():
+        vacuum(stage.root, keep_last=1)
+    assert [s.epoch for s in job.snapshots()] == [3, 4]
+    with pytest.raises(ConfigError, match="already names epoch 3"):
+        job.tag(4, "v1")
+    root = str(tmp_path / "job")
+    assert cli(["job-tag", root, "4", "v2"]) == 0
+    assert (
+        "job snapshot 4 (bronze=4 silver=4 gold=4 audit=4) is named 'v2'" in capsys.readouterr().out
+    )
+    untag(job.stages["gold"].root, "v2")
+    with pytest.raises(SnapshotNotFoundError, match=r"stage\(s\) \['gold'\] lack the name"):
+        job.rollback("v2")
+
+    assert cli(["job-rollback", root, "v1"]) == 0
+    assert "job rolled back to epoch 3" in capsys.readouterr().out
+    job.run()
+    assert_job_matches(spark, job, {3: 3, 4: 4, 5: 3, 6: 4})
 
 
 def test_bad_jobs_and_early_starts_are_refused_with_what_to_do(

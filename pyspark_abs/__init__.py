@@ -6,7 +6,7 @@ through a two-phase commit, exactly once.
 
 The subpackages are the layers, lowest first: ``operators``, ``storage``, ``manifest``,
 ``sources``, ``protocol``, ``snapshots``, ``admin``, ``pipeline``; each imports only from the
-ones before it (``tests/unit/test_layers.py`` holds the order and the README lists it).
+ones before it (``tests/unit/test_layers.py`` holds the order and docs/architecture.md lists it).
 
 Importing the package is cheap: the errors are imported at once, every other public name on
 first use, so Spark's Python workers that unpickle one class (say the Delta source) do not

@@ -141,7 +141,7 @@ def layer(module: str) -> int:
 
 
 def layer_listing(root: Path = ROOT) -> str:
-    """The layers as the README lists them: number, folder or module, and its summary."""
+    """The layers as docs/architecture.md lists them: number, folder or module, and its summary."""
     lines = []
     for number, members in enumerate(LAYERS):
         for name in members:
@@ -156,9 +156,9 @@ def layer_listing(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
-def test_the_readme_lists_the_layers() -> None:
-    readme = (ROOT.parent / "README.md").read_text()
-    assert layer_listing() in readme, "regenerate it with tests.unit.test_layers.layer_listing()"
+def test_the_architecture_document_lists_the_layers() -> None:
+    document = (ROOT.parent / "docs" / "architecture.md").read_text()
+    assert layer_listing() in document, "regenerate it with tests.unit.test_layers.layer_listing()"
 
 
 def test_the_package_has_no_import_cycle() -> None:

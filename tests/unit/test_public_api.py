@@ -145,10 +145,15 @@ def test_importing_the_sources_does_not_load_pandas() -> None:
 def _readme_imports() -> set[str]:
     names: set[str] = set()
     for block in python_blocks():
-        for line in block.splitlines():
-            found = re.match(r"\s*from pyspark_abs import (.+)", line)
-            if found:
-                names.update(name.strip() for name in found.group(1).split(","))
+        try:
+            tree = ast.parse(block)
+        except SyntaxError:  # a sketch with elisions: its one-line imports still count
+            for line in re.findall(r"^\s*from pyspark_abs import ([^(\n]+)$", block, re.M):
+                names.update(name.strip() for name in line.split(","))
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "pyspark_abs":
+                names.update(alias.name for alias in node.names)
     return names
 
 

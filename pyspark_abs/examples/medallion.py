@@ -52,9 +52,9 @@ EVENT_DDL = "event_id string, user string, amount long"
 STAGES = ("bronze", "silver", "gold", "audit")
 
 
-@vectorized_operator(key="user", state_schema="files long", output_schema=EVENT_DDL)
+@vectorized_operator(key="user", output_schema=EVENT_DDL)
 def land(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
-    """Bronze: pass events through, keeping no state."""
+    """Bronze: pass events through (a stateless operator: no state_schema)."""
     return KeyGroupResult(output=rows[["event_id", "user", "amount"]])
 
 

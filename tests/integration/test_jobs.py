@@ -264,7 +264,7 @@ def test_a_named_job_savepoint_outlives_retention_and_rolls_the_job_back(
     root = str(tmp_path / "job")
     assert cli(["job-tag", root, "4", "v2"]) == 0
     assert (
-        "job snapshot 4 (bronze=4 silver=4 gold=4 audit=4) is named 'v2'" in capsys.readouterr().out
+        "job snapshot 4 (bronze=4 silver=4 audit=4 gold=4) is named 'v2'" in capsys.readouterr().out
     )
     untag(job.stages["gold"].root, "v2")
     with pytest.raises(SnapshotNotFoundError, match=r"stage\(s\) \['gold'\] lack the name"):

@@ -43,10 +43,12 @@ if TYPE_CHECKING:
 
 
 def is_connect(spark: SparkSession) -> bool:
-    """Whether the session is a Spark Connect client."""
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    """Whether the session is a Spark Connect client.
 
-    return isinstance(spark, ConnectSession)
+    Decided by the session's class, without importing Spark Connect's client, whose packages
+    (grpcio and others) a classic installation does not have.
+    """
+    return any(cls.__module__.startswith("pyspark.sql.connect") for cls in type(spark).__mro__)
 
 
 def require_supported(pipeline: str, config: AbsConfig, stops_when_idle: bool) -> None:

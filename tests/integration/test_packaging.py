@@ -1,13 +1,15 @@
-"""Installing the wheel where a Spark runtime already provides PySpark keeps that PySpark.
+"""Installs as users make them, in new virtual environments built offline from this one.
 
 Databricks puts its PySpark on the path without pip metadata; a package that required
-``pyspark`` would make pip install another one over it. This builds the wheel and installs
-it, offline, into a new virtual environment whose only PySpark is such a runtime copy.
+``pyspark`` would make pip install another one over it. A classic installation
+(``pyspark-abs[spark]``) has none of Spark Connect's client packages.
 """
 
 from __future__ import annotations
 
 import email
+import json
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +19,36 @@ from pathlib import Path
 
 import pyspark
 
+from tests.support.inputs import EPOCHS, write_epochs
+
 REPO = Path(__file__).parents[2]
+
+
+def _runtime_venv(tmp_path: Path, left_out: tuple[str, ...]) -> tuple[Path, Path]:
+    """A virtual environment seeing this one's libraries but those named ``left_out``.
+
+    PySpark is seen as a runtime copy, without pip metadata. Returns its Python and its
+    site-packages folder.
+    """
+    runtime, libraries = tmp_path / "runtime", tmp_path / "libraries"
+    runtime.mkdir()
+    libraries.mkdir()
+    (runtime / "pyspark").symlink_to(Path(pyspark.__file__).parent)
+    site = Path(sysconfig.get_paths()["purelib"])
+    for entry in site.iterdir():
+        if not entry.name.startswith(("pyspark", "__editable__", "_distutils_hack", *left_out)):
+            (libraries / entry.name).symlink_to(entry)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    venv_site = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
+    (venv_site / "runtime.pth").write_text(f"{runtime}\n{libraries}\n")
+    return python, venv_site
 
 
 def test_the_wheel_leaves_the_runtime_pyspark_in_place(tmp_path: Path) -> None:
@@ -31,26 +62,7 @@ def test_the_wheel_leaves_the_runtime_pyspark_in_place(tmp_path: Path) -> None:
     needs_pyspark = [r for r in requirements if re.match(r"pyspark\b(?!-)", r)]
     assert needs_pyspark == ['pyspark<5,>=4.2; extra == "spark"'], needs_pyspark
 
-    # The runtime: PySpark importable without pip metadata; the other dependencies installed.
-    runtime, libraries = tmp_path / "runtime", tmp_path / "libraries"
-    runtime.mkdir()
-    libraries.mkdir()
-    (runtime / "pyspark").symlink_to(Path(pyspark.__file__).parent)
-    site = Path(sysconfig.get_paths()["purelib"])
-    for entry in site.iterdir():
-        if not entry.name.startswith(("pyspark", "__editable__", "_distutils_hack")):
-            (libraries / entry.name).symlink_to(entry)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    venv_site = Path(
-        subprocess.check_output(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            text=True,
-        ).strip()
-    )
-    (venv_site / "runtime.pth").write_text(f"{runtime}\n{libraries}\n")
-
+    python, venv_site = _runtime_venv(tmp_path, left_out=())
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", str(wheel)],
         capture_output=True,
@@ -69,5 +81,33 @@ def test_the_wheel_leaves_the_runtime_pyspark_in_place(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
     ).split()
-    assert where[0] == str(runtime / "pyspark" / "__init__.py")
+    assert where[0] == str(tmp_path / "runtime" / "pyspark" / "__init__.py")
     assert where[1].startswith(str(venv_site))
+
+
+CONNECT_CLIENT = ("grpc", "google", "protobuf", "zstandard", "googleapis")
+
+
+def test_a_classic_installation_runs_a_pipeline_without_spark_connect_packages(
+    tmp_path: Path,
+) -> None:
+    python, venv_site = _runtime_venv(tmp_path, left_out=CONNECT_CLIENT)
+    (venv_site / "project.pth").write_text(f"{REPO}\n")
+    missing = subprocess.run([str(python), "-c", "import grpc"], capture_output=True)
+    assert missing.returncode != 0, "the environment must not have Spark Connect's client"
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root = tmp_path / "root"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python))
+    job = [str(REPO / "scripts" / "spark_submit_job.py"), "--input", str(inputs)]
+    run = subprocess.run(
+        [str(python), *job, "--root", str(root), "--config", str(REPO / "conf" / "pipeline.toml")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["epochs"] == list(range(len(EPOCHS)))

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         SnapshotNotFoundError,
         SnapshotRootError,
         SourceError,
+        SparkVersionError,
         StateEncodingError,
         StateEvolutionError,
         StateNotSetError,

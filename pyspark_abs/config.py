@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,10 +156,8 @@ class AbsConfig:
             ConfigError: The file cannot be read, is not TOML, has no ``[abs]`` table, or
                 a key in it is unknown or invalid.
         """
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - Python 3.10
-            import tomli as tomllib
+        import tomllib
+
         try:
             document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as err:

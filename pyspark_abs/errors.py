@@ -66,6 +66,10 @@ class ConfigError(DefinitionError, ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
+class SparkVersionError(DefinitionError):
+    """A feature needs a newer Spark than the session runs; the message names both."""
+
+
 class OperatorDefinitionError(DefinitionError, ValueError):
     """An operator or pipeline is declared inconsistently (keys, schemas, sinks, timeouts)."""
 

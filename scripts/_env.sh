@@ -14,13 +14,17 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "creating $VENV" >&2
     "$PYTHON" -m venv "$VENV"
 fi
+# ABS_PYSPARK=X.Y.Z pins that PySpark in place of constraints.txt's (scripts/test_spark_versions)
+constraints="$VENV/constraints.txt"
+grep -v '^pyspark==' constraints.txt > "$constraints"
+echo "pyspark==${ABS_PYSPARK:-$(sed -n 's/^pyspark==//p' constraints.txt)}" >> "$constraints"
 stamp="$VENV/.pyspark-abs-installed"
-wanted="$(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+wanted="$(cat setup.cfg pyproject.toml "$constraints" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     echo "installing pyspark-abs and its test dependencies into $VENV" >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-        -c constraints.txt -e ".[test]"
+        -c "$constraints" -e ".[test]"
     echo "$wanted" > "$stamp"
 fi
 export PATH="$PWD/$VENV/bin:$PATH"

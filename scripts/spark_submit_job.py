@@ -1,11 +1,10 @@
 """An example spark-submit job: the snapshotted word count over a directory of text files.
 
-Ship pyspark-abs as a wheel with ``--py-files`` (executors then also need pandas, pyarrow and
-deltalake in the Python that ``PYSPARK_PYTHON`` names)::
+The files are read with a ``FileSource``, one per epoch, so the root can be rolled back and
+restored. pyspark-abs must be installed in the Python that ``PYSPARK_PYTHON`` names (Spark's
+Python data source workers import it from there; ``--py-files`` does not reach them)::
 
-    python -m pip wheel --no-deps -w dist .
     PYSPARK_PYTHON=$(which python) spark-submit --master 'local[2]' \\
-        --py-files dist/pyspark_abs-0.1.0-py3-none-any.whl \\
         --properties-file conf/spark-defaults.conf \\
         scripts/spark_submit_job.py --input DIR --root DIR [--config conf/pipeline.toml]
 
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 from pyspark.sql import SparkSession
 
 import pyspark_abs
-from pyspark_abs import AbsConfig, Snapshots
+from pyspark_abs import AbsConfig, FileSource, Pipeline, Snapshots
 from pyspark_abs.examples import wordcount
 
 
@@ -36,7 +35,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spark = SparkSession.builder.appName("pyspark-abs-wordcount").getOrCreate()
     config = AbsConfig.from_file(args.config) if args.config else AbsConfig.from_spark_conf(spark)
-    wordcount.build(spark, args.input, args.root, config=config).run()
+    Pipeline(
+        "wordcount",
+        FileSource(args.input, "text", max_files_per_trigger=1),
+        wordcount.word_count,
+        root=args.root,
+        sinks={"output": f"{args.root}/sinks/word_counts"},
+        config=config,
+        transform=wordcount.words_of,
+    ).run()
     epochs = [info.epoch for info in Snapshots(args.root).list()]
     summary = {"epochs": epochs, "pyspark_abs": pyspark_abs.__file__, "config": str(config)}
     print(json.dumps(summary))

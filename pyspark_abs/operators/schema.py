@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,16 @@ from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arro
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
+
+
+def _spark_to_arrow() -> Callable[[StructType], pa.Schema]:
+    """PySpark's schema conversion with timestamps in UTC: 4.2 names the zone, 4.0/4.1 a flag."""
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return lambda struct: to_arrow_schema(struct, timezone="UTC")
+    return lambda struct: to_arrow_schema(struct, timestamp_utc=True)  # type: ignore[call-arg]
+
+
+_SPARK_TO_ARROW = _spark_to_arrow()
 
 SchemaLike = str | StructType
 """A schema as a DDL string (``"word string, count long"``) or a ``StructType``."""
@@ -57,7 +68,7 @@ def to_arrow(struct: StructType, *, nullable: bool = False) -> pa.Schema:
         struct: The Spark schema.
         nullable: Make every top-level field nullable (state columns must hold tombstones).
     """
-    schema = to_arrow_schema(struct, timezone="UTC")
+    schema = _SPARK_TO_ARROW(struct)
     if nullable:
         schema = pa.schema([f.with_nullable(True) for f in schema])
     return schema

@@ -2,7 +2,7 @@
 
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.delta import DeltaSource
-from pyspark_abs.sources.files import FileSource
+from pyspark_abs.sources.file_source import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
 
 RewindableSource = DeltaSource | FileSource | KafkaSource | ChannelSource

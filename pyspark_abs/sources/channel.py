@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.errors import ConfigError, OperatorDefinitionError
+from pyspark_abs.runtime import require_python_sources, require_workers_import
 from pyspark_abs.sources.channel_log import CHANNEL_COLUMN, Channel
 from pyspark_abs.sources.channel_plan import SOURCE_NAME, ChannelOffset
 
@@ -133,7 +134,19 @@ class ChannelSource:
             spark: The session.
             starting_offset: An offset of this source from a checkpoint's offset log: a new
                 checkpoint starts right after it (at its epoch).
+
+        Raises:
+            ConfigError: pyspark-abs came with ``--py-files`` and the workers' Python lacks it.
+            SparkVersionError: The session runs Spark 4.0 or 4.1.
         """
+        require_python_sources(
+            spark,
+            f"ChannelSource({', '.join(c.name for c in self.channels)}), a Python data source "
+            f"that plans each micro-batch from the last one's offset, and so a Job,",
+            "Run each stage as a Pipeline of its own that reads the previous stage's Delta sink "
+            "with Delta's own source (each stage then has snapshots of its own, not one cut).",
+        )
+        require_workers_import(spark, "ChannelSource")
         from pyspark_abs.sources.channel_stream import ChannelDataSource
 
         start = self.starting_epoch

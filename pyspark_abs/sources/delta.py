@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from pyspark_abs.errors import ConfigError, SnapshotDamagedError, SnapshotRootError, SourceError
+from pyspark_abs.runtime import require_python_sources, require_workers_import
 from pyspark_abs.sources.delta_log import COLUMN_MAPPING
 from pyspark_abs.sources.delta_offsets import SOURCE_NAME, Offset, parse_offset_json
 
@@ -132,7 +133,17 @@ class DeltaSource:
             SourceError: There is no Delta table at ``path``, or this source cannot read it.
             ConfigError: ``starting_version`` is beyond the table's latest version, or
                 ``starting_offset`` is not an offset of this source or lies beyond the table.
+            ConfigError: pyspark-abs came with ``--py-files`` and the workers' Python lacks it.
+            SparkVersionError: A read limit is given and the session runs Spark 4.0 or 4.1.
         """
+        if self.max_rows_per_trigger is not None or self.max_files_per_trigger is not None:
+            require_python_sources(
+                spark,
+                f"DeltaSource({self.path}): max_rows_per_trigger and max_files_per_trigger, "
+                f"read limits of a Python data source,",
+                "Leave them out: each micro-batch then reads all the table's new versions.",
+            )
+        require_workers_import(spark, f"DeltaSource({self.path})")
         from pyspark_abs.sources.delta_stream import DeltaDataSource
 
         options = self._options(starting_offset)

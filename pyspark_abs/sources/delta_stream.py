@@ -14,13 +14,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxFiles,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, SourceError
@@ -37,6 +30,13 @@ from pyspark_abs.sources.delta_offsets import (
     parse_offset_json,
     plan_next,
     plan_slices,
+)
+from pyspark_abs.sources.read_limits import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
 )
 
 
@@ -128,6 +128,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._schema = schema
         self._log: DeltaLog | None = None
         self._pinned: int | None = None
+        self._planned: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -177,13 +178,20 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"not this source's: {err}. Was the checkpoint written by another query?"
             ) from None
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
         """The end offset of the next micro-batch from ``start``, within ``limit``.
+
+        Spark 4.0 and 4.1 give neither: the micro-batch then reads all that is there after
+        the end of the last one planned here (after a restart: after the starting offset).
 
         Raises:
             SourceError: The next version to read removes data (without
                 ``skip_change_commits``), changes the schema, or its log is gone.
         """
+        if start is None:
+            start, limit = self._planned or self.initialOffset(), ReadAllAvailable()
         begin = self._offset(start, "start")
         if isinstance(limit, ReadMaxRows):
             max_rows, max_files = limit.max_rows, None
@@ -211,6 +219,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         """One partition per file slice between the offsets: the same ones every time."""
         begin, finish = self._offset(start, "start"), self._offset(end, "end")
+        self._planned = end
         last = finish.version if finish.index > 0 else finish.version - 1
         versions = self.log.versions(begin.version, last)
         try:

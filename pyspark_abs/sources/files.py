@@ -12,33 +12,25 @@ placed in the order. Every listing counts the files up to the offset; when there
 than the offset says, the stream stops with a :class:`~pyspark_abs.SourceError` naming them
 instead of skipping them. (Files deleted after they were read are fine.)
 
-The module has three layers: pure planning (:func:`next_files`) over a listing, the files
-themselves (:func:`list_files`, :func:`read_file`) with pyarrow, and the Spark data source
-(:class:`FileSource`, registered as ``pyspark_abs_files``).
+The module has the pure planning (:func:`next_files`) over a listing, the files themselves
+(:func:`list_files`, :func:`read_file`) with pyarrow. Spark's data source, registered as
+``pyspark_abs_files``, is in :mod:`.files_stream`, and the declaration users write,
+:class:`FileSource`, in :mod:`.file_source`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxFiles,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
 
-from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.errors import SourceError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    pass
 
 SOURCE_NAME = "pyspark_abs_files"
 Format = Literal["json", "csv", "text", "parquet"]
@@ -233,231 +225,3 @@ def _location(uri: str) -> tuple[pafs.FileSystem, str]:
     except (OSError, pa.ArrowException, ValueError):
         fs, path = pafs.LocalFileSystem(), uri
     return fs, path.rstrip("/")
-
-
-@dataclass(frozen=True)
-class _FilePartition(InputPartition):
-    path: str
-
-
-@dataclass(frozen=True)
-class _Settings:
-    directory: str
-    format: Format
-    schema: StructType
-    header: bool
-    max_files: int | None
-    starting_offset: FileOffset
-
-    def to_options(self) -> dict[str, str]:
-        return {
-            "directory": self.directory,
-            "format": self.format,
-            "schema": self.schema.json(),
-            "header": json.dumps(self.header),
-            "max_files": json.dumps(self.max_files),
-            "starting_offset": json.dumps(self.starting_offset.to_dict()),
-        }
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> _Settings:
-        fmt = options["format"]
-        if fmt not in FORMATS:
-            raise ConfigError(f"{SOURCE_NAME}: format must be one of {FORMATS}, got {fmt!r}")
-        schema = StructType.fromJson(json.loads(options["schema"]))
-        return cls(
-            directory=options["directory"],
-            format=fmt,
-            schema=schema,
-            header=bool(json.loads(options["header"])),
-            max_files=json.loads(options["max_files"]),
-            starting_offset=FileOffset.parse(json.loads(options["starting_offset"])),
-        )
-
-
-class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Spark's stream reader over a directory (one partition per file)."""
-
-    def __init__(self, settings: _Settings) -> None:
-        self._settings = settings
-        self._pinned: Landed | None = None
-
-    def initialOffset(self) -> dict[str, Any]:
-        """Right after the starting offset (the beginning unless restored)."""
-        return self._settings.starting_offset.to_dict()
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        """``ReadMaxFiles`` with ``max_files_per_trigger``, else ``ReadAllAvailable``."""
-        if self._settings.max_files is not None:
-            return ReadMaxFiles(self._settings.max_files)
-        return ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        """Pin the listing: ``availableNow`` reads no file that lands after this."""
-        files = list_files(self._settings.directory)
-        self._pinned = max(files) if files else NOTHING
-
-    def _offset(self, value: object, what: str) -> FileOffset:
-        try:
-            return FileOffset.parse(value)
-        except ValueError as err:
-            raise SourceError(
-                f"the {what} offset of the stream over {self._settings.directory} is not this "
-                f"source's: {err}. Was the checkpoint written by another query?"
-            ) from None
-
-    def _ahead(self, start: FileOffset, max_files: int | None) -> list[Landed]:
-        try:
-            return next_files(
-                list_files(self._settings.directory),
-                start,
-                max_files=max_files,
-                until=self._pinned,
-            )
-        except ValueError as err:
-            raise SourceError(
-                f"the stream over {self._settings.directory} cannot go on: {err}. Files must "
-                f"land with increasing modification times; move the late files away (or "
-                f"into a new directory read by another stream)"
-            ) from None
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """The offset after the next files, within ``limit``."""
-        begin = self._offset(start, "start")
-        max_files = limit.max_files if isinstance(limit, ReadMaxFiles) else None
-        ahead = self._ahead(begin, max_files)
-        if not ahead:
-            return begin.to_dict()
-        return FileOffset(begin.files + len(ahead), ahead[-1]).to_dict()
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        """One partition per file between the offsets: the same files every time."""
-        begin, finish = self._offset(start, "start"), self._offset(end, "end")
-        count = finish.files - begin.files
-        files = self._ahead(begin, None) if count > 0 else []
-        files = [f for f in files if finish.last is not None and f <= finish.last]
-        if len(files) != count:
-            raise SourceError(
-                f"the stream over {self._settings.directory} lost files between offsets "
-                f"{start} and {end}: {count} were planned, {len(files)} are there"
-            )
-        directory = self._settings.directory.rstrip("/")
-        return [_FilePartition(f"{directory}/{f.name}") for f in files]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The file's rows as record batches with the stream's Arrow schema."""
-        from pyspark_abs.operators.schema import to_arrow
-
-        if not isinstance(partition, _FilePartition):
-            raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
-        schema = to_arrow(self._settings.schema, nullable=True)
-        table = read_file(
-            partition.path, self._settings.format, schema, header=self._settings.header
-        )
-        return iter(table.to_batches())
-
-
-class FileDataSource(DataSource):
-    """The ``pyspark_abs_files`` data source; created by :meth:`FileSource.load`."""
-
-    @classmethod
-    def name(cls) -> str:
-        """The short name to pass to ``readStream.format``."""
-        return SOURCE_NAME
-
-    def schema(self) -> StructType:
-        """The schema given to the :class:`FileSource`."""
-        return _Settings.parse(self.options).schema
-
-    def streamReader(self, schema: StructType) -> FileStreamReader:
-        """A stream reader over the directory."""
-        return FileStreamReader(_Settings.parse(self.options))
-
-
-@dataclass(frozen=True)
-class FileSource:
-    """A directory of files read as a stream that a restore can rewind.
-
-    Attributes:
-        path: The directory: a local path or a URL pyarrow can list.
-        format: ``json`` (JSON lines), ``csv``, ``text`` (one ``value`` row per line) or
-            ``parquet``.
-        schema: The rows' schema, a DDL string or a StructType; required except for
-            ``text`` (always ``value string``).
-        max_files_per_trigger: The most files per micro-batch (None: all that landed).
-        header: CSV files start with a header line naming the columns.
-
-    Raises:
-        ConfigError: An unknown format, a missing or superfluous schema, or a limit that is
-            not a positive integer.
-    """
-
-    path: str
-    format: Format
-    schema: str | StructType | None = None
-    max_files_per_trigger: int | None = None
-    header: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.path, str) or not self.path.strip():
-            raise ConfigError(f"FileSource: path must be a non-empty string, got {self.path!r}")
-        if self.format not in FORMATS:
-            raise ConfigError(
-                f"FileSource({self.path}): format must be one of {list(FORMATS)}, got "
-                f"{self.format!r}"
-            )
-        if self.format == "text" and self.schema is not None:
-            raise ConfigError(
-                f"FileSource({self.path}): text files have the schema 'value string'; "
-                f"leave schema out"
-            )
-        if self.format != "text" and self.schema is None:
-            raise ConfigError(
-                f"FileSource({self.path}): {self.format} files need a schema, e.g. "
-                f"schema='word string, ts timestamp'"
-            )
-        limit = self.max_files_per_trigger
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
-        ):
-            raise ConfigError(
-                f"FileSource({self.path}): max_files_per_trigger must be a positive integer or "
-                f"None, got {limit!r}"
-            )
-
-    def load(self, spark: SparkSession, starting_offset: FileOffset = START) -> DataFrame:
-        """A streaming DataFrame of the files, from the first or right after ``starting_offset``.
-
-        Raises:
-            OperatorDefinitionError: ``schema`` is not a valid DDL schema.
-            SourceError: ``path`` is not a folder that exists.
-        """
-        from pyspark_abs.operators.schema import resolve_struct, to_spark
-
-        require_folder(self.path)
-
-        if self.schema is None:  # text
-            schema = to_spark(TEXT_SCHEMA)
-        else:
-            schema = resolve_struct(self.schema, f"FileSource({self.path}) schema")
-        settings = _Settings(
-            self.path, self.format, schema, self.header, self.max_files_per_trigger, starting_offset
-        )
-        spark.dataSource.register(FileDataSource)
-        return spark.readStream.format(SOURCE_NAME).options(**settings.to_options()).load()
-
-    def rewound(self, spark: SparkSession, offset_json: str) -> DataFrame:
-        """The stream starting right after a recorded offset (see :meth:`offset_of`)."""
-        return self.load(spark, self.offset_of(offset_json))
-
-    @staticmethod
-    def offset_of(offset_json: str) -> FileOffset:
-        """Parse one offset of this source, as Spark wrote it to a checkpoint's offset log.
-
-        Raises:
-            ConfigError: The text is not JSON, or not an offset of this source.
-        """
-        try:
-            return FileOffset.parse(json.loads(offset_json))
-        except (json.JSONDecodeError, TypeError, ValueError) as err:
-            raise ConfigError(f"{offset_json!r} is not an offset of {SOURCE_NAME}: {err}") from None

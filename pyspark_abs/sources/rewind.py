@@ -14,7 +14,7 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.sources.delta import DeltaSource
-from pyspark_abs.sources.files import FileSource
+from pyspark_abs.sources.file_source import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
 
 

@@ -40,11 +40,12 @@ from tests.support.inputs import EPOCHS
 from tests.support.pipelines import word_table
 
 
-def pipeline(words: str, root: Path, **config: object) -> Pipeline:
+def pipeline(words: str, root: Path, *, limit: int | None = 1, **config: object) -> Pipeline:
+    """The word count over ``words``, ``limit`` table files per epoch (None: all there are)."""
     settings: dict[str, object] = {"key_groups": 4, "commit_mode": "sync", **config}
     return Pipeline(
         "connect",
-        DeltaSource(words, max_files_per_trigger=1),
+        DeltaSource(words, max_files_per_trigger=limit),
         word_count,
         root=str(root),
         sinks=str(root / "sink"),
@@ -88,7 +89,7 @@ def serve(url: str, workdir: str) -> None:
     base = Path(workdir)
     words = word_table(base / "words", EPOCHS[:1])
     root = base / "served"
-    query = pipeline(words, root).start(processing_time="1 second")
+    query = pipeline(words, root, limit=None).start(processing_time="1 second")
     deadline = time.monotonic() + 300
     while query.latest_snapshot() is None:
         if time.monotonic() > deadline:

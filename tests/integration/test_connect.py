@@ -112,6 +112,7 @@ def test_crash_rollback_and_restore_through_spark_connect(
         assert_same(snapshots.state("word_count", 1), expected_state(spark, EPOCHS[:2]))
 
 
+@pytest.mark.compat
 def test_the_server_side_run_holds_the_lease_after_its_client_dies(
     connect_url: str, tmp_path: Path
 ) -> None:

@@ -67,6 +67,7 @@ def orphans(table: Path) -> set[str]:
     return {p.name for p in table.glob("*.parquet")} - referenced
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f.step.value}-{f.action.value}")
 def test_restart_after_fault_equals_failure_free_run(

@@ -13,42 +13,13 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
-import pyspark
-
 from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.venvs import runtime_venv
 
 REPO = Path(__file__).parents[2]
-
-
-def _runtime_venv(tmp_path: Path, left_out: tuple[str, ...]) -> tuple[Path, Path]:
-    """A virtual environment seeing this one's libraries but those named ``left_out``.
-
-    PySpark is seen as a runtime copy, without pip metadata. Returns its Python and its
-    site-packages folder.
-    """
-    runtime, libraries = tmp_path / "runtime", tmp_path / "libraries"
-    runtime.mkdir()
-    libraries.mkdir()
-    (runtime / "pyspark").symlink_to(Path(pyspark.__file__).parent)
-    site = Path(sysconfig.get_paths()["purelib"])
-    for entry in site.iterdir():
-        if not entry.name.startswith(("pyspark", "__editable__", "_distutils_hack", *left_out)):
-            (libraries / entry.name).symlink_to(entry)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    venv_site = Path(
-        subprocess.check_output(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            text=True,
-        ).strip()
-    )
-    (venv_site / "runtime.pth").write_text(f"{runtime}\n{libraries}\n")
-    return python, venv_site
 
 
 def test_the_wheel_leaves_the_runtime_pyspark_in_place(tmp_path: Path) -> None:
@@ -60,9 +31,9 @@ def test_the_wheel_leaves_the_runtime_pyspark_in_place(tmp_path: Path) -> None:
         metadata = email.message_from_bytes(archive.read(name))
     requirements = metadata.get_all("Requires-Dist") or []
     needs_pyspark = [r for r in requirements if re.match(r"pyspark\b(?!-)", r)]
-    assert needs_pyspark == ['pyspark<5,>=4.2; extra == "spark"'], needs_pyspark
+    assert needs_pyspark == ['pyspark<5,>=4.0; extra == "spark"'], needs_pyspark
 
-    python, venv_site = _runtime_venv(tmp_path, left_out=())
+    python, venv_site = runtime_venv(tmp_path, left_out=())
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", str(wheel)],
         capture_output=True,
@@ -91,14 +62,18 @@ CONNECT_CLIENT = ("grpc", "google", "protobuf", "zstandard", "googleapis")
 def test_a_classic_installation_runs_a_pipeline_without_spark_connect_packages(
     tmp_path: Path,
 ) -> None:
-    python, venv_site = _runtime_venv(tmp_path, left_out=CONNECT_CLIENT)
+    python, venv_site = runtime_venv(tmp_path, left_out=CONNECT_CLIENT)
     (venv_site / "project.pth").write_text(f"{REPO}\n")
     missing = subprocess.run([str(python), "-c", "import grpc"], capture_output=True)
     assert missing.returncode != 0, "the environment must not have Spark Connect's client"
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python))
+    env.update(
+        PYSPARK_PYTHON=str(python),
+        PYSPARK_DRIVER_PYTHON=str(python),
+        PYSPARK_SUBMIT_ARGS=f"--properties-file {REPO / 'conf' / 'spark-defaults.conf'} pyspark-shell",
+    )
     job = [str(REPO / "scripts" / "spark_submit_job.py"), "--input", str(inputs)]
     run = subprocess.run(
         [str(python), *job, "--root", str(root), "--config", str(REPO / "conf" / "pipeline.toml")],

@@ -32,6 +32,8 @@ from tests.support.pipelines import (
     word_pipeline,
 )
 
+pytestmark = pytest.mark.compat
+
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_every_epoch_is_snapshotted_and_committed(

@@ -36,14 +36,14 @@ def race(*calls: Callable[[], object]) -> list[BaseException | None]:
     return outcomes
 
 
-def write_epochs(directory: Path, epochs: Sequence[str]) -> Path:
+def write_epochs(directory: Path, epochs: Sequence[str], first: int = 0) -> Path:
     """Write one text file per epoch, with increasing modification times.
 
     Spark's file source with ``maxFilesPerTrigger=1`` takes the oldest file first, so file i
-    is processed in epoch i.
+    is processed in epoch i. ``first`` numbers the files of a later landing after those.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    for i, text in enumerate(epochs):
+    for i, text in enumerate(epochs, start=first):
         path = directory / f"part-{i:04d}.txt"
         path.write_text(text)
         os.utime(path, (1_700_000_000 + i * 10, 1_700_000_000 + i * 10))

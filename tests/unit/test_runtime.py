@@ -1,23 +1,41 @@
-"""Which PySpark pyspark-abs accepts."""
+"""Which PySpark pyspark-abs accepts, and which features need Spark 4.2."""
 
 import pytest
 
-from pyspark_abs.runtime import pyspark_problem
+from pyspark_abs.runtime import pyspark_problem, python_source_problem
 
 
-@pytest.mark.parametrize("version", ["4.2.0", "4.3.0", "4.10.1.dev0", "5.0.0"])
-def test_pyspark_4_2_and_newer_is_accepted(version: str) -> None:
+@pytest.mark.parametrize("version", ["4.0.0", "4.1.4", "4.2.0", "4.3.0", "4.10.1.dev0", "5.0.0"])
+def test_pyspark_4_0_and_newer_is_accepted(version: str) -> None:
     assert pyspark_problem(version) is None
 
 
 @pytest.mark.parametrize(
     ("version", "found"),
-    [(None, "and none is installed"), ("4.1.1", "found 4.1.1"), ("3.5.0", "found 3.5.0")],
+    [(None, "and none is installed"), ("3.5.7", "found 3.5.7"), ("3.4.0", "found 3.4.0")],
 )
 def test_older_or_missing_pyspark_is_refused_with_what_to_do(
     version: str | None, found: str
 ) -> None:
     problem = pyspark_problem(version)
     assert problem is not None
-    assert problem.startswith(f"pyspark-abs needs PySpark 4.2 or newer, {found}: ")
+    assert problem.startswith(f"pyspark-abs needs PySpark 4.0 or newer, {found}: ")
     assert "pip install 'pyspark-abs[spark]'" in problem
+    assert "Databricks Runtime built on Spark 4.0 (Databricks Runtime 17.3 LTS" in problem
+
+
+@pytest.mark.parametrize("version", ["4.2.0", "4.3.0", "5.0.0"])
+def test_python_sources_run_on_spark_4_2_and_newer(version: str) -> None:
+    assert python_source_problem(version, "FileSource", "Use X.") is None
+
+
+@pytest.mark.parametrize(("version", "dbr"), [("4.0.1", "17.3 LTS"), ("4.1.4", "18 LTS")])
+def test_python_sources_on_older_spark_name_the_feature_the_version_and_what_to_use(
+    version: str, dbr: str
+) -> None:
+    problem = python_source_problem(version, "FileSource", "Use spark.readStream.")
+    assert problem is not None
+    assert problem == (
+        f"FileSource needs Spark 4.2 (Databricks Runtime 19 or newer); this session runs "
+        f"Spark {version}. Use spark.readStream."
+    )

@@ -1,0 +1,105 @@
+"""What runs on every supported Spark (4.0 to 4.3), and what is refused before 4.2.
+
+These tests are the compatibility subset (marker ``compat``): ``scripts/test_spark_versions``
+runs them, with the core pipeline, crash and recovery tests, on each Spark version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pyspark_abs import (
+    AbsConfig,
+    ChannelSource,
+    DeltaSource,
+    FileSource,
+    Pipeline,
+    Snapshots,
+    SparkVersionError,
+    restore,
+    rollback,
+)
+from pyspark_abs.examples import wordcount
+from pyspark_abs.manifest.entries import EpochStatus
+from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.pipelines import OP, assert_same, counts_df, word_table
+
+pytestmark = pytest.mark.compat
+
+OLDER = ("4.0", "4.1")
+
+
+def older(spark: SparkSession) -> bool:
+    """Whether the session runs Spark 4.0 or 4.1 (no read limits for Python data sources)."""
+    return spark.version.startswith(OLDER)
+
+
+def files_pipeline(root: Path, landing: Path, *, key_groups: int = 8) -> Pipeline:
+    return Pipeline(
+        "wordcount",
+        FileSource(str(landing), "text"),
+        wordcount.word_count,
+        root=str(root),
+        sinks={"output": f"{root}/sinks/word_counts"},
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
+        transform=wordcount.words_of,
+    )
+
+
+def test_a_file_source_rolls_back_and_restores_at_another_scale_as_an_uninterrupted_run(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    landing, root, clean = tmp_path / "landing", tmp_path / "root", tmp_path / "clean"
+    write_epochs(landing, EPOCHS[:2])
+    files_pipeline(root, landing).run()
+    files_pipeline(clean, landing).run()
+    write_epochs(landing, EPOCHS[2:], first=2)
+    files_pipeline(root, landing).run()
+    files_pipeline(clean, landing).run()
+    snapshots = Snapshots(str(root), spark)
+    assert [s.epoch for s in snapshots.list()] == [0, 1]
+    assert_same(snapshots.state(OP, 0), counts_df(spark, EPOCHS[:2]))
+
+    rolled = rollback(str(root), 0)
+    assert (rolled.epoch, rolled.status, rolled.restored_from) == (2, EpochStatus.RESTORED, 0)
+    files_pipeline(root, landing).run()
+    uninterrupted = Snapshots(str(clean), spark)
+    assert_same(snapshots.state(OP), uninterrupted.state(OP))
+    assert_same(snapshots.state(OP), counts_df(spark, EPOCHS))
+    assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
+
+    copy = tmp_path / "copy"
+    restore(str(clean), 0, str(copy))
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    try:
+        files_pipeline(copy, landing, key_groups=5).run()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    restored = Snapshots(str(copy), spark)
+    assert [s.epoch for s in restored.list()] == [0, 1]
+    assert_same(restored.state(OP), uninterrupted.state(OP))
+    after_snapshot = uninterrupted.sink("output").subtract(uninterrupted.sink("output", 0))
+    assert_same(restored.sink("output"), after_snapshot)
+
+
+def test_read_limits_and_channels_need_spark_4_2_and_are_refused_before_anything_runs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    landing = write_epochs(tmp_path / "landing", EPOCHS[:1])
+    words = word_table(tmp_path / "words", EPOCHS[:1])
+    upstream = files_pipeline(tmp_path / "up", landing)
+    loads: dict[str, Callable[[], FileSource | DeltaSource | ChannelSource]] = {
+        "FileSource": lambda: FileSource(str(landing), "text", max_files_per_trigger=1),
+        "DeltaSource": lambda: DeltaSource(words, max_rows_per_trigger=5),
+        "ChannelSource": lambda: upstream.channel("output"),
+    }
+    for name, source in loads.items():
+        if older(spark):
+            with pytest.raises(SparkVersionError, match=rf"^{name}\(.* needs Spark 4\.2 "):
+                source().load(spark)
+        else:
+            assert source().load(spark).isStreaming, name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,13 +11,26 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import testing
 
+DELTA_JARS = "ABS_DELTA_JARS"
+"""Comma-separated Delta Lake jars for the session (set by scripts/test_spark_versions)."""
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """A local session with task retries (``local[2,3]``), shared by all Spark tests."""
+    """A local session with task retries (``local[2,3]``), shared by all Spark tests.
+
+    With ``ABS_DELTA_JARS``, Delta Lake's jars, SQL extension and catalog are configured.
+    """
     log_config = Path(__file__).parents[1] / "conf" / "log4j2.properties"
-    session = testing.session(
-        conf={"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}"}
-    )
+    conf = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}"}
+    if os.environ.get(DELTA_JARS):
+        conf.update(
+            {
+                "spark.jars": os.environ[DELTA_JARS],
+                "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+                "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            }
+        )
+    session = testing.session(conf=conf)
     yield session
     session.stop()

@@ -35,6 +35,11 @@ def load_dataframe(spark: SparkSession, uri: str, version: int) -> DataFrame:
     """A Delta table at ``version`` as a Spark DataFrame, with or without Delta's jars."""
     if spark_reads_delta(spark):
         return spark.read.format("delta").option("versionAsOf", version).load(uri)
+    return load_with_delta_rs(spark, uri, version)
+
+
+def load_with_delta_rs(spark: SparkSession, uri: str, version: int) -> DataFrame:
+    """A Delta table at ``version``: the files delta-rs lists, read as Parquet by Spark."""
     from pyspark_abs.operators.schema import to_spark
 
     table = DeltaTable(uri, version=version)

@@ -67,9 +67,17 @@ def orphans(table: Path) -> set[str]:
     return {p.name for p in table.glob("*.parquet")} - referenced
 
 
-@pytest.mark.compat
 @pytest.mark.parametrize("mode", ["sync", "async"])
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f.step.value}-{f.action.value}")
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(f, marks=pytest.mark.compat)
+        if f.step in (FaultStep.AFTER_PREPARED, FaultStep.BETWEEN_TABLE_COMMITS)
+        else f
+        for f in FAULTS
+    ],
+    ids=lambda f: f"{f.step.value}-{f.action.value}",
+)
 def test_restart_after_fault_equals_failure_free_run(
     spark: SparkSession, tmp_path: Path, reference: Snapshots, fault: Fault, mode: str
 ) -> None:

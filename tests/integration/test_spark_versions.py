@@ -13,41 +13,21 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pyspark_abs import (
-    AbsConfig,
     ChannelSource,
     DeltaSource,
     FileSource,
-    Pipeline,
     Snapshots,
     SparkVersionError,
     restore,
     rollback,
 )
-from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest.entries import EpochStatus
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import OP, assert_same, counts_df, word_table
+from tests.support.readme import README
+from tests.support.versions import files_pipeline, older
 
 pytestmark = pytest.mark.compat
-
-OLDER = ("4.0", "4.1")
-
-
-def older(spark: SparkSession) -> bool:
-    """Whether the session runs Spark 4.0 or 4.1 (no read limits for Python data sources)."""
-    return spark.version.startswith(OLDER)
-
-
-def files_pipeline(root: Path, landing: Path, *, key_groups: int = 8) -> Pipeline:
-    return Pipeline(
-        "wordcount",
-        FileSource(str(landing), "text"),
-        wordcount.word_count,
-        root=str(root),
-        sinks={"output": f"{root}/sinks/word_counts"},
-        config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
-        transform=wordcount.words_of,
-    )
 
 
 def test_a_file_source_rolls_back_and_restores_at_another_scale_as_an_uninterrupted_run(
@@ -97,6 +77,11 @@ def test_read_limits_and_channels_need_spark_4_2_and_are_refused_before_anything
         "DeltaSource": lambda: DeltaSource(words, max_rows_per_trigger=5),
         "ChannelSource": lambda: upstream.channel("output"),
     }
+    if older(spark):
+        with pytest.raises(SparkVersionError) as refused:
+            FileSource("/landing/clicks", "text", max_files_per_trigger=1).load(spark)
+        shown = f"SparkVersionError: {refused.value}".replace(spark.version, "4.1.4")
+        assert f"```text\n{shown}\n```" in README.read_text(), "the README shows this error"
     for name, source in loads.items():
         if older(spark):
             with pytest.raises(SparkVersionError, match=rf"^{name}\(.* needs Spark 4\.2 "):

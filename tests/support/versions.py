@@ -1,0 +1,30 @@
+"""What the tests need to know of the Spark they run on, and a pipeline every Spark runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from pyspark_abs import AbsConfig, FileSource, Pipeline
+from pyspark_abs.examples import wordcount
+
+OLDER = ("4.0", "4.1")
+
+
+def older(spark: SparkSession) -> bool:
+    """Whether the session runs Spark 4.0 or 4.1 (no read limits for Python data sources)."""
+    return spark.version.startswith(OLDER)
+
+
+def files_pipeline(root: Path, landing: Path, *, key_groups: int = 8) -> Pipeline:
+    """The word count over the text files in ``landing`` with a ``FileSource`` without limits."""
+    return Pipeline(
+        "wordcount",
+        FileSource(str(landing), "text"),
+        wordcount.word_count,
+        root=str(root),
+        sinks={"output": f"{root}/sinks/word_counts"},
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
+        transform=wordcount.words_of,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -64,9 +65,25 @@ def resolve_sinks(
     for output in outputs:
         sink = sinks[output]
         sink = sink if isinstance(sink, DeltaSink) else DeltaSink(str(sink))
+        _refuse_table_name(name, output, sink.path)
         _check_partitioning(name, output, schemas[output], sink.partition_by)
         resolved[output] = DeltaSink(sink.path, tuple(sink.partition_by))
     return resolved
+
+
+_TABLE_NAME = re.compile(r"`?\w+`?\.`?\w+`?\.`?\w+`?")
+
+
+def _refuse_table_name(name: str, output: str, path: str) -> None:
+    """Refuse a catalog table name given where a path belongs (it would be a local folder)."""
+    if _TABLE_NAME.fullmatch(path):
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: the sink of output {output!r} is {path!r}, a catalog table "
+            f"name; sinks are Delta tables at a path, committed by delta-rs, which cannot "
+            f"commit to Unity Catalog managed tables. Give a path: an external location "
+            f"(s3://..., abfss://..., gs://...) or a Volume (/Volumes/<catalog>/<schema>/"
+            f"<volume>/...), and register it with CREATE TABLE ... LOCATION to query it by name"
+        )
 
 
 def _check_partitioning(name: str, output: str, schema: pa.Schema, columns: Sequence[str]) -> None:

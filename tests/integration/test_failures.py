@@ -241,6 +241,12 @@ def expiring(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
             r"key column\(s\) \['word'\] of operator 'word_count' are not in the source",
         ),
         (
+            {"sinks": "main.default.word_counts"},
+            r"the sink of output 'output' is 'main.default.word_counts', a catalog table name; "
+            r"sinks are Delta tables at a path, committed by delta-rs, which cannot commit to "
+            r"Unity Catalog managed tables. Give a path",
+        ),
+        (
             {"sinks": {"output": "/tmp/x"}, "partition": ("nope",)},
             "partitioned by 'nope', which is not an output column",
         ),

@@ -24,9 +24,9 @@ from pyspark_abs.manifest.table import open_root
 from pyspark_abs.storage.root import sink_table
 from pyspark_abs.storage.spark import load_with_delta_rs, spark_reads_delta
 from pyspark_abs.storage.store import DeltaStore
-from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.inputs import EPOCHS
 from tests.support.jobs import FILES, job_of
-from tests.support.versions import files_pipeline, older
+from tests.support.versions import files_pipeline, land_and_run, older, sink_of
 
 pytestmark = pytest.mark.delta_jvm
 
@@ -80,10 +80,8 @@ def test_every_table_of_a_pipeline_reads_alike_with_delta_spark_at_every_snapsho
 ) -> None:
     spark = delta_spark
     landing, root = tmp_path / "landing", tmp_path / "root"
-    write_epochs(landing, EPOCHS[:2])
-    files_pipeline(root, landing).run()
-    write_epochs(landing, EPOCHS[2:], first=2)
-    files_pipeline(root, landing).run()
+    land_and_run(landing, root, EPOCHS[:2])
+    land_and_run(landing, root, EPOCHS[2:], first=2)
     rollback(str(root), 0)
     files_pipeline(root, landing).run()
     compact(str(root))
@@ -142,11 +140,10 @@ def test_a_downstream_delta_stream_on_a_sink_reads_every_epoch_once_across_maint
 ) -> None:
     spark = delta_spark
     landing, root = tmp_path / "landing", tmp_path / "root"
-    sink = f"{root}/sinks/word_counts"
+    sink = sink_of(root)
     seen: list[tuple[str, int]] = []
     for first in range(len(EPOCHS)):
-        write_epochs(landing, EPOCHS[first : first + 1], first=first)
-        files_pipeline(root, landing).run()
+        land_and_run(landing, root, EPOCHS[first : first + 1], first=first)
         compact(str(root))
         vacuum(str(root), keep_last=1, min_age_seconds=0)
         seen += downstream(spark, sink, tmp_path / "downstream")
@@ -159,11 +156,9 @@ def test_after_a_rollback_a_downstream_stream_needs_skip_change_commits_and_sees
 ) -> None:
     spark = delta_spark
     landing, root = tmp_path / "landing", tmp_path / "root"
-    sink = f"{root}/sinks/word_counts"
-    write_epochs(landing, EPOCHS[:1])
-    files_pipeline(root, landing).run()
-    write_epochs(landing, EPOCHS[1:2], first=1)
-    files_pipeline(root, landing).run()
+    sink = sink_of(root)
+    land_and_run(landing, root, EPOCHS[:1])
+    land_and_run(landing, root, EPOCHS[1:2], first=1)
     skip = {"skipChangeCommits": "true"}
     delivered = downstream(spark, sink, tmp_path / "plain")
     assert downstream(spark, sink, tmp_path / "skipping", **skip) == delivered

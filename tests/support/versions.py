@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from pyspark_abs import AbsConfig, FileSource, Pipeline
 from pyspark_abs.examples import wordcount
+from tests.support.inputs import write_epochs
 
 OLDER = ("4.0", "4.1")
 
@@ -24,7 +26,18 @@ def files_pipeline(root: Path, landing: Path, *, key_groups: int = 8) -> Pipelin
         FileSource(str(landing), "text"),
         wordcount.word_count,
         root=str(root),
-        sinks={"output": f"{root}/sinks/word_counts"},
+        sinks={"output": sink_of(root)},
         config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
         transform=wordcount.words_of,
     )
+
+
+def sink_of(root: Path) -> str:
+    """The sink of :func:`files_pipeline` at ``root``."""
+    return f"{root}/sinks/word_counts"
+
+
+def land_and_run(landing: Path, root: Path, texts: Sequence[str], first: int = 0) -> None:
+    """Land ``texts`` as files numbered from ``first``, then run :func:`files_pipeline`."""
+    write_epochs(landing, texts, first=first)
+    files_pipeline(root, landing).run()

@@ -90,7 +90,13 @@ if TYPE_CHECKING:
     from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
     from pyspark_abs.snapshots.reading import Snapshots
-    from pyspark_abs.sources import ChannelSource, DeltaSource, FileSource, KafkaSource
+    from pyspark_abs.sources import (
+        ChannelSource,
+        DeltaSource,
+        FileSource,
+        KafkaSource,
+        SparkDeltaSource,
+    )
 
 __version__ = "0.1.0"
 
@@ -125,7 +131,13 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.protocol.listeners": ("SnapshotListener",),
     "pyspark_abs.session": ("local_session",),
     "pyspark_abs.snapshots.reading": ("Snapshots",),
-    "pyspark_abs.sources": ("ChannelSource", "DeltaSource", "FileSource", "KafkaSource"),
+    "pyspark_abs.sources": (
+        "ChannelSource",
+        "DeltaSource",
+        "FileSource",
+        "KafkaSource",
+        "SparkDeltaSource",
+    ),
 }
 """The public names imported on first use, by the module that defines them.
 

@@ -29,6 +29,8 @@ def spark() -> Iterator[SparkSession]:
                 "spark.jars": os.environ[DELTA_JARS],
                 "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
                 "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+                # Delta replays a table's log in 50 tasks by default: slow for small tables
+                "spark.databricks.delta.snapshotPartitions": "2",
             }
         )
     session = testing.session(conf=conf)

@@ -149,8 +149,9 @@ class Pipeline:
             name: Pipeline id; the snapshot root is bound to it.
             source: A streaming DataFrame holding the operator's key columns, or a
                 :class:`~pyspark_abs.sources.DeltaSource`,
-                :class:`~pyspark_abs.sources.FileSource` or
-                :class:`~pyspark_abs.sources.KafkaSource`, which restore and rollback can
+                :class:`~pyspark_abs.sources.FileSource`,
+                :class:`~pyspark_abs.sources.KafkaSource` or
+                :class:`~pyspark_abs.sources.SparkDeltaSource`, which restore and rollback can
                 rewind to a snapshot's offsets.
             operator: The stateful operator.
             root: Snapshot root for the manifest and the state table.

@@ -134,7 +134,8 @@ def source_frame(
     else:
         raise OperatorDefinitionError(
             f"pipeline {name!r}: the source must be a streaming DataFrame "
-            f"(spark.readStream...), a DeltaSource, FileSource or KafkaSource, got "
+            f"(spark.readStream...), a DeltaSource, FileSource, KafkaSource or "
+            f"SparkDeltaSource, got "
             f"{type(source).__name__}"
         )
     return transform(frame) if transform is not None else frame
@@ -160,7 +161,8 @@ def rewound_frame(
         raise SourceError(
             f"pipeline {name!r} starts from restore epoch {restore.epoch} "
             f"({restore.origin}), whose source offset is {line}; only a "
-            f"pyspark_abs.DeltaSource, FileSource or KafkaSource can be rewound to it. Use "
+            f"pyspark_abs.DeltaSource, FileSource, KafkaSource or SparkDeltaSource can be "
+            f"rewound to it. Use "
             f"one as the source, or start from a snapshot without offsets (write_state)"
         )
     frame = source.rewound(spark, line)

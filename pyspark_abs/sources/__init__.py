@@ -4,10 +4,11 @@ from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.file_source import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
+from pyspark_abs.sources.spark_delta import SparkDeltaSource
 
-RewindableSource = DeltaSource | FileSource | KafkaSource | ChannelSource
+RewindableSource = DeltaSource | FileSource | KafkaSource | SparkDeltaSource | ChannelSource
 """A source that a restore can start right after a snapshot's offsets."""
-REWINDABLE = (DeltaSource, FileSource, KafkaSource, ChannelSource)
+REWINDABLE = (DeltaSource, FileSource, KafkaSource, SparkDeltaSource, ChannelSource)
 
 __all__ = [
     "REWINDABLE",
@@ -16,4 +17,5 @@ __all__ = [
     "FileSource",
     "KafkaSource",
     "RewindableSource",
+    "SparkDeltaSource",
 ]

@@ -16,30 +16,43 @@ from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.file_source import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
+from pyspark_abs.sources.spark_delta import SparkDeltaSource
 
 
-def unrewindable(source_offsets: str | None) -> list[str]:
+def unrewindable(source_offsets: str | None) -> list[tuple[str, str]]:
     """The lines of an epoch's source offsets that no source of this package resumes from.
 
     Each line is one source's offset as Spark wrote it to the checkpoint's offset log; a
-    ``DeltaSource`` (loop heads included), a ``FileSource`` and a ``KafkaSource`` can start
-    right after theirs.
+    ``DeltaSource`` (loop heads included), a ``FileSource``, a ``KafkaSource`` and a
+    ``SparkDeltaSource`` at a version boundary can start right after theirs. Each line
+    comes with the reason it cannot.
     """
-    return [line for line in (source_offsets or "").splitlines() if not _rewindable(line)]
+    found = ((line, _why_not(line)) for line in (source_offsets or "").splitlines())
+    return [(line, why) for line, why in found if why is not None]
 
 
-def _rewindable(line: str) -> bool:
+def _why_not(line: str) -> str | None:
+    try:
+        SparkDeltaSource.position_of(line)
+        return None
+    except SourceError as err:
+        return str(err)
+    except ConfigError:
+        pass
     for parse in (DeltaSource.offset_of, FileSource.offset_of, ChannelSource.offset_of):
         try:
             parse(line)
-            return True
+            return None
         except ConfigError:
             pass
     try:
         KafkaSource.starting_offsets(line)
-        return True
+        return None
     except SourceError:
-        return False
+        return (
+            f"its recorded offset is {line}: Spark's file source, a socket or another source "
+            f"that no run can start at a given offset"
+        )
 
 
 def require_rewindable(snapshot: ManifestEntry, root: str, action: str) -> None:
@@ -51,12 +64,11 @@ def require_rewindable(snapshot: ManifestEntry, root: str, action: str) -> None:
     lines = unrewindable(snapshot.source_offsets)
     if lines:
         raise SourceError(
-            f"cannot {action}: epoch {snapshot.epoch} of {root} was read from a source that "
-            f"cannot be rewound (its recorded offset is {lines[0]}; a file directory or a "
-            f"socket), so no run could continue from it. Nothing was changed. Only a "
-            f"pyspark_abs.DeltaSource, FileSource or KafkaSource can be rewound: read files "
-            f"with FileSource, or land the input in a bronze Delta table and read it with "
-            f"DeltaSource (see the README's Savepoints section)"
+            f"cannot {action}: no run can continue after epoch {snapshot.epoch} of {root} "
+            f"({lines[0][1]}). Nothing was changed. Only a pyspark_abs.DeltaSource, "
+            f"FileSource, KafkaSource or SparkDeltaSource can be rewound: read files with "
+            f"FileSource, or land the input in a bronze Delta table and read it with "
+            f"DeltaSource or SparkDeltaSource (see the README's Savepoints section)"
         )
 
 

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from pyspark_abs import SourceError
+from pyspark_abs import ConfigError, SourceError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.protocol.epoch_writer import now
 from pyspark_abs.sources.rewind import require_rewindable, unrewindable
+from pyspark_abs.sources.spark_delta import DeltaPosition, SparkDeltaSource
 from tests.support.manifest import entry
 
 DELTA = json.dumps({"source": "pyspark_abs_delta", "version": 3, "index": 0})
@@ -16,10 +17,39 @@ KAFKA = json.dumps({"clicks": {"0": 12, "1": 7}})
 FILES = json.dumps({"logOffset": 4})
 
 
-def test_delta_loop_heads_and_kafka_rewind_files_and_others_do_not() -> None:
+def test_delta_loop_heads_and_kafka_rewind_spark_files_and_others_do_not() -> None:
     assert unrewindable(None) == []
     assert unrewindable("\n".join([DELTA, LOOP, KAFKA])) == []
-    assert unrewindable("\n".join([DELTA, FILES, "17", KAFKA])) == [FILES, "17"]
+    assert [line for line, _ in unrewindable("\n".join([DELTA, FILES, "17", KAFKA]))] == [
+        FILES,
+        "17",
+    ]
+
+
+def spark_delta(version: int, index: int, starting: bool = False) -> str:
+    """An offset as Spark's Delta source records it."""
+    return json.dumps(
+        {
+            "sourceVersion": 1,
+            "reservoirId": "5e1f",
+            "reservoirVersion": version,
+            "index": index,
+            "isStartingVersion": starting,
+        }
+    )
+
+
+def test_spark_delta_offsets_rewind_on_a_version_boundary_only() -> None:
+    assert SparkDeltaSource.position_of(spark_delta(7, -1)) == DeltaPosition("5e1f", 7)
+    assert unrewindable(spark_delta(7, -1)) == []
+    for inside in (spark_delta(7, 0), spark_delta(2, 4, starting=True), spark_delta(2, -1, True)):
+        [(line, why)] = unrewindable(inside)
+        assert line == inside
+        assert "no option starts a Delta stream inside a version" in why
+    with pytest.raises(SourceError, match=r"inside version 7 of table 5e1f \(file 3 of it; a"):
+        SparkDeltaSource.position_of(spark_delta(7, 3))
+    with pytest.raises(ConfigError, match="not an offset of Spark's Delta source"):
+        SparkDeltaSource.position_of(FILES)
 
 
 def test_the_refusal_names_the_epoch_the_offset_and_what_to_do() -> None:
@@ -33,8 +63,8 @@ def test_the_refusal_names_the_epoch_the_offset_and_what_to_do() -> None:
     )
     with pytest.raises(
         SourceError,
-        match=r"cannot roll back to epoch 5: epoch 5 of /r was read from a source that cannot "
-        r'be rewound \(its recorded offset is \{"logOffset": 4\}.*Nothing was changed.*land '
+        match=r"cannot roll back to epoch 5: no run can continue after epoch 5 of /r \(its "
+        r'recorded offset is \{"logOffset": 4\}: Spark\'s file source.*Nothing was changed.*land '
         r"the input in a bronze Delta table",
     ):
         require_rewindable(snapshot, "/r", "roll back to epoch 5")

@@ -22,6 +22,7 @@ from pyspark_abs import (
     Fault,
     FaultStep,
     InjectedFault,
+    Job,
     Pipeline,
     Snapshots,
     SourceError,
@@ -216,3 +217,44 @@ def test_the_readme_block_runs_a_pipeline_over_delta_lakes_own_source(
     scope: dict[str, Any] = {"sessions": wordcount.word_count}
     exec(compile(block, "README.md SparkDeltaSource", "exec"), scope)
     assert_same(Snapshots(str(root), delta_spark).state(OP), counts_df(delta_spark, EPOCHS[:1]))
+
+
+def test_a_job_whose_head_reads_delta_lakes_own_source_rolls_back_as_an_uninterrupted_job(
+    delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    if older(delta_spark):
+        pytest.skip("jobs need Spark 4.2")
+    spark, table = delta_spark, tmp_path / "lines"
+
+    def job_at(base: Path) -> Job:
+        words = native(base / "words", table)
+        again = Pipeline(
+            "updates",
+            words.channel(),
+            wordcount.word_count,
+            root=str(base / "updates"),
+            sinks=str(base / "sinks" / "updates"),
+            config=AbsConfig(key_groups=4, commit_mode="sync"),
+        )
+        return Job("words", str(base), [words, again])
+
+    rolled, clean = tmp_path / "rolled", tmp_path / "clean"
+    for text in EPOCHS:
+        append_lines(spark, table, [text])
+        job_at(rolled).run()
+        job_at(clean).run()
+    job_at(rolled).rollback(1)
+    job_at(rolled).run()
+    for stage in ("words", "updates"):
+        rerun, uninterrupted = (Snapshots(str(b / stage), spark) for b in (rolled, clean))
+        assert_same(rerun.state(OP), uninterrupted.state(OP))
+        assert_same(rerun.sink("output"), uninterrupted.sink("output"))
+
+
+def test_without_delta_lakes_jars_the_source_says_what_to_add(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    if spark_reads_delta(spark):
+        pytest.skip("this session has Delta Lake's jars")
+    with pytest.raises(SourceError, match=r"Delta Lake's jars are not on the session .*--packages"):
+        SparkDeltaSource(path=str(tmp_path)).load(spark)

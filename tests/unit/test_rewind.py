@@ -1,6 +1,7 @@
 """Which recorded source offsets a restore can rewind to."""
 
 import json
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,18 @@ def test_the_refusal_names_the_epoch_the_offset_and_what_to_do() -> None:
         require_rewindable(snapshot, "/r", "roll back to epoch 5")
     plain = entry(5, EpochStatus.COMMITTED, pipeline="words", recorded_at=now(), run_id="run")
     require_rewindable(plain, "/r", "x")
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({}, "exactly one of path= and table=, got path=None table=None"),
+        ({"path": "/t", "table": "t"}, "exactly one of path= and table="),
+        ({"path": "/t", "options": {"maxFilesPerTrigger": 5}}, r"SparkDeltaSource\(/t\): options"),
+    ],
+)
+def test_a_spark_delta_source_needs_one_table_and_text_options(
+    given: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SparkDeltaSource(**given)

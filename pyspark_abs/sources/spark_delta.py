@@ -92,7 +92,7 @@ class SparkDeltaSource:
         """A streaming DataFrame of the table, from ``starting_version`` if given.
 
         Raises:
-            SourceError: Delta Lake's jars are not on the session.
+            SourceError: Delta Lake's jars are not on the session, or the table cannot be read.
         """
         options = dict(self.options)
         if starting_version is not None:
@@ -104,7 +104,10 @@ class SparkDeltaSource:
         except Exception as err:
             text = str(err)
             if "DATA_SOURCE_NOT_FOUND" not in text and "Failed to find data source" not in text:
-                raise
+                raise SourceError(
+                    f"SparkDeltaSource({self.name}): cannot read the Delta table "
+                    f"({text.splitlines()[0]}); check the path or table name"
+                ) from None
             raise SourceError(
                 f"SparkDeltaSource({self.name}): Delta Lake's jars are not on the session "
                 f"({text.splitlines()[0]}); add them, e.g. spark-submit --packages "
@@ -123,7 +126,14 @@ class SparkDeltaSource:
 
         position = self.position_of(offset_json)
         target = f"delta.`{self.path.replace('`', '``')}`" if self.path is not None else self.name
-        found = spark.sql(f"DESCRIBE DETAIL {target}").first()
+        try:
+            found = spark.sql(f"DESCRIBE DETAIL {target}").first()
+        except Exception as err:
+            raise SourceError(
+                f"SparkDeltaSource({self.name}): cannot read the table to resume right after "
+                f"the snapshot's offset ({str(err).splitlines()[0]}); point the source at the "
+                f"Delta table the snapshot read (table {position.table_id})"
+            ) from None
         if found is None or found["id"] != position.table_id:
             raise SourceError(
                 f"SparkDeltaSource({self.name}) is table {found['id'] if found else None}, but "
@@ -158,9 +168,10 @@ class SparkDeltaSource:
         except Exception as err:
             raise SourceError(
                 f"SparkDeltaSource({self.name}): cannot read version {version}'s log entry "
-                f"{entry} ({str(err).splitlines()[0]}), which a rewind past it needs; it "
-                f"expired with Delta's log retention (delta.logRetentionDuration) or was "
-                f"deleted. Start from a newer snapshot"
+                f"{entry} ({str(err).splitlines()[0]}), which a rewind past it needs. If it "
+                f"expired with Delta's log retention (delta.logRetentionDuration), start from "
+                f"a newer snapshot; if the session may not read the table's files by path "
+                f"(a catalog-managed table), give the source the table's path"
             ) from None
         # the log holds each path URL-encoded; a file's name may reach Spark either way
         return {posixpath.basename(form) for p in paths for form in (str(p), unquote(str(p)))}

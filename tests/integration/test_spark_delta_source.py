@@ -117,6 +117,8 @@ def test_spark_delta_source_survives_a_crash_a_rollback_and_a_restore_as_an_unin
     append_lines(spark, other, EPOCHS[:1])
     with pytest.raises(SourceError, match=r"is table \S+, but the snapshot read table \S+"):
         native(copy, other).run()
+    with pytest.raises(SourceError, match=r"\(\S+missing\): cannot read the Delta table .*check"):
+        native(copy, tmp_path / "missing")
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
         native(copy, table, key_groups=5).run()

@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pyspark_abs import testing
+from pyspark_abs.storage.spark import spark_reads_delta
 
 DELTA_JARS = "ABS_DELTA_JARS"
 """Comma-separated Delta Lake jars for the session (set by scripts/test_spark_versions)."""
@@ -36,3 +37,11 @@ def spark() -> Iterator[SparkSession]:
     session = testing.session(conf=conf)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def delta_spark(spark: SparkSession) -> SparkSession:
+    """The session, when it reads ``format("delta")`` with Delta Lake's jars."""
+    if not spark_reads_delta(spark):
+        pytest.skip("no Delta Lake jars on this session (no Delta release for this Spark)")
+    return spark

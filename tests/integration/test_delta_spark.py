@@ -22,21 +22,13 @@ from pyspark_abs.admin.job_manifest import job_manifest_uri
 from pyspark_abs.examples import medallion
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.storage.root import sink_table
-from pyspark_abs.storage.spark import load_with_delta_rs, spark_reads_delta
+from pyspark_abs.storage.spark import load_with_delta_rs
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import FILES, job_of
 from tests.support.versions import files_pipeline, land_and_run, older, sink_of
 
 pytestmark = pytest.mark.delta_jvm
-
-
-@pytest.fixture
-def delta_spark(spark: SparkSession) -> SparkSession:
-    """The session, when it reads ``format("delta")`` with Delta Lake's jars."""
-    if not spark_reads_delta(spark):
-        pytest.skip("no Delta Lake jars on this session (no Delta release for this Spark)")
-    return spark
 
 
 def assert_reads_alike(spark: SparkSession, uri: str, version: int) -> None:

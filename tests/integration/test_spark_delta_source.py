@@ -36,17 +36,9 @@ from pyspark_abs.storage.spark import spark_reads_delta
 from tests.support.inputs import EPOCHS
 from tests.support.pipelines import OP, assert_same, counts_df
 from tests.support.readme import block_with
-from tests.support.versions import older, sink_of
+from tests.support.versions import older, shuffle_partitions, sink_of
 
 pytestmark = pytest.mark.delta_jvm
-
-
-@pytest.fixture
-def delta_spark(spark: SparkSession) -> SparkSession:
-    """The session, when it has Delta Lake's jars."""
-    if not spark_reads_delta(spark):
-        pytest.skip("no Delta Lake jars on this session (no Delta release for this Spark)")
-    return spark
 
 
 def append_lines(spark: SparkSession, table: Path, texts: Sequence[str], files: int = 1) -> None:
@@ -119,11 +111,8 @@ def test_spark_delta_source_survives_a_crash_a_rollback_and_a_restore_as_an_unin
         native(copy, other).run()
     with pytest.raises(SourceError, match=r"\(\S+missing\): cannot read the Delta table .*check"):
         native(copy, tmp_path / "missing")
-    spark.conf.set("spark.sql.shuffle.partitions", "3")
-    try:
+    with shuffle_partitions(spark, 3):
         native(copy, table, key_groups=5).run()
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", "2")
     restored = Snapshots(str(copy), spark)
     assert_same(restored.state(OP), uninterrupted.state(OP))
     after_snapshot = uninterrupted.sink("output").subtract(uninterrupted.sink("output", 0))

@@ -25,7 +25,7 @@ from pyspark_abs.manifest.entries import EpochStatus
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import OP, assert_same, counts_df, word_table
 from tests.support.readme import README
-from tests.support.versions import files_pipeline, older
+from tests.support.versions import files_pipeline, older, shuffle_partitions
 
 pytestmark = pytest.mark.compat
 
@@ -54,11 +54,8 @@ def test_a_file_source_rolls_back_and_restores_at_another_scale_as_an_uninterrup
 
     copy = tmp_path / "copy"
     restore(str(clean), 0, str(copy))
-    spark.conf.set("spark.sql.shuffle.partitions", "3")
-    try:
+    with shuffle_partitions(spark, 3):
         files_pipeline(copy, landing, key_groups=5).run()
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", "2")
     restored = Snapshots(str(copy), spark)
     assert [s.epoch for s in restored.list()] == [0, 1]
     assert_same(restored.state(OP), uninterrupted.state(OP))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -41,3 +42,14 @@ def land_and_run(landing: Path, root: Path, texts: Sequence[str], first: int = 0
     """Land ``texts`` as files numbered from ``first``, then run :func:`files_pipeline`."""
     write_epochs(landing, texts, first=first)
     files_pipeline(root, landing).run()
+
+
+@contextmanager
+def shuffle_partitions(spark: SparkSession, count: int) -> Iterator[None]:
+    """Run the block with ``count`` shuffle partitions (a restore at another scale)."""
+    before = spark.conf.get("spark.sql.shuffle.partitions") or "200"
+    spark.conf.set("spark.sql.shuffle.partitions", str(count))
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)

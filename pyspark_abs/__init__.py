@@ -96,6 +96,7 @@ if TYPE_CHECKING:
         FileSource,
         KafkaSource,
         SparkDeltaSource,
+        SparkFileSource,
     )
 
 __version__ = "0.1.0"
@@ -137,6 +138,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
         "FileSource",
         "KafkaSource",
         "SparkDeltaSource",
+        "SparkFileSource",
     ),
 }
 """The public names imported on first use, by the module that defines them.

@@ -100,6 +100,7 @@ def copy_snapshot(
         restore_versions={},
         origin=origin,
         job=job,
+        target_root=root,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pyspark_abs.admin.file_rewinds import keep_files_read
 from pyspark_abs.admin.sink_restores import (
     check_sink_restores,
     keeping_other_writers,
@@ -149,6 +150,7 @@ def install_tables(
     state_keys: int | None = None,
     schemas: Mapping[str, str] | None = None,
     job: str | None = None,
+    target_root: str | None = None,
 ) -> SnapshotInfo:
     """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
 
@@ -156,7 +158,15 @@ def install_tables(
     and counts are kept), or None for a bootstrap. ``schemas`` gives the Delta schema
     (JSON) of the tables whose schema the installed files change (a state migration, or a
     rollback across one). ``job`` names the job root of a job-wide decision.
+    ``target_root`` holds ``target`` when it is another root (a restore into a new one).
+
+    Raises:
+        SourceError: ``target`` read Spark's file source, and the files it had read cannot
+            be resolved.
     """
+    keep_files_read(
+        writer.store, target, target_root or writer.root, writer.root, epoch, writer.run_id
+    )
     prepared = ManifestEntry(
         pipeline=writer.pipeline,
         epoch=epoch,

@@ -150,8 +150,9 @@ class Pipeline:
             source: A streaming DataFrame holding the operator's key columns, or a
                 :class:`~pyspark_abs.sources.DeltaSource`,
                 :class:`~pyspark_abs.sources.FileSource`,
-                :class:`~pyspark_abs.sources.KafkaSource` or
-                :class:`~pyspark_abs.sources.SparkDeltaSource`, which restore and rollback can
+                :class:`~pyspark_abs.sources.KafkaSource`,
+                :class:`~pyspark_abs.sources.SparkDeltaSource` or
+                :class:`~pyspark_abs.sources.SparkFileSource`, which restore and rollback can
                 rewind to a snapshot's offsets.
             operator: The stateful operator.
             root: Snapshot root for the manifest and the state table.
@@ -514,7 +515,9 @@ class Pipeline:
         frame = self._frame
         if lineage.fresh and lineage.restore is not None:
             frame = (
-                rewound_frame(self.name, self.source, self.transform, lineage.restore, self.spark)
+                rewound_frame(
+                    self.name, self.source, self.transform, lineage.restore, self.spark, self.root
+                )
                 or frame
             )
         for edge in self.back_edges:

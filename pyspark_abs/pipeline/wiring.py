@@ -20,9 +20,11 @@ from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import KEY_GROUP, RESTORE, TIMEOUT, instant_columns
 from pyspark_abs.operators.task import KeyGroupTask
-from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource
+from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource, SparkFileSource
 from pyspark_abs.sources.backedge_log import split_offsets
+from pyspark_abs.sources.file_rewinds import rewound_files
 from pyspark_abs.storage.root import state_table
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -134,8 +136,8 @@ def source_frame(
     else:
         raise OperatorDefinitionError(
             f"pipeline {name!r}: the source must be a streaming DataFrame "
-            f"(spark.readStream...), a DeltaSource, FileSource, KafkaSource or "
-            f"SparkDeltaSource, got "
+            f"(spark.readStream...), a DeltaSource, FileSource, KafkaSource, "
+            f"SparkDeltaSource or SparkFileSource, got "
             f"{type(source).__name__}"
         )
     return transform(frame) if transform is not None else frame
@@ -147,6 +149,7 @@ def rewound_frame(
     transform: Callable[[DataFrame], DataFrame] | None,
     restore: ManifestEntry,
     spark: SparkSession,
+    root: str,
 ) -> DataFrame | None:
     """The source rewound to a restore epoch's offsets, or None if the epoch has none.
 
@@ -161,9 +164,14 @@ def rewound_frame(
         raise SourceError(
             f"pipeline {name!r} starts from restore epoch {restore.epoch} "
             f"({restore.origin}), whose source offset is {line}; only a "
-            f"pyspark_abs.DeltaSource, FileSource, KafkaSource or SparkDeltaSource can be "
-            f"rewound to it. Use "
-            f"one as the source, or start from a snapshot without offsets (write_state)"
+            f"pyspark_abs.DeltaSource, FileSource, KafkaSource, SparkDeltaSource or "
+            f"SparkFileSource can be rewound to it. Use one as the source (SparkFileSource for "
+            f"spark.readStream over files), or start from a snapshot without offsets "
+            f"(write_state)"
         )
-    frame = source.rewound(spark, line)
+    if isinstance(source, SparkFileSource):
+        read = rewound_files(DeltaStore(), root, restore.epoch, restore.run_id)
+        frame = source.rewound(spark, read)
+    else:
+        frame = source.rewound(spark, line)
     return transform(frame) if transform is not None else frame

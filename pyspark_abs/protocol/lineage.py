@@ -16,7 +16,7 @@ from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id, tables_of
-from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
+from pyspark_abs.protocol.spark_checkpoint import SUPERSEDED, CheckpointReader
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, ROOT_KEY, app_id
@@ -163,7 +163,7 @@ def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -
         if superseded:
             # Its planned micro-batches would replay the source offsets and restore rows
             # it began with, not the newer restore epoch's.
-            moved = checkpoint.move_aside(f"superseded-by-epoch-{decided.epoch}")
+            moved = checkpoint.move_aside(f"{SUPERSEDED}{decided.epoch}")
             log.warning(
                 "checkpoint %s was superseded by restore epoch %d (%s); moved it to %s",
                 checkpoint.location,

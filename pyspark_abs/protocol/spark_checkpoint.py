@@ -23,6 +23,9 @@ from pyspark_abs.errors import ConfigError, PipelineMismatchError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+SUPERSEDED = "superseded-by-epoch-"
+"""How a checkpoint superseded by a restore epoch is renamed: ``<location>-<this><epoch>``."""
+
 
 @dataclass(frozen=True)
 class BatchOffsets:
@@ -111,6 +114,23 @@ class CheckpointReader:
             timestamp_ms=int(meta.get("batchTimestampMs", 0)),
             shuffle_partitions=int(conf.get("spark.sql.shuffle.partitions", 0)),
         )
+
+    def source_log(self, index: int) -> dict[str, str]:
+        """The files of source ``index``'s metadata log (Spark's file source), by name."""
+        folder = f"{self.location}/sources/{index}"
+        names = [n for n in self._files.list(folder) if n.removesuffix(".compact").isdigit()]
+        texts = {n: self._files.read(f"{folder}/{n}") for n in names}
+        return {n: t for n, t in texts.items() if t is not None}
+
+    def find(self, query_id: str) -> CheckpointReader | None:
+        """The checkpoint of query ``query_id``: this one, or one a restore moved aside."""
+        parent, _, name = self.location.rpartition("/")
+        aside = sorted(n for n in self._files.list(parent) if n.startswith(f"{name}-{SUPERSEDED}"))
+        for candidate in [self.location, *(f"{parent}/{n}" for n in aside)]:
+            reader = CheckpointReader(candidate, self._files)
+            if reader.query_id() == query_id:
+                return reader
+        return None
 
     def move_aside(self, suffix: str) -> str:
         """Rename the checkpoint directory to ``<location>-<suffix>``; return the new name."""

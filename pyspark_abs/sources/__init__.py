@@ -5,10 +5,20 @@ from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.file_source import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
 from pyspark_abs.sources.spark_delta import SparkDeltaSource
+from pyspark_abs.sources.spark_files import SparkFileSource
 
-RewindableSource = DeltaSource | FileSource | KafkaSource | SparkDeltaSource | ChannelSource
+RewindableSource = (
+    DeltaSource | FileSource | KafkaSource | SparkDeltaSource | SparkFileSource | ChannelSource
+)
 """A source that a restore can start right after a snapshot's offsets."""
-REWINDABLE = (DeltaSource, FileSource, KafkaSource, SparkDeltaSource, ChannelSource)
+REWINDABLE = (
+    DeltaSource,
+    FileSource,
+    KafkaSource,
+    SparkDeltaSource,
+    SparkFileSource,
+    ChannelSource,
+)
 
 __all__ = [
     "REWINDABLE",
@@ -18,4 +28,5 @@ __all__ = [
     "KafkaSource",
     "RewindableSource",
     "SparkDeltaSource",
+    "SparkFileSource",
 ]

@@ -2,9 +2,9 @@
 
 A run continuing from a restore epoch starts a fresh Spark checkpoint and resumes each
 source right after the offsets of the snapshot. Only the sources of this package can be
-started at a given offset; a snapshot read from any other source (Spark's file source, a
-socket) cannot be continued, so rollback, restore and ``write_state`` refuse it up front
-instead of leaving a root whose next start fails.
+started at a given offset, or skip what a snapshot had read; a snapshot read from any other
+source (a socket, a rate source) cannot be continued, so rollback, restore and
+``write_state`` refuse it up front instead of leaving a root whose next start fails.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.file_source import FileSource
 from pyspark_abs.sources.kafka import KafkaSource
 from pyspark_abs.sources.spark_delta import SparkDeltaSource
+from pyspark_abs.sources.spark_files import SparkFileSource
 
 
 def unrewindable(source_offsets: str | None) -> list[tuple[str, str]]:
     """The lines of an epoch's source offsets that no source of this package resumes from.
 
     Each line is one source's offset as Spark wrote it to the checkpoint's offset log; a
-    ``DeltaSource`` (loop heads included), a ``FileSource``, a ``KafkaSource`` and a
-    ``SparkDeltaSource`` at a version boundary can start right after theirs. Each line
+    ``DeltaSource`` (loop heads included), a ``FileSource``, a ``KafkaSource``, a
+    ``SparkFileSource`` and a ``SparkDeltaSource`` at a version boundary can continue after
+    theirs. Each line
     comes with the reason it cannot.
     """
     found = ((line, _why_not(line)) for line in (source_offsets or "").splitlines())
@@ -39,7 +41,12 @@ def _why_not(line: str) -> str | None:
         return str(err)
     except ConfigError:
         pass
-    for parse in (DeltaSource.offset_of, FileSource.offset_of, ChannelSource.offset_of):
+    for parse in (
+        DeltaSource.offset_of,
+        FileSource.offset_of,
+        ChannelSource.offset_of,
+        SparkFileSource.log_offset_of,
+    ):
         try:
             parse(line)
             return None
@@ -50,8 +57,8 @@ def _why_not(line: str) -> str | None:
         return None
     except SourceError:
         return (
-            f"its recorded offset is {line}: Spark's file source, a socket or another source "
-            f"that no run can start at a given offset"
+            f"its recorded offset is {line}: a socket, a rate source or another source that "
+            f"no run can start at a given offset"
         )
 
 
@@ -66,9 +73,10 @@ def require_rewindable(snapshot: ManifestEntry, root: str, action: str) -> None:
         raise SourceError(
             f"cannot {action}: no run can continue after epoch {snapshot.epoch} of {root} "
             f"({lines[0][1]}). Nothing was changed. Only a pyspark_abs.DeltaSource, "
-            f"FileSource, KafkaSource or SparkDeltaSource can be rewound: read files with "
-            f"FileSource, or land the input in a bronze Delta table and read it with "
-            f"DeltaSource or SparkDeltaSource (see the README's Savepoints section)"
+            f"FileSource, KafkaSource, SparkFileSource or SparkDeltaSource can be rewound: "
+            f"read files with FileSource or SparkFileSource, or land the input in a bronze "
+            f"Delta table and read it with DeltaSource or SparkDeltaSource (see the README's "
+            f"Savepoints section)"
         )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
@@ -36,7 +36,7 @@ from pyspark_abs.storage.spark import spark_reads_delta
 from tests.support.inputs import EPOCHS
 from tests.support.pipelines import OP, assert_same, counts_df
 from tests.support.readme import block_with
-from tests.support.versions import older, shuffle_partitions, sink_of
+from tests.support.versions import as_batched, older, shuffle_partitions, sink_of
 
 pytestmark = pytest.mark.delta_jvm
 
@@ -65,18 +65,6 @@ def native(
         config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
         transform=wordcount.words_of,
     )
-
-
-def as_batched(spark: SparkSession, rewound: DataFrame, expected: DataFrame) -> list[DataFrame]:
-    """The two sinks to compare: as they are, or each word's last count on Spark 4.0 and 4.1.
-
-    There, the first ``availableNow`` run after a rewind reads the whole backlog in one
-    micro-batch (Spark falls back to one batch when a source, here the restore rows', is a
-    Python data source), so the intermediate counts of the one-file epochs are not written.
-    """
-    if not older(spark):
-        return [rewound, expected]
-    return [f.groupBy("word").agg(F.max("count").alias("count")) for f in (rewound, expected)]
 
 
 def test_spark_delta_source_survives_a_crash_a_rollback_and_a_restore_as_an_uninterrupted_run(

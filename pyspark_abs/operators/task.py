@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pyspark_abs.errors import (
     AbsError,
     OperatorError,
 )
+from pyspark_abs.operators.arrow_files import read_parquet
 from pyspark_abs.operators.contract import (
     Clock,
     TimeoutMode,
@@ -169,7 +169,7 @@ def epoch_changes(
         columns = [*plan.change_schema.names, KEY_GROUP]
         try:
             changes = (
-                pq.read_table(list(files), columns=columns)
+                read_parquet(list(files), columns)
                 if files
                 else plan.change_schema.append(pa.field(KEY_GROUP, pa.int32())).empty_table()
             )

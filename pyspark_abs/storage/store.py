@@ -33,6 +33,7 @@ from pyspark_abs.errors import (
     SnapshotRootError,
     TableSchemaError,
 )
+from pyspark_abs.operators.arrow_files import read_parquet
 from pyspark_abs.storage.files import FileEntry, file_sizes, files_after
 from pyspark_abs.storage.schemas import arrow_schema, schema_differences
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
@@ -249,8 +250,7 @@ class DeltaStore:
         files = table.file_uris()
         if not files:
             return schema.empty_table()
-        rows = pq.read_table(files, columns=schema.names, schema=schema)
-        return rows
+        return read_parquet(files, schema.names, schema)
 
     def read_versioned(self, uri: str) -> tuple[pa.Table, int]:
         """An unpartitioned table's latest rows, and the Delta version they were read at.
@@ -261,7 +261,7 @@ class DeltaStore:
         table = DeltaTable(uri)
         files = table.file_uris()
         schema = arrow_schema(table)
-        rows = pq.read_table(files, schema=schema) if files else schema.empty_table()
+        rows = read_parquet(files, schema=schema) if files else schema.empty_table()
         return rows, int(table.version())
 
     def append(self, uri: str, rows: pa.Table, expected_version: int | None = None) -> int:

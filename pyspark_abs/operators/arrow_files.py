@@ -1,0 +1,41 @@
+"""Reading Parquet files given by location, on local paths and object stores alike.
+
+delta-rs lists a table's files as URIs (``s3://bucket/key``, ``abfss://container@account
+.dfs.core.windows.net/path``), which pyarrow reads only through a file system and a path in
+that file system's own form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+_AZURE = ("abfs", "abfss", "az", "adl")
+
+
+def arrow_path(uri: str) -> str:
+    """The path of ``uri`` within its pyarrow file system (bucket or container first)."""
+    parts = urlsplit(uri)
+    if len(parts.scheme) <= 1:  # a local path (or a Windows drive letter)
+        return uri
+    if parts.scheme == "file":
+        return parts.path
+    authority = parts.netloc.split("@")[0] if parts.scheme in _AZURE else parts.netloc
+    return f"{authority}{parts.path}"
+
+
+def read_parquet(
+    uris: Sequence[str], columns: Sequence[str] | None = None, schema: pa.Schema | None = None
+) -> pa.Table:
+    """The rows of Parquet files, all on the file system of the first one."""
+    filesystem, _ = pafs.FileSystem.from_uri(uris[0])
+    return pq.read_table(
+        [arrow_path(u) for u in uris],
+        columns=list(columns) if columns is not None else None,
+        schema=schema,
+        filesystem=filesystem,
+    )

@@ -27,8 +27,14 @@ def bucket() -> Iterator[str]:
         yield f"s3://{BUCKET}"
 
 
-def test_a_table_on_s3_is_read_back_and_its_compare_and_swap_holds(bucket: str) -> None:
-    store, uri = DeltaStore(), f"{bucket}/root/_manifest"
+@pytest.mark.parametrize("conditional_put", ["etag", None])
+def test_a_table_on_s3_is_read_back_and_its_compare_and_swap_holds(
+    bucket: str, conditional_put: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With delta-rs's conditional put set, and without it (S3's own If-None-Match)."""
+    if conditional_put is None:
+        monkeypatch.delenv("AWS_CONDITIONAL_PUT")
+    store, uri = DeltaStore(), f"{bucket}/{conditional_put}/_manifest"
     store.ensure_table(TableSpec("_manifest", uri, SCHEMA))
     first = pa.table({"epoch": [0, 0], "word": ["a", "b"]}, schema=SCHEMA)
     second = pa.table({"epoch": [1], "word": ["c"]}, schema=SCHEMA)

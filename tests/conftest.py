@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import testing
 from pyspark_abs.storage.spark import spark_reads_delta
+from tests.support.kafka import KAFKA_JARS
 
 DELTA_JARS = "ABS_DELTA_JARS"
 """Comma-separated Delta Lake jars for the session (set by scripts/test_spark_versions)."""
@@ -20,14 +21,17 @@ DELTA_JARS = "ABS_DELTA_JARS"
 def spark() -> Iterator[SparkSession]:
     """A local session with task retries (``local[2,3]``), shared by all Spark tests.
 
-    With ``ABS_DELTA_JARS``, Delta Lake's jars, SQL extension and catalog are configured.
+    With ``ABS_DELTA_JARS``, Delta Lake's jars, SQL extension and catalog are configured;
+    with ``ABS_KAFKA_JARS``, Spark's Kafka connector.
     """
     log_config = Path(__file__).parents[1] / "conf" / "log4j2.properties"
     conf = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}"}
+    jars = [os.environ[name] for name in (DELTA_JARS, KAFKA_JARS) if os.environ.get(name)]
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
     if os.environ.get(DELTA_JARS):
         conf.update(
             {
-                "spark.jars": os.environ[DELTA_JARS],
                 "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
                 "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
                 # Delta replays a table's log in 50 tasks by default: slow for small tables

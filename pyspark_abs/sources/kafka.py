@@ -5,12 +5,16 @@ per topic and partition, ``{"clicks": {"0": 1200, "1": 1187}}``: the same form a
 connector's ``startingOffsets`` option. A pipeline that starts from a restore epoch (after
 ``rollback``, ``restore`` or ``write_state``) on a fresh checkpoint passes the epoch's
 recorded offsets as ``startingOffsets``, so it reads exactly the records after the snapshot.
+Spark refuses specific starting offsets that leave out a partition it is assigned, so
+partitions (and, for a pattern, topics) created since the snapshot are found with Kafka's
+admin client and start at their earliest offset: every record in them came after it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +24,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
+_EARLIEST = -2
+_ADMIN_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,53 @@ class KafkaSource:
             ) from None
 
     def rewound(self, spark: SparkSession, offset_json: str) -> DataFrame:
-        """The stream starting right after a recorded offset (see :meth:`starting_offsets`)."""
-        return self.load(spark, self.starting_offsets(offset_json))
+        """The stream right after a recorded offset, and from the start of newer partitions.
+
+        See :meth:`starting_offsets`; partitions created since the offset start at their
+        earliest record.
+
+        Raises:
+            SourceError: The offset is not this source's, or the brokers cannot be asked
+                which partitions the topics have now.
+        """
+        offsets: dict[str, dict[str, int]] = json.loads(self.starting_offsets(offset_json))
+        current = self._partitions(spark)
+        if current is not None:
+            offsets = with_new_partitions(offsets, current)
+        return self.load(spark, json.dumps(offsets, separators=(",", ":")))
+
+    def _partitions(self, spark: SparkSession) -> dict[str, list[int]] | None:
+        """The subscribed topics' partitions now, from Kafka's admin client on the driver.
+
+        None for ``assign`` (its partitions are fixed) or without a JVM (Spark Connect).
+        """
+        jvm = getattr(spark, "_jvm", None)
+        if jvm is None or "assign" in self.options:
+            return None
+        props = jvm.java.util.Properties()
+        for name, value in self.options.items():
+            if name.startswith("kafka."):
+                props.put(name.removeprefix("kafka."), value)
+        seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+        try:
+            admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+            try:
+                names = [str(n) for n in admin.listTopics().names().get(_ADMIN_SECONDS, seconds)]
+                topics = subscribed(self.options, names)
+                found = admin.describeTopics(jvm.java.util.ArrayList(topics)).allTopicNames()
+                described = found.get(_ADMIN_SECONDS, seconds)
+                return {
+                    t: [int(p.partition()) for p in described.get(t).partitions()] for t in topics
+                }
+            finally:
+                admin.close()
+        except Exception as err:
+            raise SourceError(
+                f"cannot ask Kafka at {self.options['kafka.bootstrap.servers']} which "
+                f"partitions the topics have now ({str(err).splitlines()[0]}), which a start "
+                f"right after a snapshot needs; check that the brokers are reachable and the "
+                f"options' kafka.* security settings"
+            ) from None
 
     @staticmethod
     def starting_offsets(offset_json: str) -> str:
@@ -106,6 +157,27 @@ class KafkaSource:
                     )
                 offsets[topic][partition] = offset
         return json.dumps(offsets, separators=(",", ":"))
+
+
+def subscribed(options: Mapping[str, str], topics: Sequence[str]) -> list[str]:
+    """The topics a ``subscribe`` or ``subscribePattern`` source reads, of those that exist."""
+    if "subscribePattern" in options:
+        pattern = re.compile(options["subscribePattern"])
+        return sorted(t for t in topics if pattern.fullmatch(t))
+    wanted = {t.strip() for t in options.get("subscribe", "").split(",") if t.strip()}
+    return sorted(wanted & set(topics))
+
+
+def with_new_partitions(
+    offsets: Mapping[str, Mapping[str, int]], current: Mapping[str, Sequence[int]]
+) -> dict[str, dict[str, int]]:
+    """``offsets`` with every partition of ``current`` it lacks, at the earliest offset (-2)."""
+    merged = {topic: dict(parts) for topic, parts in offsets.items()}
+    for topic, partitions in current.items():
+        known = merged.setdefault(topic, {})
+        for partition in partitions:
+            known.setdefault(str(partition), _EARLIEST)
+    return merged
 
 
 def _number(text: str) -> int:

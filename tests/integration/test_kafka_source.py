@@ -1,7 +1,9 @@
-"""A KafkaSource without Spark's Kafka connector on the classpath (as here) says what to add."""
+"""A KafkaSource without Spark's Kafka connector on the classpath says what to add (run in the
+legs of scripts/test_spark_versions, whose sessions have no connector)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,9 +11,13 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import KafkaSource, Pipeline, SourceError
 from pyspark_abs.examples.wordcount import word_count
+from tests.support.kafka import KAFKA_JARS
 
 
+@pytest.mark.compat
 def test_a_missing_connector_is_a_source_error(spark: SparkSession, tmp_path: Path) -> None:
+    if os.environ.get(KAFKA_JARS):
+        pytest.skip("this session has Spark's Kafka connector")
     source = KafkaSource({"kafka.bootstrap.servers": "localhost:9092", "subscribe": "words"})
     with pytest.raises(
         SourceError,

@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
@@ -17,31 +16,18 @@ from pyspark_abs import (
     Fault,
     FaultStep,
     InjectedFault,
-    KeyGroupContext,
-    KeyGroupResult,
     Pipeline,
     Snapshots,
     SourceError,
     SparkFileSource,
     restore,
     rollback,
-    vectorized_operator,
 )
 from pyspark_abs.examples import wordcount
 from tests.support.inputs import EPOCHS, write_epochs
-from tests.support.pipelines import OP, assert_same, counts_df
+from tests.support.pipelines import OP, assert_same, counts_df, user_count
 from tests.support.readme import block_with
 from tests.support.versions import as_batched, shuffle_partitions, sink_of
-
-
-@vectorized_operator(key="user", state_schema="count long", output_schema="user string, count long")
-def user_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
-    """Count each user's clicks."""
-    seen = rows.groupby("user", sort=False).size().rename("seen").reset_index()
-    merged = seen.merge(state[["user", "count"]], on="user", how="left")
-    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["seen"]
-    updated = merged[["user", "count"]]
-    return KeyGroupResult(state=updated, output=updated)
 
 
 def native(root: Path, landing: Path, *, key_groups: int = 8, crash: int | None = None) -> Pipeline:

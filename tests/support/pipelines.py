@@ -18,11 +18,14 @@ from pyspark.sql import functions as F
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
+    KeyGroupContext,
+    KeyGroupResult,
     KeyState,
     Operator,
     Pipeline,
     Snapshots,
     operator,
+    vectorized_operator,
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
@@ -184,3 +187,13 @@ def counts_df(spark: SparkSession, texts: Sequence[str], extra: Counter[str] | N
     counts = Counter(running_counts(texts)[0])
     counts.update(extra or {})
     return spark.createDataFrame(sorted(counts.items()), STATE_DDL)
+
+
+@vectorized_operator(key="user", state_schema="count long", output_schema="user string, count long")
+def user_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Count each user's clicks."""
+    seen = rows.groupby("user", sort=False).size().rename("seen").reset_index()
+    merged = seen.merge(state[["user", "count"]], on="user", how="left")
+    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["seen"]
+    updated = merged[["user", "count"]]
+    return KeyGroupResult(state=updated, output=updated)

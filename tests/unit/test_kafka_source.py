@@ -11,6 +11,7 @@ import json
 import pytest
 
 from pyspark_abs import ConfigError, KafkaSource, SourceError
+from pyspark_abs.sources.kafka import subscribed, with_new_partitions
 
 SERVERS = {"kafka.bootstrap.servers": "broker:9092"}
 
@@ -50,3 +51,21 @@ def test_other_sources_offsets_are_refused(line: str, why: str) -> None:
 def test_bad_options_are_refused(options: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         KafkaSource(options)
+
+
+def test_partitions_created_since_the_snapshot_start_at_their_earliest_offset() -> None:
+    recorded = {"clicks": {"0": 12, "1": 7}}
+    now = {"clicks": [0, 1, 2], "views": [0]}
+    assert with_new_partitions(recorded, now) == {
+        "clicks": {"0": 12, "1": 7, "2": -2},
+        "views": {"0": -2},
+    }
+    assert recorded == {"clicks": {"0": 12, "1": 7}}
+    assert with_new_partitions(recorded, {}) == recorded
+
+
+def test_the_topics_a_subscription_reads_are_those_named_or_matched() -> None:
+    topics = ["clicks", "clicks-eu", "views"]
+    assert subscribed({"subscribe": "views, clicks,gone"}, topics) == ["clicks", "views"]
+    assert subscribed({"subscribePattern": "clicks.*"}, topics) == ["clicks", "clicks-eu"]
+    assert subscribed({"subscribePattern": "click"}, topics) == []

@@ -1,0 +1,145 @@
+"""KafkaSource against a real broker (KRaft, on 127.0.0.1): a crash, a rollback and a restore
+at another scale equal an uninterrupted run, with ``maxOffsetsPerTrigger`` limits, and a
+topic that gained partitions since the snapshot is rewound with them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_abs import (
+    AbsConfig,
+    Fault,
+    FaultStep,
+    InjectedFault,
+    KafkaSource,
+    Pipeline,
+    Snapshots,
+    restore,
+    rollback,
+)
+from pyspark_abs.examples import wordcount
+from tests.support.inputs import EPOCHS
+from tests.support.kafka import BROKER, KAFKA_JARS, grow_topic, kafka_broker, produce, produce_to
+from tests.support.pipelines import OP, assert_same, counts_df, user_count
+from tests.support.readme import block_with
+from tests.support.versions import shuffle_partitions, sink_of
+
+LINES = [*EPOCHS, *(" ".join(f"{w}2" for w in text.split()) for text in EPOCHS)]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker for this module's tests (the session has Spark's Kafka connector)."""
+    if not os.environ.get(BROKER) or not os.environ.get(KAFKA_JARS):
+        pytest.skip("no Kafka broker jars or connector (scripts/test fetches them)")
+    with kafka_broker(Path(os.environ[BROKER]), tmp_path_factory.mktemp("kafka")) as found:
+        yield found
+
+
+def words_of_records(records: DataFrame) -> DataFrame:
+    """The words of the records' values."""
+    return wordcount.words_of(records.select(F.col("value").cast("string").alias("value")))
+
+
+def from_kafka(
+    root: Path, servers: str, topic: str, *, key_groups: int = 8, crash: int | None = None
+) -> Pipeline:
+    """The word count over a topic, at most two records per micro-batch."""
+    faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
+    options = {
+        "kafka.bootstrap.servers": servers,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "2",
+    }
+    return Pipeline(
+        "wordcount",
+        KafkaSource(options),
+        wordcount.word_count,
+        root=str(root),
+        sinks={"output": sink_of(root)},
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
+        transform=words_of_records,
+    )
+
+
+def test_kafka_source_survives_a_crash_a_rollback_and_a_restore_as_an_uninterrupted_run(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    root, clean, copy = tmp_path / "root", tmp_path / "clean", tmp_path / "copy"
+    produce(spark, servers, "lines", LINES)
+    with pytest.raises(InjectedFault):
+        from_kafka(root, servers, "lines", crash=1).run()
+    from_kafka(root, servers, "lines").run()
+    from_kafka(clean, servers, "lines").run()
+    snapshots, uninterrupted = Snapshots(str(root), spark), Snapshots(str(clean), spark)
+    assert_same(uninterrupted.state(OP), counts_df(spark, LINES))
+    assert len(uninterrupted.list()) >= len(LINES) // 2
+    assert_same(snapshots.state(OP), uninterrupted.state(OP))
+    assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
+
+    rollback(str(root), 1)
+    from_kafka(root, servers, "lines").run()
+    assert_same(snapshots.state(OP), uninterrupted.state(OP))
+    assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
+
+    restore(str(clean), 1, str(copy))
+    with shuffle_partitions(spark, 3):
+        from_kafka(copy, servers, "lines", key_groups=5).run()
+    after = uninterrupted.sink("output").subtract(uninterrupted.sink("output", 1))
+    assert_same(Snapshots(str(copy), spark).state(OP), uninterrupted.state(OP))
+    assert_same(Snapshots(str(copy), spark).sink("output"), after)
+
+
+def test_a_topic_that_gained_a_partition_since_the_snapshot_is_rewound_with_it(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    root, clean = tmp_path / "root", tmp_path / "clean"
+    produce(spark, servers, "grows", LINES[:4])
+    for base in (root, clean):
+        from_kafka(base, servers, "grows").run()
+    grow_topic(spark, servers, "grows", 3)
+    produce_to(spark, servers, "grows", 2, LINES[4:])
+    for base in (root, clean):
+        from_kafka(base, servers, "grows").run()
+    uninterrupted = Snapshots(str(clean), spark)
+    assert_same(uninterrupted.state(OP), counts_df(spark, LINES))
+
+    rollback(str(root), 0)
+    from_kafka(root, servers, "grows").run()
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state(OP), uninterrupted.state(OP))
+    assert_same(*last_counts(snapshots.sink("output"), uninterrupted.sink("output")))
+
+
+def last_counts(*sinks: DataFrame) -> list[DataFrame]:
+    """Each word's last count in each sink (the epochs' boundaries may differ)."""
+    return [s.groupBy("word").agg(F.max("count").alias("count")) for s in sinks]
+
+
+def test_the_readme_block_runs_a_pipeline_over_a_topic(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    users = ["ann", "bob", "ann", "cy", "ann"]
+    frame = spark.createDataFrame([(u, "click") for u in users], "key string, value string")
+    frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
+        "topic", "clicks"
+    ).save()
+    block = block_with('"kafka.bootstrap.servers": "broker:9092",')
+    places = {
+        "broker:9092": servers,
+        "/roots/clicks": str(tmp_path / "r"),
+        "/sinks/clicks": str(tmp_path / "s"),
+    }
+    for example, here in places.items():
+        block = block.replace(example, here)
+    exec(compile(block, "README.md KafkaSource", "exec"), {"clicks_per_user": user_count})
+    expected = spark.createDataFrame([("ann", 3), ("bob", 1), ("cy", 1)], "user string, count long")
+    state = Snapshots(str(tmp_path / "r"), spark).state("user_count").select("user", "count")
+    assert_same(state, expected)

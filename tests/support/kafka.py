@@ -1,0 +1,142 @@
+"""A single-node Kafka broker (KRaft) on 127.0.0.1, from the jars scripts/_kafka.sh fetches,
+started and stopped within bounded times; and records written to it through Spark."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+KAFKA_JARS = "ABS_KAFKA_JARS"
+"""Comma-separated jars of Spark's Kafka connector for the session (set by scripts/test)."""
+BROKER = "ABS_KAFKA_BROKER"
+"""The folder of the broker's jars (set by scripts/test)."""
+START_SECONDS = 90
+STOP_SECONDS = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    found = f"{home}/bin/java" if home else shutil.which("java")
+    if not found:
+        raise RuntimeError("a Kafka broker needs Java (java on PATH or JAVA_HOME)")
+    return found
+
+
+@contextmanager
+def kafka_broker(jars: Path, workdir: Path) -> Iterator[str]:
+    """Run a broker with its controller in one process; yield its bootstrap servers.
+
+    Topics are created on first use with two partitions.
+    """
+    port, controller = _free_port(), _free_port()
+    config = workdir / "server.properties"
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(workdir / "logs"),
+        "num.partitions": "2",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    classpath = ["-cp", f"{jars}/*"]
+    cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    subprocess.run(
+        [
+            _java(),
+            *classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster,
+            "-c",
+            str(config),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=START_SECONDS,
+    )
+    with (workdir / "broker.log").open("w") as log:
+        broker = subprocess.Popen(
+            [_java(), "-Xmx512m", *classpath, "kafka.Kafka", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if broker.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the Kafka broker did not start; see {workdir / 'broker.log'}"
+                    ) from None
+                time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        broker.terminate()
+        try:
+            broker.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait(STOP_SECONDS)
+
+
+def produce(spark: SparkSession, servers: str, topic: str, texts: Sequence[str]) -> None:
+    """Write each text as one record, keyed by its position (spread over the partitions)."""
+    rows = [(str(i), text) for i, text in enumerate(texts)]
+    frame = spark.createDataFrame(rows, "key string, value string")
+    frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
+        "topic", topic
+    ).save()
+
+
+def grow_topic(spark: SparkSession, servers: str, topic: str, partitions: int) -> None:
+    """Give ``topic`` ``partitions`` partitions, with Kafka's admin client on the driver."""
+    jvm = spark._jvm
+    assert jvm is not None
+    props = jvm.java.util.Properties()
+    props.put("bootstrap.servers", servers)
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+    try:
+        growth = jvm.org.apache.kafka.clients.admin.NewPartitions.increaseTo(partitions)
+        admin.createPartitions(jvm.java.util.Map.of(topic, growth)).all().get()
+    finally:
+        admin.close()
+
+
+def produce_to(
+    spark: SparkSession, servers: str, topic: str, partition: int, texts: Sequence[str]
+) -> None:
+    """Write each text as one record to one partition."""
+    frame = spark.createDataFrame([(partition, t) for t in texts], "partition int, value string")
+    frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
+        "topic", topic
+    ).save()

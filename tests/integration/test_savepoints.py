@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
@@ -34,7 +35,7 @@ from pyspark_abs import (
     write_state,
 )
 from pyspark_abs.examples.wordcount import word_count, words_of
-from tests.support.inputs import EPOCHS, running_counts, write_epochs
+from tests.support.inputs import EPOCHS, running_counts
 from tests.support.pipelines import (
     OP,
     STATE_DDL,
@@ -165,28 +166,29 @@ def test_bootstrap_a_new_pipeline_from_a_batch_dataframe(
     )
 
 
-def test_a_snapshot_of_a_text_source_is_refused_before_anything_changes(
+def test_a_snapshot_of_a_source_without_offsets_to_start_at_is_refused_before_anything_changes(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
 
-    def text_pipeline() -> Pipeline:
-        lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
+    def rate_pipeline() -> Pipeline:
+        rows = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load()
         return Pipeline(
             "words",
-            words_of(lines),
+            words_of(rows.select(F.col("value").cast("string").alias("value"))),
             word_count,
             root=str(root),
             sinks={"output": str(root / "sink")},
             config=AbsConfig(key_groups=4, commit_mode="sync"),
         )
 
-    text_pipeline().run()
+    rate_pipeline().run()
+    rate_pipeline().run()
     snapshots = Snapshots(str(root), spark)
     manifest = snapshots.manifest().count()
     refused = (
-        r"no run can continue after epoch 1 of \S+ \(its recorded offset .*Nothing was changed"
+        r"no run can continue after epoch 1 of \S+ \(its recorded offset .*a rate source.*"
+        r"Nothing was changed"
     )
     with pytest.raises(SourceError, match=rf"cannot roll back to epoch 1: {refused}"):
         rollback(str(root), 1)
@@ -200,9 +202,12 @@ def test_a_snapshot_of_a_text_source_is_refused_before_anything_changes(
     assert not (tmp_path / "copy").exists()
 
     # the pipeline goes on from its own checkpoint as if nothing had been tried
-    write_epochs(inputs, EPOCHS)
-    text_pipeline().run()
-    assert_same(snapshots.state("word_count"), counts_df(spark, EPOCHS))
+    rate_pipeline().run()
+    epochs = len(snapshots.list())
+    expected = spark.createDataFrame(
+        [(str(v), 1) for v in range(5 * epochs)], "word string, count long"
+    )
+    assert_same(snapshots.state("word_count"), expected)
 
 
 def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.sources.reader_options import require_text_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -75,13 +76,7 @@ class SparkDeltaSource:
                 f"SparkDeltaSource needs exactly one of path= and table=, got path={self.path!r} "
                 f"table={self.table!r}"
             )
-        if not isinstance(self.options, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.options.items()
-        ):
-            raise ConfigError(
-                f"SparkDeltaSource({self.name}): options must be a dict of text to text (as "
-                f"Spark's reader options), got {self.options!r}"
-            )
+        require_text_options(self.options, f"SparkDeltaSource({self.name})")
 
     @property
     def name(self) -> str:

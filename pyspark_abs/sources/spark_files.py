@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.sources.reader_options import require_text_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,13 +70,7 @@ class SparkFileSource:
                 f"SparkFileSource({self.path}): a streaming {self.format} source needs a "
                 f"schema, e.g. schema='word string, ts timestamp'"
             )
-        if not isinstance(self.options, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.options.items()
-        ):
-            raise ConfigError(
-                f"SparkFileSource({self.path}): options must be a dict of text to text (as "
-                f"Spark's reader options), got {self.options!r}"
-            )
+        require_text_options(self.options, f"SparkFileSource({self.path})")
         clean = {k.lower(): v for k, v in self.options.items()}.get("cleansource", "off")
         if clean.lower() != "off":
             raise ConfigError(

@@ -18,9 +18,9 @@ SCHEMA = arrow_schema(("epoch", pa.int64()), ("word", pa.string()))
 
 
 @pytest.fixture(scope="module")
-def bucket() -> Iterator[str]:
+def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A bucket on a local S3 server, with the environment pointing delta-rs and pyarrow at it."""
-    with s3_server() as endpoint, pytest.MonkeyPatch.context() as env:
+    with s3_server(tmp_path_factory.mktemp("s3")) as endpoint, pytest.MonkeyPatch.context() as env:
         for name, value in s3_environment(endpoint).items():
             env.setenv(name, value)
         pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True).create_dir(BUCKET)

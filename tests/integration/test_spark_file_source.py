@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_abs import (
     AbsConfig,
@@ -33,10 +33,22 @@ from tests.support.versions import as_batched, shuffle_partitions, sink_of
 def native(root: Path, landing: Path, *, key_groups: int = 8, crash: int | None = None) -> Pipeline:
     """The word count over Spark's own text source, a file per micro-batch; ``crash`` after
     PREPARED of that epoch."""
+    source = SparkFileSource(str(landing), "text", options={"maxFilesPerTrigger": "1"})
+    return word_count_over(root, source, key_groups=key_groups, crash=crash)
+
+
+def word_count_over(
+    root: Path,
+    source: SparkFileSource | DataFrame,
+    *,
+    key_groups: int = 8,
+    crash: int | None = None,
+) -> Pipeline:
+    """The word count over ``source`` at ``root``."""
     faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
     return Pipeline(
         "wordcount",
-        SparkFileSource(str(landing), "text", options={"maxFilesPerTrigger": "1"}),
+        source,
         wordcount.word_count,
         root=str(root),
         sinks={"output": sink_of(root)},
@@ -106,29 +118,13 @@ def test_a_spark_dataframe_over_files_is_rewound_only_through_spark_file_source(
     landing, root, clean = tmp_path / "landing", tmp_path / "root", tmp_path / "clean"
     write_epochs(landing, EPOCHS)
     native(clean, landing).run()
-    plain = native(root, landing)
-    Pipeline(
-        "wordcount",
-        spark.readStream.option("maxFilesPerTrigger", "1").text(str(landing)),
-        wordcount.word_count,
-        root=str(root),
-        sinks={"output": sink_of(root)},
-        config=plain.config,
-        transform=wordcount.words_of,
+    word_count_over(
+        root, spark.readStream.option("maxFilesPerTrigger", "1").text(str(landing))
     ).run()
     rollback(str(root), 1)
-    raw = spark.readStream.text(str(landing))
     with pytest.raises(SourceError, match=r"Use one as the source \(SparkFileSource for "):
-        Pipeline(
-            "wordcount",
-            raw,
-            wordcount.word_count,
-            root=str(root),
-            sinks={"output": sink_of(root)},
-            config=plain.config,
-            transform=wordcount.words_of,
-        ).run()
-    plain.run()
+        word_count_over(root, spark.readStream.text(str(landing))).run()
+    native(root, landing).run()
     uninterrupted = Snapshots(str(clean), spark)
     assert_same(Snapshots(str(root), spark).state(OP), uninterrupted.state(OP))
 

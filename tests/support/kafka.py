@@ -6,9 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,19 +14,13 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from tests.support.servers import free_port, serving
+
 KAFKA_JARS = "ABS_KAFKA_JARS"
 """Comma-separated jars of Spark's Kafka connector for the session (set by scripts/test)."""
 BROKER = "ABS_KAFKA_BROKER"
 """The folder of the broker's jars (set by scripts/test)."""
 START_SECONDS = 90
-STOP_SECONDS = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _java() -> str:
@@ -45,7 +37,7 @@ def kafka_broker(jars: Path, workdir: Path) -> Iterator[str]:
 
     Topics are created on first use with two partitions.
     """
-    port, controller = _free_port(), _free_port()
+    port, controller = free_port(), free_port()
     config = workdir / "server.properties"
     settings = {
         "process.roles": "broker,controller",
@@ -81,32 +73,9 @@ def kafka_broker(jars: Path, workdir: Path) -> Iterator[str]:
         capture_output=True,
         timeout=START_SECONDS,
     )
-    with (workdir / "broker.log").open("w") as log:
-        broker = subprocess.Popen(
-            [_java(), "-Xmx512m", *classpath, "kafka.Kafka", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + START_SECONDS
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if broker.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the Kafka broker did not start; see {workdir / 'broker.log'}"
-                    ) from None
-                time.sleep(0.2)
+    broker = [_java(), "-Xmx512m", *classpath, "kafka.Kafka", str(config)]
+    with serving(broker, port, workdir / "broker.log", START_SECONDS):
         yield f"127.0.0.1:{port}"
-    finally:
-        broker.terminate()
-        try:
-            broker.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            broker.kill()
-            broker.wait(STOP_SECONDS)
 
 
 def produce(spark: SparkSession, servers: str, topic: str, texts: Sequence[str]) -> None:

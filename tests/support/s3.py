@@ -2,53 +2,23 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.servers import free_port, serving
 
 START_SECONDS = 30
-STOP_SECONDS = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @contextmanager
-def s3_server() -> Iterator[str]:
+def s3_server(workdir: Path) -> Iterator[str]:
     """Run moto's S3 server on a free local port; yield its endpoint URL."""
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + START_SECONDS
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start on {endpoint}") from None
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        server.terminate()
-        try:
-            server.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(STOP_SECONDS)
+    port = free_port()
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with serving(command, port, workdir / "moto.log", START_SECONDS):
+        yield f"http://127.0.0.1:{port}"
 
 
 def s3_environment(endpoint: str) -> dict[str, str]:

@@ -84,6 +84,11 @@ def test_spark_file_source_rewinds_through_rollbacks_and_restores_as_an_uninterr
     assert_same(snapshots.state(OP), uninterrupted.state(OP))
     assert_same(*as_batched(spark, snapshots.sink("output"), uninterrupted.sink("output")))
 
+    rollback(str(root), 2)  # read by the first checkpoint, which two rollbacks moved aside
+    native(root, landing).run()
+    assert_same(snapshots.state(OP), uninterrupted.state(OP))
+    assert_same(*as_batched(spark, snapshots.sink("output"), uninterrupted.sink("output")))
+
     for name, source in (("from-clean", clean), ("from-restore-epoch", root)):
         copy = tmp_path / name
         at = 0 if source == clean else restore_epoch

@@ -16,6 +16,7 @@ from pyspark_abs import EpochStatus, FencingError, Snapshots, rollback
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore
+from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import assert_word_counts, word_pipeline
 
@@ -107,16 +108,7 @@ def paused_word_count(
     root, log = tmp_path / "root", tmp_path / "zombie.log"
     command = [sys.executable, "-m", "pyspark_abs.examples.wordcount", "--input", str(inputs)]
     command += ["--root", str(root), "--key-groups", "8", "--commit-mode", "sync", *args]
-    with log.open("w") as out:
-        child = subprocess.Popen(
-            command,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    _, status = os.waitpid(child.pid, os.WUNTRACED)
-    assert os.WIFSTOPPED(status), f"the child did not stop: {log.read_text()[-2000:]}"
+    child = paused_child(command, {**os.environ, "PYTHONPATH": str(REPO)}, log)
     return inputs, root, log, child
 
 

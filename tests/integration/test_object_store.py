@@ -1,30 +1,54 @@
-"""Tables on an S3 API (moto's server on 127.0.0.1): what delta-rs lists, pyarrow reads."""
+"""Roots on an S3 API (moto's server on 127.0.0.1): what delta-rs lists, pyarrow reads, the
+manifest's compare-and-swap, and a pipeline's whole lifecycle with everything on S3."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from pyspark.sql import SparkSession
 
-from pyspark_abs import ConcurrentWriteError
+from pyspark_abs import ConcurrentWriteError, EpochStatus, FencingError, Snapshots, rollback
+from pyspark_abs.admin.validation import validate
+from pyspark_abs.cli import main
+from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore, TableSpec
-from tests.support.inputs import arrow_schema
-from tests.support.s3 import s3_environment, s3_server
+from tests.integration.s3_run import land
+from tests.support.children import paused_child
+from tests.support.inputs import EPOCHS, arrow_schema, running_counts, write_epochs
+from tests.support.pipelines import OP, assert_same
+from tests.support.s3 import s3_environment, s3_server, spark_s3_arguments
+from tests.support.versions import files_pipeline
+
+REPO = Path(__file__).parents[2]
+S3_JARS = "ABS_S3_JARS"
 
 BUCKET = "abs-roots"
 SCHEMA = arrow_schema(("epoch", pa.int64()), ("word", pa.string()))
 
 
 @pytest.fixture(scope="module")
-def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A bucket on a local S3 server, with the environment pointing delta-rs and pyarrow at it."""
-    with s3_server(tmp_path_factory.mktemp("s3")) as endpoint, pytest.MonkeyPatch.context() as env:
-        for name, value in s3_environment(endpoint).items():
+def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local S3 server with a bucket, the environment pointing delta-rs and pyarrow at it."""
+    with s3_server(tmp_path_factory.mktemp("s3")) as found, pytest.MonkeyPatch.context() as env:
+        for name, value in s3_environment(found).items():
             env.setenv(name, value)
-        pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True).create_dir(BUCKET)
-        yield f"s3://{BUCKET}"
+        pafs.S3FileSystem(endpoint_override=found, allow_bucket_creation=True).create_dir(BUCKET)
+        yield found
+
+
+@pytest.fixture
+def bucket(endpoint: str) -> str:
+    """The bucket's URI."""
+    return f"s3://{BUCKET}"
 
 
 @pytest.mark.parametrize("conditional_put", ["etag", None])
@@ -49,3 +73,102 @@ def test_a_table_on_s3_is_read_back_and_its_compare_and_swap_holds(
         ["a", "b"],
         ["b", "a"],
     )
+
+
+def spark_on_s3(endpoint: str) -> dict[str, str]:
+    """The environment of a child whose Spark keeps ``s3://`` paths on the local server."""
+    if not os.environ.get(S3_JARS):
+        pytest.skip("no Hadoop S3A jars (scripts/test fetches them)")
+    arguments = spark_s3_arguments(endpoint, os.environ[S3_JARS])
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_SUBMIT_ARGS": arguments}
+
+
+def test_a_pipeline_with_everything_on_s3_lives_through_its_lifecycle_as_an_uninterrupted_run(
+    spark: SparkSession, endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Landing files, root, sinks, Spark's checkpoint and a restored copy on S3: a crash after
+    PREPARED, a named savepoint, compaction, a rollback to the savepoint, a restore at other
+    partition and key-group counts, vacuum and validate (tests/integration/s3_run.py); then
+    the command line reads the root."""
+    out, bucket = tmp_path / "out", f"s3://{BUCKET}/lifecycle"
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.integration.s3_run", bucket, str(out)],
+        env=spark_on_s3(endpoint),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["recovered"] == [1]
+    assert report["problems"] == []
+    assert report["compacted"] == [["state/word_count", 2]]
+    assert report["expired"]
+    assert {1, report["newest"]}.isdisjoint(report["expired"])
+    assert report["deleted"] > 0
+
+    clean, landing = tmp_path / "clean", tmp_path / "landing"
+    for i in range(len(EPOCHS[:4])):
+        write_epochs(landing, EPOCHS[i : i + 1], first=i)
+        files_pipeline(clean, landing).run()
+    uninterrupted = Snapshots(str(clean), spark)
+    read = spark.read.parquet
+    assert_same(read(str(out / "root_state")), uninterrupted.state(OP))
+    assert_same(read(str(out / "root_sink")), uninterrupted.sink("output"))
+    after_two = uninterrupted.sink("output").subtract(uninterrupted.sink("output", 1))
+    assert_same(read(str(out / "copy_state")), uninterrupted.state(OP))
+    assert_same(read(str(out / "copy_sink")), after_two)
+
+    root = f"{bucket}/root"
+    cli = {
+        name: (main([name, root, *args, "--json"]), json.loads(capsys.readouterr().out))
+        for name, *args in (("snapshots",), ("describe", "two"), ("state", OP, "--limit", "99"))
+    }
+    assert {status for status, _ in cli.values()} == {0}
+    assert cli["snapshots"][1][-1]["epoch"] == report["newest"]
+    assert cli["describe"][1]["epoch"] == 1
+    assert cli["describe"][1]["tags"] == ["two"]
+    printed = spark.createDataFrame(cli["state"][1], "word string, count long")
+    assert_same(printed, uninterrupted.state(OP))
+    assert main(["validate", root]) == 0
+
+
+def test_of_two_runs_on_an_s3_root_the_one_that_lost_it_commits_nothing(
+    endpoint: str, tmp_path: Path
+) -> None:
+    """The example word count on S3, paused after PREPARED of epoch 1, holds the root's lease:
+    a rollback is refused. Once the lease is broken a second run takes over and commits the
+    PREPARED epoch; resumed, the first is fenced. Every epoch is committed once."""
+    env, bucket = spark_on_s3(endpoint), f"s3://{BUCKET}/race"
+    for index in range(len(EPOCHS)):
+        land(bucket, index)
+    root, log = f"{bucket}/root", tmp_path / "zombie.log"
+    command = [
+        sys.executable,
+        "-m",
+        "pyspark_abs.examples.wordcount",
+        "--input",
+        f"{bucket}/landing",
+    ]
+    command += ["--root", root, "--key-groups", "8", "--commit-mode", "sync"]
+    zombie = paused_child([*command, "--pause", "after_prepared:1"], env, log)
+    try:
+        holder = read_lease(root)
+        assert holder is not None
+        assert holder.pid == zombie.pid
+        with pytest.raises(FencingError, match=rf"held by run {holder.run_id} .* is refused"):
+            rollback(root, 0)
+        break_lease(root)
+        taker = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert taker.returncode == 0, taker.stderr[-4000:]
+        assert "recovery committed PREPARED epoch(s) [1]" in taker.stdout
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.wait(timeout=300)
+    assert zombie.returncode != 0
+    assert f"run {holder.run_id} of pipeline 'wordcount' no longer holds" in log.read_text()
+    statuses = [s.status for s in Snapshots(root).list(include_aborted=True)]
+    assert statuses == [EpochStatus.COMMITTED] * len(EPOCHS)
+    state = Snapshots(root).state_table(OP).to_pylist()
+    assert {r["word"]: r["count"] for r in state} == running_counts(EPOCHS)[0]
+    assert validate(root) == []

@@ -1,4 +1,4 @@
-"""A single-node Kafka broker (KRaft) on 127.0.0.1, from the jars scripts/_kafka.sh fetches,
+"""A single-node Kafka broker (KRaft) on 127.0.0.1, from the jars scripts/_jars.sh fetches,
 started and stopped within bounded times; and records written to it through Spark."""
 
 from __future__ import annotations

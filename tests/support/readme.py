@@ -1,4 +1,4 @@
-"""The README's Python code blocks, so a test can run the one it documents."""
+"""The README's code blocks, so a test can run the one it documents."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from pathlib import Path
 README = Path(__file__).parents[2] / "README.md"
 
 
-def python_blocks() -> list[str]:
-    """Every fenced ``python`` block of the README, in order."""
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def code_blocks(language: str = "python") -> list[str]:
+    """Every fenced block of ``language`` in the README, in order."""
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
-def block_with(line: str) -> str:
-    """The one README Python block that holds ``line``; a test fails if it is gone or twice."""
-    found = [block for block in python_blocks() if line in block]
+def block_with(line: str, language: str = "python") -> str:
+    """The one README block of ``language`` that holds ``line``; a test fails if it is gone
+    or twice."""
+    found = [block for block in code_blocks(language) if line in block]
     assert len(found) == 1, f"{len(found)} README blocks hold {line!r}"
     return found[0]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.readme import block_with
 from tests.support.servers import free_port, serving
 
 START_SECONDS = 30
@@ -32,3 +34,16 @@ def s3_environment(endpoint: str) -> dict[str, str]:
         "AWS_ALLOW_HTTP": "true",
         "AWS_CONDITIONAL_PUT": "etag",
     }
+
+
+def spark_s3_arguments(endpoint: str, jars: str) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` for a Spark that keeps ``s3://`` paths on the local server
+    through Hadoop's S3A (``jars``: hadoop-aws and the AWS SDK modules it uses): the
+    README's settings, and those it gives for an S3-compatible store."""
+    readme = block_with("spark.hadoop.fs.s3.impl", "bash")
+    settings = dict(re.findall(r"--conf (\S+?)=(\S+)", readme))
+    assert settings, "the README's S3 block sets no --conf"
+    settings["spark.hadoop.fs.s3a.endpoint"] = endpoint
+    settings["spark.hadoop.fs.s3a.path.style.access"] = "true"
+    confs = " ".join(f"--conf {key}={value}" for key, value in settings.items())
+    return f"--jars {jars} {confs} pyspark-shell"

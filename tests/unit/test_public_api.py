@@ -12,7 +12,7 @@ import pytest
 
 import pyspark_abs
 from pyspark_abs import errors
-from tests.support.readme import python_blocks
+from tests.support.readme import code_blocks
 
 INIT = Path(pyspark_abs.__file__)
 
@@ -144,7 +144,7 @@ def test_importing_the_sources_does_not_load_pandas() -> None:
 
 def _readme_imports() -> set[str]:
     names: set[str] = set()
-    for block in python_blocks():
+    for block in code_blocks():
         try:
             tree = ast.parse(block)
         except SyntaxError:  # a sketch with elisions: its one-line imports still count

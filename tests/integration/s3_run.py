@@ -1,0 +1,106 @@
+"""The word count's whole lifecycle on an S3 API, run as its own program.
+
+``python -m tests.integration.s3_run BUCKET OUT`` keeps everything under ``BUCKET`` (an
+``s3://`` URI): the landing directory, the snapshot root, its sinks, Spark's checkpoint, and
+a restored copy. It lands one file per run and crashes after PREPARED of epoch 1, restarts,
+names epoch 1 ``two``, compacts, rolls back to ``two``, restores ``two`` into another root
+that runs at other partition and key-group counts, then vacuums and validates both roots.
+It writes the final state and sink of each root as Parquet under the local directory ``OUT``
+and prints one JSON line. Its own program, because Spark's S3 settings (``--jars`` and
+``--conf`` in ``PYSPARK_SUBMIT_ARGS``) and the credentials its Python workers inherit must be
+in place before Spark starts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow.fs as pafs
+
+from pyspark_abs import (
+    AbsConfig,
+    Fault,
+    FaultStep,
+    FileSource,
+    InjectedFault,
+    Pipeline,
+    Snapshots,
+    compact,
+    restore,
+    rollback,
+    tag,
+    vacuum,
+    validate,
+)
+from pyspark_abs.examples import wordcount
+from pyspark_abs.session import local_session
+from tests.support.inputs import EPOCHS
+
+LANDINGS = 4
+"""Files landed, one per run: EPOCHS[0] to EPOCHS[3]."""
+
+
+def pipeline(bucket: str, root: str, *, key_groups: int = 8, crash: int | None = None) -> Pipeline:
+    """The word count over the bucket's landing directory, its sink beside its root."""
+    faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
+    return Pipeline(
+        "wordcount",
+        FileSource(f"{bucket}/landing", "text"),
+        wordcount.word_count,
+        root=root,
+        sinks={"output": f"{root}/sinks/word_counts"},
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
+        transform=wordcount.words_of,
+    )
+
+
+def land(bucket: str, index: int) -> None:
+    """Put EPOCHS[index] into the landing directory as its own file."""
+    fs, path = pafs.FileSystem.from_uri(f"{bucket}/landing/part-{index:04d}.txt")
+    with fs.open_output_stream(path) as out:
+        out.write(EPOCHS[index].encode())
+
+
+def main(bucket: str, out: str) -> None:
+    spark = local_session("s3 lifecycle", shuffle_partitions=2)
+    root, copy = f"{bucket}/root", f"{bucket}/copy"
+    land(bucket, 0)
+    pipeline(bucket, root).run()
+    land(bucket, 1)
+    try:
+        pipeline(bucket, root, crash=1).run()
+        raise AssertionError("the crash after PREPARED of epoch 1 did not happen")
+    except InjectedFault:
+        pass
+    recovered = pipeline(bucket, root).run().recovered_epochs
+    tag(root, 1, "two")
+    land(bucket, 2)
+    pipeline(bucket, root).run()
+    compacted = [(c.table, c.as_of_epoch) for c in compact(root) if c.version is not None]
+    rollback(root, "two")
+    pipeline(bucket, root).run()
+    land(bucket, 3)
+    pipeline(bucket, root).run()
+
+    restore(root, "two", copy)
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    pipeline(bucket, copy, key_groups=5).run()
+    vacuumed = vacuum(root, keep_last=1, min_age_seconds=0)
+    problems = [str(p) for r in (root, copy) for p in validate(r)]
+    for name, base in (("root", root), ("copy", copy)):
+        snapshots = Snapshots(base, spark)
+        snapshots.state("word_count").write.parquet(f"{out}/{name}_state")
+        snapshots.sink("output").write.parquet(f"{out}/{name}_sink")
+    report = {
+        "recovered": recovered,
+        "compacted": compacted,
+        "expired": vacuumed.expired,
+        "deleted": sum(len(files) for files in vacuumed.deleted.values()),
+        "newest": Snapshots(root).list()[-1].epoch,
+    }
+    print(json.dumps({**report, "problems": problems}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -19,11 +19,14 @@ from pyspark.sql import SparkSession
 from pyspark_abs import ConcurrentWriteError, EpochStatus, FencingError, Snapshots, rollback
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli import main
+from pyspark_abs.examples import medallion
+from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore, TableSpec
 from tests.integration.s3_run import land
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, arrow_schema, running_counts, write_epochs
+from tests.support.jobs import FILES, job_of
 from tests.support.pipelines import OP, assert_same
 from tests.support.s3 import s3_environment, s3_server, spark_s3_arguments
 from tests.support.versions import files_pipeline
@@ -172,3 +175,45 @@ def test_of_two_runs_on_an_s3_root_the_one_that_lost_it_commits_nothing(
     state = Snapshots(root).state_table(OP).to_pylist()
     assert {r["word"]: r["count"] for r in state} == running_counts(EPOCHS)[0]
     assert validate(root) == []
+
+
+def test_a_job_on_s3_killed_mid_epoch_recovers_as_the_uninterrupted_job(
+    spark: SparkSession, endpoint: str, tmp_path: Path
+) -> None:
+    """The medallion job with its input, stages' roots and channels on S3, its application
+    killed after PREPARED of silver's epoch 1 and run again, against the same job run
+    uninterrupted on local paths: the same job snapshots and every stage's state."""
+    env, bucket = spark_on_s3(endpoint), f"s3://{BUCKET}/medallion"
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    fs, base = pafs.FileSystem.from_uri(f"{bucket}/in")
+    for event_file in sorted((tmp_path / "in").iterdir()):
+        with fs.open_output_stream(f"{base}/{event_file.name}") as out:
+            out.write(event_file.read_bytes())
+    command = [sys.executable, "-m", "pyspark_abs.examples.medallion", "--input", f"{bucket}/in"]
+    command += ["--root", f"{bucket}/job"]
+    crashed = subprocess.run(
+        [*command, "--crash", "silver:after_prepared:1"], env=env, capture_output=True, timeout=600
+    )
+    assert crashed.returncode == EXIT_CODE, crashed.stderr.decode()[-4000:]
+    rerun = subprocess.run(command, env=env, capture_output=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr.decode()[-4000:]
+
+    uninterrupted = job_of(spark, tmp_path, key_groups=8)  # the program's
+    uninterrupted.run()
+    on_s3 = medallion.build(spark, f"{bucket}/in", f"{bucket}/job")
+    assert on_s3.snapshots() == uninterrupted.snapshots()
+    rows = 0
+    for name, stage in uninterrupted.stages.items():
+        for operator in Snapshots(stage.root).operators():
+            s3_state, local_state = (
+                sorted_rows(Snapshots(s.root).state_table(operator))
+                for s in (on_s3.stages[name], stage)
+            )
+            assert s3_state.equals(local_state), f"{name}: {s3_state} != {local_state}"
+            rows += local_state.num_rows
+    assert rows > 0
+
+
+def sorted_rows(table: pa.Table) -> pa.Table:
+    """The rows of ``table`` in the order of all its columns."""
+    return table.sort_by([(column, "ascending") for column in table.column_names])

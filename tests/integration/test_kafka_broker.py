@@ -1,10 +1,13 @@
-"""KafkaSource against a real broker (KRaft, on 127.0.0.1): a crash, a rollback and a restore
-at another scale equal an uninterrupted run, with ``maxOffsetsPerTrigger`` limits, and a
-topic that gained partitions since the snapshot is rewound with them."""
+"""KafkaSource against a real broker (KRaft, on 127.0.0.1): a crash, a kill mid-epoch, a
+rollback and a restore at another scale equal an uninterrupted run, with
+``maxOffsetsPerTrigger`` limits; a topic that gained partitions since the snapshot is rewound
+with them; a job whose head stage reads a topic rolls back as the uninterrupted job."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,19 +20,22 @@ from pyspark_abs import (
     Fault,
     FaultStep,
     InjectedFault,
-    KafkaSource,
+    Job,
     Pipeline,
     Snapshots,
     restore,
     rollback,
 )
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import EXIT_CODE
 from tests.support.inputs import EPOCHS
 from tests.support.kafka import BROKER, KAFKA_JARS, grow_topic, kafka_broker, produce, produce_to
+from tests.support.kafka_words import from_kafka
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
 from tests.support.readme import block_with
-from tests.support.versions import shuffle_partitions, sink_of
+from tests.support.versions import shuffle_partitions
 
+REPO = Path(__file__).parents[2]
 LINES = [*EPOCHS, *(" ".join(f"{w}2" for w in text.split()) for text in EPOCHS)]
 
 
@@ -42,40 +48,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield found
 
 
-def words_of_records(records: DataFrame) -> DataFrame:
-    """The words of the records' values."""
-    return wordcount.words_of(records.select(F.col("value").cast("string").alias("value")))
-
-
-def from_kafka(
-    root: Path, servers: str, topic: str, *, key_groups: int = 8, crash: int | None = None
-) -> Pipeline:
-    """The word count over a topic, at most two records per micro-batch."""
-    faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
-    options = {
-        "kafka.bootstrap.servers": servers,
-        "subscribe": topic,
-        "startingOffsets": "earliest",
-        "maxOffsetsPerTrigger": "2",
-    }
-    return Pipeline(
-        "wordcount",
-        KafkaSource(options),
-        wordcount.word_count,
-        root=str(root),
-        sinks={"output": sink_of(root)},
-        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
-        transform=words_of_records,
-    )
-
-
 def test_kafka_source_survives_a_crash_a_rollback_and_a_restore_as_an_uninterrupted_run(
     spark: SparkSession, servers: str, tmp_path: Path
 ) -> None:
     root, clean, copy = tmp_path / "root", tmp_path / "clean", tmp_path / "copy"
     produce(spark, servers, "lines", LINES)
     with pytest.raises(InjectedFault):
-        from_kafka(root, servers, "lines", crash=1).run()
+        from_kafka(root, servers, "lines", faults=(Fault(FaultStep.AFTER_PREPARED, 1),)).run()
     from_kafka(root, servers, "lines").run()
     from_kafka(clean, servers, "lines").run()
     snapshots, uninterrupted = Snapshots(str(root), spark), Snapshots(str(clean), spark)
@@ -95,6 +74,57 @@ def test_kafka_source_survives_a_crash_a_rollback_and_a_restore_as_an_uninterrup
     after = uninterrupted.sink("output").subtract(uninterrupted.sink("output", 1))
     assert_same(Snapshots(str(copy), spark).state(OP), uninterrupted.state(OP))
     assert_same(Snapshots(str(copy), spark).sink("output"), after)
+
+
+@pytest.mark.parametrize("crash", ["after_align:1", "between_table_commits:1"])
+def test_a_kill_mid_epoch_then_a_restart_is_exactly_once(
+    spark: SparkSession, servers: str, tmp_path: Path, crash: str
+) -> None:
+    """The application leaves at once (no cleanup, as ``kill -9``) before epoch 1 is PREPARED,
+    or with one of its tables committed and the other not."""
+    root, clean, topic = tmp_path / "root", tmp_path / "clean", f"killed-{crash[:5]}"
+    produce(spark, servers, topic, LINES)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env["PYSPARK_SUBMIT_ARGS"] = f"--jars {os.environ[KAFKA_JARS]} pyspark-shell"
+    command = [sys.executable, "-m", "tests.support.kafka_words", servers, topic, str(root), crash]
+    killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == EXIT_CODE, killed.stderr[-4000:]
+    from_kafka(root, servers, topic).run()
+    from_kafka(clean, servers, topic).run()
+    restarted, uninterrupted = Snapshots(str(root), spark), Snapshots(str(clean), spark)
+    assert_same(uninterrupted.state(OP), counts_df(spark, LINES))
+    assert_same(restarted.state(OP), uninterrupted.state(OP))
+    assert_same(restarted.sink("output"), uninterrupted.sink("output"))
+
+
+def test_a_job_whose_head_reads_a_topic_rolls_back_as_the_uninterrupted_job(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    def job_at(base: Path) -> Job:
+        words = from_kafka(base / "words", servers, "jobbed")
+        again = Pipeline(
+            "updates",
+            words.channel(),
+            wordcount.word_count,
+            root=str(base / "updates"),
+            sinks=str(base / "sinks" / "updates"),
+            config=AbsConfig(key_groups=4, commit_mode="sync"),
+        )
+        return Job("words", str(base), [words, again])
+
+    rolled, clean = tmp_path / "rolled", tmp_path / "clean"
+    for line in LINES[:5]:
+        produce(spark, servers, "jobbed", [line])
+        job_at(rolled).run()
+        job_at(clean).run()
+    job_at(rolled).rollback(1)
+    job_at(rolled).run()
+    for stage in ("words", "updates"):
+        rerun, uninterrupted = (Snapshots(str(b / stage), spark) for b in (rolled, clean))
+        assert_same(rerun.state(OP), uninterrupted.state(OP))
+        assert_same(rerun.sink("output"), uninterrupted.sink("output"))
+    words = Snapshots(str(clean / "words"), spark).state(OP)
+    assert_same(words, counts_df(spark, LINES[:5]))
 
 
 def test_a_topic_that_gained_a_partition_since_the_snapshot_is_rewound_with_it(

@@ -1,0 +1,56 @@
+"""The word count over a Kafka topic, as the broker tests and their child programs run it.
+
+``python -m tests.support.kafka_words SERVERS TOPIC ROOT STEP:EPOCH`` runs it in a program of
+its own that exits at once (skipping all cleanup, as a ``kill -9`` would) at that protocol
+step of that epoch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pyspark_abs import AbsConfig, Fault, FaultAction, FaultStep, KafkaSource, Pipeline
+from pyspark_abs.examples import wordcount
+from pyspark_abs.session import local_session
+from tests.support.versions import sink_of
+
+
+def words_of_records(records: DataFrame) -> DataFrame:
+    """The words of the records' values."""
+    return wordcount.words_of(records.select(F.col("value").cast("string").alias("value")))
+
+
+def from_kafka(
+    root: Path, servers: str, topic: str, *, key_groups: int = 8, faults: tuple[Fault, ...] = ()
+) -> Pipeline:
+    """The word count over a topic, at most two records per micro-batch."""
+    options = {
+        "kafka.bootstrap.servers": servers,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "2",
+    }
+    return Pipeline(
+        "wordcount",
+        KafkaSource(options),
+        wordcount.word_count,
+        root=str(root),
+        sinks={"output": sink_of(root)},
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
+        transform=words_of_records,
+    )
+
+
+def main(servers: str, topic: str, root: str, crash: str) -> None:
+    step, epoch = crash.split(":")
+    local_session("kafka-words", shuffle_partitions=2)
+    exit_at = Fault(FaultStep(step), int(epoch), FaultAction.EXIT)
+    from_kafka(Path(root), servers, topic, faults=(exit_at,)).run()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

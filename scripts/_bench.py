@@ -106,12 +106,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, repeats: int = 3)
     parser.add_argument("--workdir", type=Path, help="directory for tables (default: temporary)")
 
 
-def session(partitions: int, master: str | None = None) -> SparkSession:
+def session(partitions: int, master: str | None = None, jars: str | None = None) -> SparkSession:
     """The benchmark session: the active one if there is one (tests), else a new local[2].
 
     Args:
         partitions: Shuffle partitions of the checkpoints the benchmark creates.
         master: A Spark master URL instead of ``local[2]``.
+        jars: Comma-separated jars for a new session (``spark.jars``).
     """
     from pyspark.sql import SparkSession
 
@@ -125,6 +126,8 @@ def session(partitions: int, master: str | None = None) -> SparkSession:
         }
         if master is not None:
             conf["spark.master"] = master
+        if jars:
+            conf["spark.jars"] = jars
         spark = local_session("pyspark-abs-bench", cores=2, conf=conf)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     return spark

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pyarrow.fs as pafs
-
 from pyspark_abs import (
     AbsConfig,
     Fault,
@@ -35,10 +33,7 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.session import local_session
-from tests.support.inputs import EPOCHS
-
-LANDINGS = 4
-"""Files landed, one per run: EPOCHS[0] to EPOCHS[3]."""
+from tests.support.s3 import land
 
 
 def pipeline(bucket: str, root: str, *, key_groups: int = 8, crash: int | None = None) -> Pipeline:
@@ -53,13 +48,6 @@ def pipeline(bucket: str, root: str, *, key_groups: int = 8, crash: int | None =
         config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
         transform=wordcount.words_of,
     )
-
-
-def land(bucket: str, index: int) -> None:
-    """Put EPOCHS[index] into the landing directory as its own file."""
-    fs, path = pafs.FileSystem.from_uri(f"{bucket}/landing/part-{index:04d}.txt")
-    with fs.open_output_stream(path) as out:
-        out.write(EPOCHS[index].encode())
 
 
 def main(bucket: str, out: str) -> None:

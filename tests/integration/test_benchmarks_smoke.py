@@ -7,6 +7,7 @@ session's master only (its standalone cluster is not started here).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,13 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 
 import bench_builtin
 import bench_intervals
+import bench_kafka
 import bench_multistage
 import bench_scaling
 import bench_state_scale
 import probe_map_state
+
+from tests.support.kafka import BROKER, KAFKA_JARS
 
 TINY = [
     "--records",
@@ -138,3 +142,14 @@ def test_map_state_probe(spark: SparkSession) -> None:
     figures = probe_map_state.main([*argv, "--partitions", "2"])
     assert figures["epoch_s"] > 0
     assert figures["checkpoint_bytes"] > 0
+
+
+def test_kafka(spark: SparkSession, tmp_path: Path) -> None:
+    if not os.environ.get(BROKER) or not os.environ.get(KAFKA_JARS):
+        pytest.skip("no Kafka broker jars or connector (scripts/test fetches them)")
+    argv = [*TINY, "--rate", "100", "--seconds", "1", "--workdir", str(tmp_path / "w")]
+    figures = bench_kafka.main(argv)
+    assert positive(figures["records_per_s"])
+    assert figures["latency_records"] == {"builtin": 100, "abs_async": 100}
+    for found in figures["latency_ms"].values():
+        assert 0 < found["p50"] <= found["p99"]

@@ -23,12 +23,11 @@ from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore, TableSpec
-from tests.integration.s3_run import land
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, arrow_schema, running_counts, write_epochs
 from tests.support.jobs import FILES, job_of
 from tests.support.pipelines import OP, assert_same
-from tests.support.s3 import s3_environment, s3_server, spark_s3_arguments
+from tests.support.s3 import land, s3_environment, s3_server, spark_s3_arguments
 from tests.support.versions import files_pipeline
 
 REPO = Path(__file__).parents[2]

@@ -8,6 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
+from tests.support.inputs import EPOCHS
 from tests.support.readme import block_with
 from tests.support.servers import free_port, serving
 
@@ -47,3 +50,10 @@ def spark_s3_arguments(endpoint: str, jars: str) -> str:
     settings["spark.hadoop.fs.s3a.path.style.access"] = "true"
     confs = " ".join(f"--conf {key}={value}" for key, value in settings.items())
     return f"--jars {jars} {confs} pyspark-shell"
+
+
+def land(bucket: str, index: int) -> None:
+    """Put EPOCHS[index] into the bucket's ``landing`` directory as its own file."""
+    fs, path = pafs.FileSystem.from_uri(f"{bucket}/landing/part-{index:04d}.txt")
+    with fs.open_output_stream(path) as out:
+        out.write(EPOCHS[index].encode())

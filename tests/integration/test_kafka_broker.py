@@ -16,19 +16,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
-    AbsConfig,
     Fault,
     FaultStep,
     InjectedFault,
     Job,
-    Pipeline,
     Snapshots,
     restore,
     rollback,
 )
-from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE
 from tests.support.inputs import EPOCHS
+from tests.support.jobs import assert_same_words_and_updates, words_and_updates
 from tests.support.kafka import BROKER, KAFKA_JARS, grow_topic, kafka_broker, produce, produce_to
 from tests.support.kafka_words import from_kafka
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
@@ -101,16 +99,7 @@ def test_a_job_whose_head_reads_a_topic_rolls_back_as_the_uninterrupted_job(
     spark: SparkSession, servers: str, tmp_path: Path
 ) -> None:
     def job_at(base: Path) -> Job:
-        words = from_kafka(base / "words", servers, "jobbed")
-        again = Pipeline(
-            "updates",
-            words.channel(),
-            wordcount.word_count,
-            root=str(base / "updates"),
-            sinks=str(base / "sinks" / "updates"),
-            config=AbsConfig(key_groups=4, commit_mode="sync"),
-        )
-        return Job("words", str(base), [words, again])
+        return words_and_updates(base, from_kafka(base / "words", servers, "jobbed"))
 
     rolled, clean = tmp_path / "rolled", tmp_path / "clean"
     for line in LINES[:5]:
@@ -119,10 +108,7 @@ def test_a_job_whose_head_reads_a_topic_rolls_back_as_the_uninterrupted_job(
         job_at(clean).run()
     job_at(rolled).rollback(1)
     job_at(rolled).run()
-    for stage in ("words", "updates"):
-        rerun, uninterrupted = (Snapshots(str(b / stage), spark) for b in (rolled, clean))
-        assert_same(rerun.state(OP), uninterrupted.state(OP))
-        assert_same(rerun.sink("output"), uninterrupted.sink("output"))
+    assert_same_words_and_updates(spark, rolled, clean)
     words = Snapshots(str(clean / "words"), spark).state(OP)
     assert_same(words, counts_df(spark, LINES[:5]))
 

@@ -34,6 +34,7 @@ from pyspark_abs import (
 from pyspark_abs.examples import wordcount
 from pyspark_abs.storage.spark import spark_reads_delta
 from tests.support.inputs import EPOCHS
+from tests.support.jobs import assert_same_words_and_updates, words_and_updates
 from tests.support.pipelines import OP, assert_same, counts_df
 from tests.support.readme import block_with
 from tests.support.versions import as_batched, older, shuffle_partitions, sink_of
@@ -206,16 +207,7 @@ def test_a_job_whose_head_reads_delta_lakes_own_source_rolls_back_as_an_uninterr
     spark, table = delta_spark, tmp_path / "lines"
 
     def job_at(base: Path) -> Job:
-        words = native(base / "words", table)
-        again = Pipeline(
-            "updates",
-            words.channel(),
-            wordcount.word_count,
-            root=str(base / "updates"),
-            sinks=str(base / "sinks" / "updates"),
-            config=AbsConfig(key_groups=4, commit_mode="sync"),
-        )
-        return Job("words", str(base), [words, again])
+        return words_and_updates(base, native(base / "words", table))
 
     rolled, clean = tmp_path / "rolled", tmp_path / "clean"
     for text in EPOCHS:
@@ -224,10 +216,7 @@ def test_a_job_whose_head_reads_delta_lakes_own_source_rolls_back_as_an_uninterr
         job_at(clean).run()
     job_at(rolled).rollback(1)
     job_at(rolled).run()
-    for stage in ("words", "updates"):
-        rerun, uninterrupted = (Snapshots(str(b / stage), spark) for b in (rolled, clean))
-        assert_same(rerun.state(OP), uninterrupted.state(OP))
-        assert_same(rerun.sink("output"), uninterrupted.sink("output"))
+    assert_same_words_and_updates(spark, rolled, clean)
 
 
 def test_without_delta_lakes_jars_the_source_says_what_to_add(

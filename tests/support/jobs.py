@@ -11,10 +11,10 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, Job, StateEvolution
-from pyspark_abs.examples import medallion
+from pyspark_abs import AbsConfig, Job, Pipeline, Snapshots, StateEvolution
+from pyspark_abs.examples import medallion, wordcount
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
-from tests.support.pipelines import assert_same
+from tests.support.pipelines import OP, assert_same
 
 Event = tuple[str, str, int]
 Forget = frozenset[str]
@@ -147,3 +147,25 @@ def assert_job_matches(
             history(job, stage, columns).withColumn("job_epoch", F.col("job_epoch").cast("int")),
             expected_history(spark, stage, epochs, files),
         )
+
+
+def words_and_updates(base: Path, words: Pipeline) -> Job:
+    """A job of ``words`` (a word count whose root is ``base/words``) and a word count over
+    its channel, ``updates``: how often each word's count changed."""
+    again = Pipeline(
+        "updates",
+        words.channel(),
+        wordcount.word_count,
+        root=str(base / "updates"),
+        sinks=str(base / "sinks" / "updates"),
+        config=AbsConfig(key_groups=4, commit_mode="sync"),
+    )
+    return Job("words", str(base), [words, again])
+
+
+def assert_same_words_and_updates(spark: SparkSession, actual: Path, expected: Path) -> None:
+    """Both stages of two :func:`words_and_updates` jobs hold the same state and sinks."""
+    for stage in ("words", "updates"):
+        rerun, uninterrupted = (Snapshots(str(b / stage), spark) for b in (actual, expected))
+        assert_same(rerun.state(OP), uninterrupted.state(OP))
+        assert_same(rerun.sink("output"), uninterrupted.sink("output"))

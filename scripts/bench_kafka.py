@@ -27,6 +27,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import _bench
 import numpy as np
 from deltalake import write_deltalake
+from pyspark.sql import functions as F
 
 from pyspark_abs import AbsConfig, EpochStatus, KafkaSource, Pipeline, Snapshots
 
@@ -56,8 +58,6 @@ TICK_SECONDS = 0.25
 
 def keys_of(records: DataFrame) -> DataFrame:
     """The records' keys: their values, as longs."""
-    from pyspark.sql import functions as F
-
     return records.select(F.col("value").cast("string").cast("long").alias("key"))
 
 
@@ -65,8 +65,6 @@ def produce(
     spark: SparkSession, servers: str, topic: str, first: int, count: int, keys: int
 ) -> None:
     """Write records ``first`` to ``first + count`` with uniform random keys below ``keys``."""
-    from pyspark.sql import functions as F
-
     key = F.pmod(F.xxhash64("id"), F.lit(keys)).cast("string")
     frame = spark.range(first, first + count, numPartitions=2).select(key.alias("value"))
     frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
@@ -88,12 +86,8 @@ class Run:
     def __init__(self, spark: SparkSession, work: Path, variant: str, key_groups: int) -> None:
         self.spark, self.variant, self.key_groups = spark, variant, key_groups
         self.dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=work))
+        self.checkpoint = self.dir / "_checkpoint"
         self.visible_ms: dict[int, float] = {}
-
-    @property
-    def checkpoint(self) -> Path:
-        """Spark's checkpoint of the query."""
-        return self.dir / ("_checkpoint" if self.variant == "abs_async" else "checkpoint")
 
     def start(self, source: Mapping[str, str], trigger: str | None) -> Callable[[], None]:
         """Start the query (``trigger`` None: to the end of the topic, and wait); return a
@@ -105,6 +99,7 @@ class Run:
                 _bench.keyed_count,
                 root=str(self.dir),
                 sinks=str(self.dir / "counts"),
+                checkpoint=str(self.checkpoint),
                 config=AbsConfig(key_groups=self.key_groups, commit_mode="async"),
                 transform=keys_of,
             )
@@ -186,8 +181,6 @@ def records_of(
     spark: SparkSession, servers: str, topic: str, since: float
 ) -> dict[int, tuple[Any, Any]]:
     """Each partition's offsets and timestamps (ms) of the records produced from ``since``."""
-    from pyspark.sql import functions as F
-
     table = (
         spark.read.format("kafka")
         .options(**options(servers, topic, None))
@@ -230,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions, jars=os.environ.get("ABS_KAFKA_JARS"))
     lags: dict[str, list[np.ndarray]] = {v: [] for v in VARIANTS}
-    runs = iter(range(1_000_000))
+    runs = itertools.count()
     with _bench.workdir(args.workdir) as work, broker(args.bootstrap_servers, work) as servers:
         produce(spark, servers, "throughput", 0, args.records, args.keys)
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         PipelineMismatchError,
         PrecommitFileError,
         ProtocolError,
+        PublishError,
         QuiescenceError,
         ReplayDivergedError,
         SchemaMismatchError,
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
     from pyspark_abs.pipeline.check import UpgradeReport, check
     from pyspark_abs.pipeline.declaration import Pipeline, Quiescence
     from pyspark_abs.pipeline.query import PipelineQuery
-    from pyspark_abs.pipeline.sinks import DeltaSink
+    from pyspark_abs.pipeline.sinks import DeltaSink, KafkaSink
     from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
     from pyspark_abs.snapshots.reading import Snapshots
@@ -127,7 +128,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
     "pyspark_abs.pipeline.check": ("UpgradeReport", "check"),
     "pyspark_abs.pipeline.declaration": ("Pipeline", "Quiescence"),
-    "pyspark_abs.pipeline.sinks": ("DeltaSink",),
+    "pyspark_abs.pipeline.sinks": ("DeltaSink", "KafkaSink"),
     "pyspark_abs.pipeline.query": ("PipelineQuery",),
     "pyspark_abs.protocol.listeners": ("SnapshotListener",),
     "pyspark_abs.session": ("local_session",),

@@ -170,6 +170,10 @@ class ReplayDivergedError(ProtocolError):
     """Spark's replay of a decided epoch could not reach every key group the epoch changed."""
 
 
+class PublishError(StorageIOError):
+    """A committed epoch could not be published to its Kafka topic; the next start retries."""
+
+
 class InjectedFault(ProtocolError):
     """A fault injected on purpose at a named protocol step (testing only)."""
 

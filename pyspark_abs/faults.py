@@ -37,6 +37,8 @@ class FaultStep(str, Enum):
     AFTER_COMMITTED = "after_committed"
     """COMMITTED is recorded; in sync mode the micro-batch has not returned yet. With a
     snapshot interval, the epoch is the one that closes the group."""
+    DURING_PUBLISH = "during_publish"
+    """A committed snapshot's records are in an open Kafka transaction that is not committed."""
     DURING_COMPACTION = "during_compaction"
     """Compaction wrote the compacted files; the commit replacing the old ones is not made."""
     DURING_VACUUM = "during_vacuum"

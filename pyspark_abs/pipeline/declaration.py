@@ -55,7 +55,7 @@ from pyspark_abs.pipeline.connect import (
     require_supported,
 )
 from pyspark_abs.pipeline.query import PipelineQuery
-from pyspark_abs.pipeline.sinks import SinkLike, resolve_sinks
+from pyspark_abs.pipeline.sinks import SinkLike, kafka_publishers, resolve_sinks
 from pyspark_abs.pipeline.targets import table_specs, table_targets
 from pyspark_abs.pipeline.wiring import (
     operator_stage,
@@ -70,6 +70,8 @@ from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
 from pyspark_abs.protocol.live_state import LocalLiveState
+from pyspark_abs.protocol.precommit import root_tag
+from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import decided_replays
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
@@ -313,6 +315,7 @@ class Pipeline:
         writer = EpochWriter(self.name, self.root, store, EpochLog(), run_id, faults, lease)
         lineage = Lineage()
         recovered: list[int] = []
+        publishers: list[KafkaPublisher] = []
         try:
             writer.epochs = open_manifest(store, self.root, self.name)
             if self.config.snapshots:
@@ -343,7 +346,21 @@ class Pipeline:
                 store.ensure_table(spec)
                 if spec.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
                     store.keep_log(spec.uri)  # tables of older roots; the lease is held
+            publishers = kafka_publishers(
+                self.name,
+                self.sinks,
+                self.plan,
+                layout.tables,
+                writer.root_id or root_tag(self.root),
+                faults,
+                snapshots=self.config.snapshots,
+                remote=remote,
+            )
+            for publisher in publishers:
+                publisher.publish(writer.epochs.entries)
         except BaseException:
+            for publisher in publishers:
+                publisher.close()
             writer.close()
             raise
         run: EpochCoordinator | ConnectRun
@@ -367,6 +384,7 @@ class Pipeline:
                 epoch_base=lineage.epoch_base,
                 epoch_limit=epoch_limit,
                 listeners=self.listeners,
+                publishers=publishers,
             )
             batch_function = run.process_batch
         try:

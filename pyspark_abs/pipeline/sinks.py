@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
 from pyspark_abs.errors import (
     OperatorDefinitionError,
 )
+from pyspark_abs.faults import FaultInjector
 from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.protocol.publishing import KafkaPublisher, KafkaTarget
+from pyspark_abs.storage.root import sink_table
 
 _PARTITION_TYPES = (
     pa.types.is_string,
@@ -32,6 +35,30 @@ class DeltaSink:
 
     path: str
     partition_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSink(DeltaSink):
+    """A Delta table whose committed snapshots are also published, exactly once, to a topic.
+
+    The table is the topic's outbox: once an epoch commits, its rows are sent in one Kafka
+    transaction, so ``read_committed`` consumers see each committed row once and never a row of
+    an epoch that was not committed. Each record carries the header ``pyspark-abs-epoch``.
+    Needs ``pip install 'pyspark-abs[kafka]'``.
+
+    Attributes:
+        topic: The topic the rows go to.
+        bootstrap_servers: Kafka's bootstrap servers.
+        key: The column whose text is each record's key (None: records have no key).
+        value: A string or binary column sent as each record's value (None: the row as JSON).
+        options: More client settings (librdkafka names), e.g. ``security.protocol``.
+    """
+
+    topic: str
+    bootstrap_servers: str
+    key: str | None = None
+    value: str | None = None
+    options: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 SinkLike = str | DeltaSink
@@ -67,7 +94,9 @@ def resolve_sinks(
         sink = sink if isinstance(sink, DeltaSink) else DeltaSink(str(sink))
         _refuse_table_name(name, output, sink.path)
         _check_partitioning(name, output, schemas[output], sink.partition_by)
-        resolved[output] = DeltaSink(sink.path, tuple(sink.partition_by))
+        if isinstance(sink, KafkaSink):
+            _check_kafka(name, output, schemas[output], sink)
+        resolved[output] = replace(sink, partition_by=tuple(sink.partition_by))
     return resolved
 
 
@@ -84,6 +113,33 @@ def _refuse_table_name(name: str, output: str, path: str) -> None:
             f"(s3://..., abfss://..., gs://...) or a Volume (/Volumes/<catalog>/<schema>/"
             f"<volume>/...), and register it with CREATE TABLE ... LOCATION to query it by name"
         )
+
+
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _check_kafka(name: str, output: str, schema: pa.Schema, sink: KafkaSink) -> None:
+    where = f"pipeline {name!r}: the KafkaSink of output {output!r}"
+    if not _TOPIC.fullmatch(sink.topic):
+        raise OperatorDefinitionError(
+            f"{where} has topic {sink.topic!r}; a topic name is 1 to 249 letters, digits, "
+            f"'.', '_' or '-'"
+        )
+    if not sink.bootstrap_servers:
+        raise OperatorDefinitionError(f"{where} needs bootstrap_servers, e.g. 'broker:9092'")
+    for role, column in (("key", sink.key), ("value", sink.value)):
+        if column is not None and column not in schema.names:
+            raise OperatorDefinitionError(
+                f"{where} takes its record {role} from column {column!r}, which is not an "
+                f"output column ({schema.names})"
+            )
+    if sink.value is not None:
+        kind = schema.field(sink.value).type
+        if not (pa.types.is_string(kind) or pa.types.is_binary(kind)):
+            raise OperatorDefinitionError(
+                f"{where} sends column {sink.value!r} of type {kind} as record values; give "
+                f"a string or binary column, or value=None to send each row as JSON"
+            )
 
 
 def _check_partitioning(name: str, output: str, schema: pa.Schema, columns: Sequence[str]) -> None:
@@ -104,3 +160,48 @@ def _check_partitioning(name: str, output: str, schema: pa.Schema, columns: Sequ
             f"pipeline {name!r}: sink of output {output!r} must keep at least one column "
             f"that is not a partition column"
         )
+
+
+def kafka_publishers(
+    name: str,
+    sinks: Mapping[str, DeltaSink],
+    plan: OperatorPlan,
+    tables: Mapping[str, str],
+    root_id: str,
+    faults: FaultInjector,
+    *,
+    snapshots: bool,
+    remote: bool,
+) -> list[KafkaPublisher]:
+    """A publisher for each KafkaSink, bound to this root's id and the sink's output.
+
+    Raises:
+        OperatorDefinitionError: A KafkaSink with snapshots off or over Spark Connect.
+    """
+    kafka = {output: sink for output, sink in sinks.items() if isinstance(sink, KafkaSink)}
+    if kafka and (remote or not snapshots):
+        why = "over Spark Connect" if remote else "with snapshots off"
+        raise OperatorDefinitionError(
+            f"pipeline {name!r}: the KafkaSink of output(s) {sorted(kafka)} cannot run {why}: "
+            f"it publishes the snapshots the manifest commits. Use a classic session with "
+            f"snapshots on, or a DeltaSink"
+        )
+    schemas = dict(plan.outputs)
+    return [
+        KafkaPublisher(
+            KafkaTarget(
+                uri=tables[sink_table(output)],
+                table=sink_table(output),
+                output=output,
+                topic=sink.topic,
+                servers=sink.bootstrap_servers,
+                key=sink.key,
+                value=sink.value,
+                options=dict(sink.options),
+                transactional_id=f"pyspark-abs.{root_id}.{output}",
+                schema=schemas[output],
+            ),
+            faults,
+        )
+        for output, sink in kafka.items()
+    ]

@@ -56,6 +56,7 @@ from pyspark_abs.protocol.compaction import BackgroundCompactor, CompactionPolic
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.listeners import SnapshotListener, notify
 from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
+from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import check_replay_reached
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.storage.files import FileEntry, delete_files, file_sizes
@@ -101,6 +102,7 @@ class EpochCoordinator:
         epoch_base: int = 0,
         epoch_limit: int | None = None,
         listeners: Sequence[SnapshotListener] = (),
+        publishers: Sequence[KafkaPublisher] = (),
     ) -> None:
         """Set up the protocol for one run.
 
@@ -114,6 +116,7 @@ class EpochCoordinator:
             epoch_limit: The most epochs this run may process; the next one fails with
                 :class:`QuiescenceError` before it writes anything.
             listeners: Told of each epoch this run commits or aborts.
+            publishers: Publish each snapshot to its sinks' Kafka topics once committed.
         """
         self.layout = layout
         self.config = config
@@ -124,6 +127,7 @@ class EpochCoordinator:
         self.epoch_base = epoch_base
         self.epoch_limit = epoch_limit
         self.listeners = tuple(listeners)
+        self.publishers = tuple(publishers)
         self.epochs_run = 0
         """Epochs this run has processed (replays of decided epochs not counted)."""
         self.run_id = writer.run_id
@@ -228,13 +232,15 @@ class EpochCoordinator:
     def close(self) -> None:
         """Stop the background committer after it has committed what it holds.
 
-        Also waits for a running background compaction to finish, then gives up the run's
-        lease on the snapshot root.
+        Also waits for a running background compaction to finish, lets the Kafka publishers
+        go, then gives up the run's lease on the snapshot root.
         """
         with working_for(self.layout.pipeline):
             if self._committer is not None:
                 self._committer.close()
             self._compactor.join()
+            for publisher in self.publishers:
+                publisher.close()
             self.writer.close()
 
     def _process_snapshot(self, batch: DataFrame, batch_id: int) -> None:
@@ -353,6 +359,8 @@ class EpochCoordinator:
         truncated in the background (see :class:`BackgroundCompactor`).
         """
         outcome = self.writer.commit(group)
+        for publisher in self.publishers:
+            publisher.publish(self.epochs.entries)
         notify(self.listeners, SnapshotInfo.from_entry(outcome), committed=True)
         self._compactor.committed(group, outcome, state_table(self.layout.operator))
 

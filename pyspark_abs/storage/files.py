@@ -149,3 +149,27 @@ def files_after(
     """
     done = -1 if committed_through is None else committed_through
     return [f for epoch in sorted(files) if epoch > done for f in files[epoch]]
+
+
+def read_added(
+    uri: str, paths: Sequence[str], partitions: Mapping[str, Any], schema: pa.Schema
+) -> pa.Table:
+    """The rows of files a commit added, with their Hive partition columns, as ``schema``.
+
+    Args:
+        uri: The table's location.
+        paths: The added files, relative to the table.
+        partitions: Each file's partition values as the log writes them (column, text).
+        schema: The table's columns.
+    """
+    fs, root = pafs.FileSystem.from_uri(uri)
+    parts = []
+    for path in paths:
+        part = pq.read_table(f"{root}/{path}", filesystem=fs)
+        for column, text in dict(partitions.get(path, ())).items():
+            if column not in part.column_names:
+                kind = schema.field(column).type
+                values = pa.array([text] * part.num_rows, pa.string()).cast(kind)
+                part = part.append_column(column, values)
+        parts.append(part.select(schema.names).cast(schema))
+    return pa.concat_tables(parts) if parts else schema.empty_table()

@@ -5,30 +5,46 @@ with them; a job whose head stage reads a topic rolls back as the uninterrupted 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
+    AbsConfig,
     Fault,
     FaultStep,
     InjectedFault,
     Job,
+    KafkaSink,
+    KafkaSource,
+    OperatorDefinitionError,
+    Pipeline,
     Snapshots,
     restore,
     rollback,
 )
+from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import assert_same_words_and_updates, words_and_updates
-from tests.support.kafka import BROKER, KAFKA_JARS, grow_topic, kafka_broker, produce, produce_to
-from tests.support.kafka_words import from_kafka
+from tests.support.kafka import (
+    BROKER,
+    KAFKA_JARS,
+    committed_records,
+    grow_topic,
+    kafka_broker,
+    produce,
+    produce_to,
+)
+from tests.support.kafka_words import from_kafka, words_of_records
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
 from tests.support.readme import block_with
 from tests.support.versions import shuffle_partitions
@@ -74,25 +90,115 @@ def test_kafka_source_survives_a_crash_a_rollback_and_a_restore_as_an_uninterrup
     assert_same(Snapshots(str(copy), spark).sink("output"), after)
 
 
-@pytest.mark.parametrize("crash", ["after_align:1", "between_table_commits:1"])
+@pytest.mark.parametrize("crash", ["after_align:1", "between_table_commits:1", "during_publish:1"])
 def test_a_kill_mid_epoch_then_a_restart_is_exactly_once(
     spark: SparkSession, servers: str, tmp_path: Path, crash: str
 ) -> None:
     """The application leaves at once (no cleanup, as ``kill -9``) before epoch 1 is PREPARED,
     or with one of its tables committed and the other not."""
     root, clean, topic = tmp_path / "root", tmp_path / "clean", f"killed-{crash[:5]}"
+    out = f"{topic}-out"
     produce(spark, servers, topic, LINES)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env["PYSPARK_SUBMIT_ARGS"] = f"--jars {os.environ[KAFKA_JARS]} pyspark-shell"
-    command = [sys.executable, "-m", "tests.support.kafka_words", servers, topic, str(root), crash]
+    child = [servers, topic, str(root), crash, out]
+    command = [sys.executable, "-m", "tests.support.kafka_words", *child]
     killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == EXIT_CODE, killed.stderr[-4000:]
-    from_kafka(root, servers, topic).run()
+    from_kafka(root, servers, topic, publish_to=out).run()
     from_kafka(clean, servers, topic).run()
     restarted, uninterrupted = Snapshots(str(root), spark), Snapshots(str(clean), spark)
     assert_same(uninterrupted.state(OP), counts_df(spark, LINES))
     assert_same(restarted.state(OP), uninterrupted.state(OP))
     assert_same(restarted.sink("output"), uninterrupted.sink("output"))
+    assert_same(published(spark, servers, out), uninterrupted.sink("output"))
+
+
+def published(
+    spark: SparkSession, servers: str, topic: str, epochs: range | None = None
+) -> DataFrame:
+    """The word counts a ``read_committed`` consumer of ``topic`` sees (of ``epochs``)."""
+    rows = []
+    for key, value, epoch in committed_records(servers, topic):
+        record = json.loads(value)
+        assert key == record["word"]
+        if epochs is None or epoch in epochs:
+            rows.append((record["word"], record["count"]))
+    return spark.createDataFrame(rows, "word string, count long")
+
+
+@pytest.mark.parametrize(
+    "step",
+    ["after_align", "after_prepared", "between_table_commits", "after_committed", "during_publish"],
+)
+def test_a_kafka_sink_publishes_each_committed_row_once_whatever_step_fails(
+    spark: SparkSession, servers: str, tmp_path: Path, step: str
+) -> None:
+    """A failed run leaves its Kafka transaction open at ``during_publish``: the next run
+    aborts it, fencing the failed run's producer, and publishes the snapshot once."""
+    root, source, out = tmp_path / "root", f"sunk-{step}", f"sunk-{step}-out"
+    produce(spark, servers, source, LINES[:6])
+    with pytest.raises(InjectedFault):
+        from_kafka(root, servers, source, faults=(Fault(FaultStep(step), 2),), publish_to=out).run()
+    from_kafka(root, servers, source, publish_to=out).run()
+    sink = Snapshots(str(root), spark).sink("output")
+    final = sink.groupBy("word").agg(F.max("count").alias("count"))
+    assert_same(final, counts_df(spark, LINES[:6]))
+    assert_same(published(spark, servers, out), sink)
+    snapshots = [s.epoch for s in Snapshots(str(root), spark).list()]
+    assert {epoch for _, _, epoch in committed_records(servers, out)} <= set(snapshots)
+
+
+def test_a_kafka_sink_rolled_back_publishes_the_new_epochs_and_keeps_the_old(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    """Kafka cannot take records back: after a rollback the topic holds the rolled-back
+    epochs' records once, then the re-run epochs', each tagged with its epoch."""
+    root, clean, out = tmp_path / "root", tmp_path / "clean", "rolled-out"
+    produce(spark, servers, "rolled", LINES[:6])
+    from_kafka(root, servers, "rolled", publish_to=out).run()
+    from_kafka(clean, servers, "rolled").run()
+    before = published(spark, servers, out)
+    last = max(epoch for _, _, epoch in committed_records(servers, out))
+    assert_same(before, Snapshots(str(root), spark).sink("output"))
+    rollback(str(root), 1)
+    from_kafka(root, servers, "rolled", publish_to=out).run()
+    sink = Snapshots(str(root), spark).sink("output")
+    assert_same(sink, Snapshots(str(clean), spark).sink("output"))
+    kept = published(spark, servers, out, range(2)).union(
+        published(spark, servers, out, range(last + 1, 10**6))
+    )
+    assert_same(kept, sink)
+    assert_same(published(spark, servers, out, range(last + 1)), before)
+
+
+def test_a_kafka_sink_refuses_what_it_cannot_publish(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    def sink(**fields: Any) -> KafkaSink:
+        return KafkaSink(
+            str(tmp_path / "sink"), **{"topic": "t", "bootstrap_servers": servers, **fields}
+        )
+
+    def pipeline(kafka: KafkaSink, config: AbsConfig | None = None) -> Pipeline:
+        return Pipeline(
+            "wordcount",
+            KafkaSource({"kafka.bootstrap.servers": servers, "subscribe": "t"}),
+            wordcount.word_count,
+            root=str(tmp_path / "root"),
+            sinks=kafka,
+            config=config,
+            transform=words_of_records,
+        )
+
+    with pytest.raises(OperatorDefinitionError, match="topic 'no/such'"):
+        pipeline(sink(topic="no/such"))
+    with pytest.raises(OperatorDefinitionError, match="column 'user'"):
+        pipeline(sink(key="user"))
+    with pytest.raises(OperatorDefinitionError, match="of type int64 as record values"):
+        pipeline(sink(value="count"))
+    with pytest.raises(OperatorDefinitionError, match="with snapshots off"):
+        pipeline(sink(), AbsConfig(snapshots=False)).run()
 
 
 def test_a_job_whose_head_reads_a_topic_rolls_back_as_the_uninterrupted_job(
@@ -147,7 +253,7 @@ def test_the_readme_block_runs_a_pipeline_over_a_topic(
     frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
         "topic", "clicks"
     ).save()
-    block = block_with('"kafka.bootstrap.servers": "broker:9092",')
+    block = block_with('"maxOffsetsPerTrigger": "10000",')
     places = {
         "broker:9092": servers,
         "/roots/clicks": str(tmp_path / "r"),
@@ -159,3 +265,33 @@ def test_the_readme_block_runs_a_pipeline_over_a_topic(
     expected = spark.createDataFrame([("ann", 3), ("bob", 1), ("cy", 1)], "user string, count long")
     state = Snapshots(str(tmp_path / "r"), spark).state("user_count").select("user", "count")
     assert_same(state, expected)
+
+
+def test_the_readme_block_publishes_a_pipeline_to_a_topic_exactly_once(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    users = ["ann", "bob", "ann", "cy", "ann"]
+    frame = spark.createDataFrame([(u, "click") for u in users], "key string, value string")
+    frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
+        "topic", "sunk-clicks"
+    ).save()
+    block = block_with('topic="clicks-per-user",')
+    places = {
+        "broker:9092": servers,
+        '"subscribe": "clicks"': '"subscribe": "sunk-clicks"',
+        "/roots/clicks": str(tmp_path / "r"),
+        "/sinks/clicks": str(tmp_path / "s"),
+    }
+    for example, here in places.items():
+        block = block.replace(example, here)
+    exec(compile(block, "README.md KafkaSink", "exec"), {"clicks_per_user": user_count})
+    sink = Snapshots(str(tmp_path / "r"), spark).sink("output")
+    records = committed_records(servers, "clicks-per-user")
+    assert all(key == json.loads(value)["user"] for key, value, _ in records)
+    rows = [(json.loads(value)["user"], json.loads(value)["count"]) for _, value, _ in records]
+    assert_same(
+        spark.createDataFrame(rows, "user string, count long"), sink.select("user", "count")
+    )
+    expected = spark.createDataFrame([("ann", 3), ("bob", 1), ("cy", 1)], "user string, count long")
+    final = sink.groupBy("user").agg(F.max("count").alias("count"))
+    assert_same(final, expected)

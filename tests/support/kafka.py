@@ -58,6 +58,7 @@ def kafka_broker(jars: Path, workdir: Path) -> Iterator[str]:
     config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     classpath = ["-cp", f"{jars}/*"]
     cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster = f"A{cluster[1:]}"  # a leading '-' would read as an option of the storage tool
     subprocess.run(
         [
             _java(),
@@ -109,3 +110,39 @@ def produce_to(
     frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
         "topic", topic
     ).save()
+
+
+def committed_records(servers: str, topic: str) -> list[tuple[str | None, str, int]]:
+    """Every record of ``topic`` a ``read_committed`` consumer sees: key, value and the
+    ``pyspark-abs-epoch`` header, read with confluent-kafka up to the end of each partition."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        found, open_partitions = [], set(partitions)
+        while open_partitions:
+            message = consumer.poll(30)
+            assert message is not None, f"reading topic {topic!r} timed out"
+            error = message.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                open_partitions.discard(message.partition())
+                continue
+            headers = dict(message.headers() or [])
+            key, value, epoch = message.key(), message.value(), headers["pyspark-abs-epoch"]
+            assert value is not None
+            assert isinstance(epoch, bytes)
+            found.append((None if key is None else key.decode(), value.decode(), int(epoch)))
+        return found
+    finally:
+        consumer.close()

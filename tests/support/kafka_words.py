@@ -1,8 +1,8 @@
 """The word count over a Kafka topic, as the broker tests and their child programs run it.
 
-``python -m tests.support.kafka_words SERVERS TOPIC ROOT STEP:EPOCH`` runs it in a program of
-its own that exits at once (skipping all cleanup, as a ``kill -9`` would) at that protocol
-step of that epoch.
+``python -m tests.support.kafka_words SERVERS TOPIC ROOT STEP:EPOCH [OUT]`` runs it in a
+program of its own that exits at once (skipping all cleanup, as a ``kill -9`` would) at that
+protocol step of that epoch; with OUT its sink also publishes to that topic.
 """
 
 from __future__ import annotations
@@ -13,7 +13,15 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, Fault, FaultAction, FaultStep, KafkaSource, Pipeline
+from pyspark_abs import (
+    AbsConfig,
+    Fault,
+    FaultAction,
+    FaultStep,
+    KafkaSink,
+    KafkaSource,
+    Pipeline,
+)
 from pyspark_abs.examples import wordcount
 from pyspark_abs.session import local_session
 from tests.support.versions import sink_of
@@ -25,9 +33,16 @@ def words_of_records(records: DataFrame) -> DataFrame:
 
 
 def from_kafka(
-    root: Path, servers: str, topic: str, *, key_groups: int = 8, faults: tuple[Fault, ...] = ()
+    root: Path,
+    servers: str,
+    topic: str,
+    *,
+    key_groups: int = 8,
+    faults: tuple[Fault, ...] = (),
+    publish_to: str | None = None,
 ) -> Pipeline:
-    """The word count over a topic, at most two records per micro-batch."""
+    """The word count over a topic, at most two records per micro-batch; with ``publish_to``,
+    its sink publishes to that topic as well, keyed by word."""
     options = {
         "kafka.bootstrap.servers": servers,
         "subscribe": topic,
@@ -39,17 +54,24 @@ def from_kafka(
         KafkaSource(options),
         wordcount.word_count,
         root=str(root),
-        sinks={"output": sink_of(root)},
+        sinks={
+            "output": sink_of(root) if publish_to is None else published(root, servers, publish_to)
+        },
         config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
         transform=words_of_records,
     )
 
 
-def main(servers: str, topic: str, root: str, crash: str) -> None:
+def published(root: Path, servers: str, topic: str) -> KafkaSink:
+    """The word count's sink at ``root``, published to ``topic`` keyed by word."""
+    return KafkaSink(sink_of(root), topic=topic, bootstrap_servers=servers, key="word")
+
+
+def main(servers: str, topic: str, root: str, crash: str, publish_to: str | None = None) -> None:
     step, epoch = crash.split(":")
     local_session("kafka-words", shuffle_partitions=2)
     exit_at = Fault(FaultStep(step), int(epoch), FaultAction.EXIT)
-    from_kafka(Path(root), servers, topic, faults=(exit_at,)).run()
+    from_kafka(Path(root), servers, topic, faults=(exit_at,), publish_to=publish_to).run()
 
 
 if __name__ == "__main__":

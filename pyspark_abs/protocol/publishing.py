@@ -1,0 +1,286 @@
+"""Exactly-once publishing of a sink's committed snapshots to a Kafka topic.
+
+The sink's Delta table is the outbox: phase 1 pre-commits the rows with the epoch, phase 2
+commits them with every other table. Then each COMMITTED snapshot's rows go to the topic in
+one Kafka transaction, together with a marker record naming the snapshot on a marker topic of
+the sink's own. ``read_committed`` consumers see a snapshot's records only once its epoch is
+committed, and each snapshot once: at start, a crashed run's open transaction is aborted
+(Kafka's ``initTransactions``, which also fences a zombie run), the marker says which
+snapshot the topic holds last, and the snapshots after it are sent again from the table.
+
+Kafka's participation in an outside two-phase commit (KIP-939) would let phase 1 write into
+the topic itself; no Kafka release and no Python client offer it yet.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from pyspark_abs.errors import FencingError, PublishError
+from pyspark_abs.faults import FaultInjector, FaultStep
+from pyspark_abs.logs import logger
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.manifest.publication import Publication, unpublished
+from pyspark_abs.storage.commits import read_commit
+from pyspark_abs.storage.files import read_added
+
+log = logger(__name__)
+
+EPOCH_HEADER = "pyspark-abs-epoch"
+"""Header of every published record: the snapshot (epoch) that committed it."""
+TIMEOUT_SECONDS = 60.0
+_TAIL = 64
+
+
+@dataclass(frozen=True)
+class KafkaTarget:
+    """Where and how one sink's rows are published.
+
+    Attributes:
+        uri: The sink table.
+        table: The sink table's id in the manifest.
+        output: The operator output the sink holds.
+        topic: The topic its records go to.
+        servers: Kafka bootstrap servers.
+        key: The column whose text is each record's key (None: no key).
+        value: A string or binary column that is each record's value (None: the row as JSON).
+        options: More producer settings (security, compression, ...).
+        transactional_id: Bound to the root and the output; a second run with the same id
+            fences the first.
+        schema: The sink's columns.
+    """
+
+    uri: str
+    table: str
+    output: str
+    topic: str
+    servers: str
+    key: str | None
+    value: str | None
+    options: Mapping[str, str]
+    transactional_id: str
+    schema: pa.Schema = field(compare=False)
+
+    @property
+    def marker_topic(self) -> str:
+        """The compacted one-partition topic whose last record names the last snapshot sent."""
+        return self.transactional_id
+
+
+class KafkaPublisher:
+    """Publishes the committed snapshots of one sink that its topic does not hold yet."""
+
+    def __init__(self, target: KafkaTarget, faults: FaultInjector) -> None:
+        self.target = target
+        self.faults = faults
+        self._producer: Any = None
+        self._published: Publication | None = None
+
+    def publish(self, entries: Iterable[ManifestEntry]) -> list[int]:
+        """Send every snapshot the marker does not cover yet; return their epochs.
+
+        Raises:
+            FencingError: Another run took this sink's transactional id over.
+            PublishError: Kafka refused or timed out; the snapshots stay owed and the next
+                start sends them.
+        """
+        if self._producer is None:
+            self._open()
+        owed = unpublished(entries, self.target.table, self._published)
+        for publication in owed:
+            self._send(publication)
+            self._published = publication
+        return [p.epoch for p in owed]
+
+    def close(self) -> None:
+        """Let the producer go.
+
+        An open transaction of a failed publication is aborted by the next run's start, or
+        by Kafka's transaction timeout.
+        """
+        if self._producer is not None:
+            self._producer.purge()
+            self._producer.flush(0)
+            self._producer = None
+
+    def _open(self) -> None:
+        kafka = _client()
+        target = self.target
+        try:
+            _ensure_marker_topic(kafka, target)
+            producer = kafka.Producer(
+                {
+                    "bootstrap.servers": target.servers,
+                    "transactional.id": target.transactional_id,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    **target.options,
+                }
+            )
+            producer.init_transactions(TIMEOUT_SECONDS)
+            self._published = _last_marker(kafka, target)
+        except kafka.KafkaException as err:
+            raise self._error("could not start publishing", None, err) from err
+        self._producer = producer
+        log.info(
+            "sink %r publishes to topic %r as %r; its topic holds snapshot %s",
+            target.output,
+            target.topic,
+            target.transactional_id,
+            "none" if self._published is None else self._published.epoch,
+        )
+
+    def _send(self, publication: Publication) -> None:
+        kafka = _client()
+        target, producer = self.target, self._producer
+        commit = read_commit(target.uri, publication.version)
+        if commit is None:
+            raise PublishError(
+                f"sink {target.output!r}: version {publication.version} of {target.uri}, the "
+                f"commit of snapshot {publication.epoch}, is gone from its log, so its rows "
+                f"cannot be published to topic {target.topic!r}. Restore the table's log, or "
+                f"roll back to an earlier snapshot"
+            )
+        if not commit.ours:
+            log.info(
+                "sink %r: snapshot %d appended nothing (version %d is not an epoch's commit)",
+                target.output,
+                publication.epoch,
+                publication.version,
+            )
+            return
+        rows = read_added(target.uri, commit.added, commit.partitions, target.schema)
+        headers = [(EPOCH_HEADER, str(publication.epoch).encode())]
+        marker = json.dumps({"epoch": publication.epoch, "version": publication.version})
+        try:
+            producer.begin_transaction()
+            for key, value in records(rows, target.key, target.value):
+                _produce(producer, target.topic, key, value, headers)
+            _produce(producer, target.marker_topic, target.transactional_id, marker, headers)
+            producer.flush(TIMEOUT_SECONDS)
+            self.faults.at(FaultStep.DURING_PUBLISH, publication.epoch)
+            producer.commit_transaction(TIMEOUT_SECONDS)
+        except kafka.KafkaException as err:
+            error = err.args[0] if err.args else None
+            if error is not None and error.fatal():
+                raise FencingError(
+                    f"sink {target.output!r}: Kafka fenced the publisher of snapshot "
+                    f"{publication.epoch} (transactional id {target.transactional_id!r}): "
+                    f"another run of this root publishes now. Stop this one"
+                ) from err
+            producer.abort_transaction(TIMEOUT_SECONDS)
+            raise self._error("could not publish", publication.epoch, err) from err
+        log.info(
+            "sink %r: snapshot %d published to topic %r (%d records)",
+            target.output,
+            publication.epoch,
+            target.topic,
+            rows.num_rows,
+        )
+
+    def _error(self, what: str, epoch: int | None, err: BaseException) -> PublishError:
+        target = self.target
+        snapshot = "" if epoch is None else f" snapshot {epoch} of"
+        return PublishError(
+            f"sink {target.output!r}: {what}{snapshot} to topic {target.topic!r} at "
+            f"{target.servers}: {err}. The snapshot is committed in {target.uri} and stays "
+            f"owed to the topic: start the pipeline again once Kafka is reachable, and it is "
+            f"sent exactly once"
+        )
+
+
+def records(
+    rows: pa.Table, key: str | None, value: str | None
+) -> Iterable[tuple[str | None, str | bytes]]:
+    """Each row's record key and value: ``value``'s column, or the row as JSON."""
+    for row in rows.to_pylist():
+        record_key = None if key is None or row[key] is None else str(row[key])
+        yield record_key, row[value] if value is not None else json.dumps(row, default=_json)
+
+
+def _json(value: object) -> str:
+    if isinstance(value, (dt.date, dt.datetime, dt.time)):
+        return value.isoformat()
+    return str(value)
+
+
+def _produce(producer: Any, topic: str, key: str | None, value: object, headers: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, headers=headers)
+            return
+        except BufferError:
+            producer.poll(1.0)
+
+
+def _client() -> Any:
+    try:
+        import confluent_kafka
+        import confluent_kafka.admin
+    except ImportError as err:
+        raise PublishError(
+            "a KafkaSink needs the confluent-kafka package: pip install 'pyspark-abs[kafka]'"
+        ) from err
+    return confluent_kafka
+
+
+def _ensure_marker_topic(kafka: Any, target: KafkaTarget) -> None:
+    admin = kafka.admin.AdminClient({"bootstrap.servers": target.servers, **target.options})
+    if target.marker_topic in admin.list_topics(timeout=TIMEOUT_SECONDS).topics:
+        return
+    config = {"cleanup.policy": "compact", "segment.ms": "3600000"}
+    topic = kafka.admin.NewTopic(target.marker_topic, num_partitions=1, config=config)
+    try:
+        admin.create_topics([topic])[target.marker_topic].result(TIMEOUT_SECONDS)
+    except kafka.KafkaException as err:
+        if err.args[0].code() != kafka.KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+
+
+def _last_marker(kafka: Any, target: KafkaTarget) -> Publication | None:
+    """The last snapshot the marker topic names: its last committed record, read from the end."""
+    consumer = kafka.Consumer(
+        {
+            "bootstrap.servers": target.servers,
+            "group.id": target.transactional_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **target.options,
+        }
+    )
+    try:
+        partition = kafka.TopicPartition(target.marker_topic, 0)
+        low, high = consumer.get_watermark_offsets(partition, TIMEOUT_SECONDS, cached=False)
+        for start in dict.fromkeys((max(low, high - _TAIL), low)):
+            found = _read_markers(kafka, consumer, target, start)
+            if found is not None or high == low:
+                return found
+        return None
+    finally:
+        consumer.close()
+
+
+def _read_markers(kafka: Any, consumer: Any, target: KafkaTarget, start: int) -> Publication | None:
+    consumer.assign([kafka.TopicPartition(target.marker_topic, 0, start)])
+    last = None
+    while True:
+        message = consumer.poll(TIMEOUT_SECONDS)
+        if message is None:
+            raise PublishError(
+                f"sink {target.output!r}: reading marker topic {target.marker_topic!r} at "
+                f"{target.servers} timed out after {TIMEOUT_SECONDS:.0f} s. Check the broker"
+            )
+        if message.error():
+            if message.error().code() == kafka.KafkaError._PARTITION_EOF:
+                return last
+            raise kafka.KafkaException(message.error())
+        if message.key() == target.transactional_id.encode():
+            marker = json.loads(message.value())
+            last = Publication(int(marker["epoch"]), int(marker["version"]))

@@ -245,23 +245,34 @@ def last_counts(*sinks: DataFrame) -> list[DataFrame]:
     return [s.groupBy("word").agg(F.max("count").alias("count")) for s in sinks]
 
 
-def test_the_readme_block_runs_a_pipeline_over_a_topic(
-    spark: SparkSession, servers: str, tmp_path: Path
+CLICKS = ["ann", "bob", "ann", "cy", "ann"]
+
+
+def run_clicks_block(
+    spark: SparkSession, servers: str, tmp_path: Path, line: str, topic: str
 ) -> None:
-    users = ["ann", "bob", "ann", "cy", "ann"]
-    frame = spark.createDataFrame([(u, "click") for u in users], "key string, value string")
+    """Write :data:`CLICKS` to ``topic``, then run the README block holding ``line`` on it,
+    with its root and sink under ``tmp_path``."""
+    frame = spark.createDataFrame([(u, "click") for u in CLICKS], "key string, value string")
     frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
-        "topic", "clicks"
+        "topic", topic
     ).save()
-    block = block_with('"maxOffsetsPerTrigger": "10000",')
+    block = block_with(line)
     places = {
         "broker:9092": servers,
+        '"subscribe": "clicks"': f'"subscribe": "{topic}"',
         "/roots/clicks": str(tmp_path / "r"),
         "/sinks/clicks": str(tmp_path / "s"),
     }
     for example, here in places.items():
         block = block.replace(example, here)
-    exec(compile(block, "README.md KafkaSource", "exec"), {"clicks_per_user": user_count})
+    exec(compile(block, f"README.md ({line})", "exec"), {"clicks_per_user": user_count})
+
+
+def test_the_readme_block_runs_a_pipeline_over_a_topic(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    run_clicks_block(spark, servers, tmp_path, '"maxOffsetsPerTrigger": "10000",', "clicks")
     expected = spark.createDataFrame([("ann", 3), ("bob", 1), ("cy", 1)], "user string, count long")
     state = Snapshots(str(tmp_path / "r"), spark).state("user_count").select("user", "count")
     assert_same(state, expected)
@@ -270,21 +281,7 @@ def test_the_readme_block_runs_a_pipeline_over_a_topic(
 def test_the_readme_block_publishes_a_pipeline_to_a_topic_exactly_once(
     spark: SparkSession, servers: str, tmp_path: Path
 ) -> None:
-    users = ["ann", "bob", "ann", "cy", "ann"]
-    frame = spark.createDataFrame([(u, "click") for u in users], "key string, value string")
-    frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
-        "topic", "sunk-clicks"
-    ).save()
-    block = block_with('topic="clicks-per-user",')
-    places = {
-        "broker:9092": servers,
-        '"subscribe": "clicks"': '"subscribe": "sunk-clicks"',
-        "/roots/clicks": str(tmp_path / "r"),
-        "/sinks/clicks": str(tmp_path / "s"),
-    }
-    for example, here in places.items():
-        block = block.replace(example, here)
-    exec(compile(block, "README.md KafkaSink", "exec"), {"clicks_per_user": user_count})
+    run_clicks_block(spark, servers, tmp_path, 'topic="clicks-per-user",', "sunk-clicks")
     sink = Snapshots(str(tmp_path / "r"), spark).sink("output")
     records = committed_records(servers, "clicks-per-user")
     assert all(key == json.loads(value)["user"] for key, value, _ in records)

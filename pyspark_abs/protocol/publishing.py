@@ -104,10 +104,14 @@ class KafkaPublisher:
         An open transaction of a failed publication is aborted by the next run's start, or
         by Kafka's transaction timeout.
         """
-        if self._producer is not None:
-            self._producer.purge()
-            self._producer.flush(0)
-            self._producer = None
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            producer.purge()
+            producer.flush(0)
+        except _client().KafkaException as err:  # a fenced or failed producer has nothing left
+            log.debug("sink %r: producer closed after %s", self.target.output, err)
 
     def _open(self) -> None:
         kafka = _client()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.protocol.lease import break_lease
+from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import assert_same_words_and_updates, words_and_updates
 from tests.support.kafka import (
@@ -51,6 +54,13 @@ from tests.support.versions import shuffle_partitions
 
 REPO = Path(__file__).parents[2]
 LINES = [*EPOCHS, *(" ".join(f"{w}2" for w in text.split()) for text in EPOCHS)]
+
+
+def kafka_child_env() -> dict[str, str]:
+    """The environment of a child program that runs a pipeline over the broker."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env["PYSPARK_SUBMIT_ARGS"] = f"--jars {os.environ[KAFKA_JARS]} pyspark-shell"
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +109,11 @@ def test_a_kill_mid_epoch_then_a_restart_is_exactly_once(
     root, clean, topic = tmp_path / "root", tmp_path / "clean", f"killed-{crash[:5]}"
     out = f"{topic}-out"
     produce(spark, servers, topic, LINES)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env["PYSPARK_SUBMIT_ARGS"] = f"--jars {os.environ[KAFKA_JARS]} pyspark-shell"
     child = [servers, topic, str(root), crash, out]
     command = [sys.executable, "-m", "tests.support.kafka_words", *child]
-    killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        command, env=kafka_child_env(), capture_output=True, text=True, timeout=600
+    )
     assert killed.returncode == EXIT_CODE, killed.stderr[-4000:]
     from_kafka(root, servers, topic, publish_to=out).run()
     from_kafka(clean, servers, topic).run()
@@ -149,11 +159,35 @@ def test_a_kafka_sink_publishes_each_committed_row_once_whatever_step_fails(
     assert {epoch for _, _, epoch in committed_records(servers, out)} <= set(snapshots)
 
 
-def test_a_kafka_sink_rolled_back_publishes_the_new_epochs_and_keeps_the_old(
+def test_a_kafka_sink_fences_a_paused_run_that_held_its_transaction_open(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    """A run stops itself with epoch 1's Kafka transaction open; a second run takes the root
+    over and publishes; the first, resumed, is fenced by Kafka and publishes nothing."""
+    root, out = tmp_path / "root", "zombie-out"
+    produce(spark, servers, "zombie", LINES[:6])
+    command = [sys.executable, "-m", "tests.support.kafka_words", servers, "zombie", str(root)]
+    log = tmp_path / "zombie.log"
+    zombie = paused_child([*command, "during_publish:1:pause", out], kafka_child_env(), log)
+    try:
+        break_lease(str(root))
+        from_kafka(root, servers, "zombie", publish_to=out).run()
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+        zombie.wait(timeout=300)
+    assert zombie.returncode != 0
+    assert "Kafka fenced the publisher of snapshot 1" in log.read_text()
+    sink = Snapshots(str(root), spark).sink("output")
+    assert_same(published(spark, servers, out), sink)
+    assert_same(*last_counts(sink, counts_df(spark, LINES[:6])))
+
+
+def test_a_kafka_sink_rolled_back_or_restored_publishes_the_new_epochs_and_keeps_the_old(
     spark: SparkSession, servers: str, tmp_path: Path
 ) -> None:
     """Kafka cannot take records back: after a rollback the topic holds the rolled-back
-    epochs' records once, then the re-run epochs', each tagged with its epoch."""
+    epochs' records once, then the re-run epochs', each tagged with its epoch. A restored
+    copy publishes its own epochs, under its own root's id."""
     root, clean, out = tmp_path / "root", tmp_path / "clean", "rolled-out"
     produce(spark, servers, "rolled", LINES[:6])
     from_kafka(root, servers, "rolled", publish_to=out).run()
@@ -170,6 +204,14 @@ def test_a_kafka_sink_rolled_back_publishes_the_new_epochs_and_keeps_the_old(
     )
     assert_same(kept, sink)
     assert_same(published(spark, servers, out, range(last + 1)), before)
+
+    copy = tmp_path / "copy"
+    restore(str(clean), 1, str(copy))
+    from_kafka(copy, servers, "rolled", publish_to="restored-out").run()
+    copied = Snapshots(str(copy), spark).sink("output")
+    assert_same(published(spark, servers, "restored-out"), copied)
+    uninterrupted = Snapshots(str(clean), spark)
+    assert_same(copied, uninterrupted.sink("output").subtract(uninterrupted.sink("output", 1)))
 
 
 def test_a_kafka_sink_refuses_what_it_cannot_publish(

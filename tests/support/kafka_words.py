@@ -1,8 +1,9 @@
 """The word count over a Kafka topic, as the broker tests and their child programs run it.
 
-``python -m tests.support.kafka_words SERVERS TOPIC ROOT STEP:EPOCH [OUT]`` runs it in a
-program of its own that exits at once (skipping all cleanup, as a ``kill -9`` would) at that
-protocol step of that epoch; with OUT its sink also publishes to that topic.
+``python -m tests.support.kafka_words SERVERS TOPIC ROOT STEP:EPOCH[:ACTION] [OUT]`` runs it
+in a program of its own that exits at once (skipping all cleanup, as a ``kill -9`` would), or
+does ACTION (``pause``), at that protocol step of that epoch; with OUT its sink also
+publishes to that topic.
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ def published(root: Path, servers: str, topic: str) -> KafkaSink:
 
 
 def main(servers: str, topic: str, root: str, crash: str, publish_to: str | None = None) -> None:
-    step, epoch = crash.split(":")
+    step, epoch, *action = crash.split(":")
     local_session("kafka-words", shuffle_partitions=2)
-    exit_at = Fault(FaultStep(step), int(epoch), FaultAction.EXIT)
-    from_kafka(Path(root), servers, topic, faults=(exit_at,), publish_to=publish_to).run()
+    fault = Fault(FaultStep(step), int(epoch), FaultAction(action[0] if action else "exit"))
+    from_kafka(Path(root), servers, topic, faults=(fault,), publish_to=publish_to).run()
 
 
 if __name__ == "__main__":

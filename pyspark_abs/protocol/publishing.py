@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,21 @@ def _ensure_marker_topic(kafka: Any, target: KafkaTarget) -> None:
     except kafka.KafkaException as err:
         if err.args[0].code() != kafka.KafkaError.TOPIC_ALREADY_EXISTS:
             raise
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while not _has_leader(admin, target.marker_topic):  # a new topic's leader comes later
+        if time.monotonic() > deadline:
+            raise PublishError(
+                f"sink {target.output!r}: marker topic {target.marker_topic!r} at "
+                f"{target.servers} has no leader {TIMEOUT_SECONDS:.0f} s after its creation. "
+                f"Check the broker"
+            )
+        time.sleep(0.05)
+
+
+def _has_leader(admin: Any, topic: str) -> bool:
+    found = admin.list_topics(topic, timeout=TIMEOUT_SECONDS).topics.get(topic)
+    partition = None if found is None or found.error else found.partitions.get(0)
+    return partition is not None and partition.leader >= 0
 
 
 def _last_marker(kafka: Any, target: KafkaTarget) -> Publication | None:
@@ -256,6 +272,7 @@ def _last_marker(kafka: Any, target: KafkaTarget) -> Publication | None:
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,  # the end of the partition is all it waits for
             **target.options,
         }
     )

@@ -246,19 +246,27 @@ def test_a_kafka_sink_refuses_what_it_cannot_publish(
 def test_a_job_whose_head_reads_a_topic_rolls_back_as_the_uninterrupted_job(
     spark: SparkSession, servers: str, tmp_path: Path
 ) -> None:
-    def job_at(base: Path) -> Job:
-        return words_and_updates(base, from_kafka(base / "words", servers, "jobbed"))
+    """The rolled-back job's head stage publishes to a topic with a KafkaSink as well."""
 
-    rolled, clean = tmp_path / "rolled", tmp_path / "clean"
+    def job_at(base: Path, publish_to: str | None = None) -> Job:
+        head = from_kafka(base / "words", servers, "jobbed", publish_to=publish_to)
+        return words_and_updates(base, head)
+
+    rolled, clean, out = tmp_path / "rolled", tmp_path / "clean", "jobbed-out"
     for line in LINES[:5]:
         produce(spark, servers, "jobbed", [line])
-        job_at(rolled).run()
+        job_at(rolled, out).run()
         job_at(clean).run()
-    job_at(rolled).rollback(1)
-    job_at(rolled).run()
+    last = max(epoch for _, _, epoch in committed_records(servers, out))
+    job_at(rolled, out).rollback(1)
+    job_at(rolled, out).run()
     assert_same_words_and_updates(spark, rolled, clean)
     words = Snapshots(str(clean / "words"), spark).state(OP)
     assert_same(words, counts_df(spark, LINES[:5]))
+    kept = published(spark, servers, out, range(2)).union(
+        published(spark, servers, out, range(last + 1, 10**6))
+    )
+    assert_same(kept, Snapshots(str(rolled / "words"), spark).sink("output"))
 
 
 def test_a_topic_that_gained_a_partition_since_the_snapshot_is_rewound_with_it(

@@ -124,6 +124,7 @@ def committed_records(servers: str, topic: str) -> list[tuple[str | None, str, i
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
             "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
         }
     )
     try:

@@ -2,12 +2,14 @@
 
 The keyed count of workload W (see ``_bench.py``) over a Kafka topic of two partitions whose
 records' values are their keys, on a local KRaft broker (started here from the jars
-``scripts/test`` fetches, unless ``--bootstrap-servers`` names one). Two variants:
+``scripts/test`` fetches, unless ``--bootstrap-servers`` names one). Three variants:
 
 * ``builtin``: ``groupBy("key").count()``, update mode, Spark's default state store, each
   micro-batch's counts appended to a Delta table by delta-rs in ``foreachBatch``;
 * ``abs_async``: pyspark-abs, a snapshot every epoch, asynchronous commit, its sink a Delta
-  table.
+  table;
+* ``abs_kafka_sink``: the same with a ``KafkaSink``: each committed epoch's counts are also
+  published, exactly once, to a topic of their own.
 
 Two measures, the variants interleaved in each:
 
@@ -17,7 +19,9 @@ Two measures, the variants interleaved in each:
   topic while the query runs with a ``--trigger`` processing-time trigger. A record's
   latency runs from its Kafka timestamp (set by the producer) to the moment the sink commit
   of the micro-batch that read it finished: the manifest's COMMITTED time for pyspark-abs,
-  the end of ``foreachBatch``'s Delta append for Spark. p50 and p99 over all measured runs.
+  the end of ``foreachBatch``'s Delta append for Spark, and for ``abs_kafka_sink`` the end
+  of the Kafka transaction that published it (when a snapshot listener hears of the epoch).
+  p50 and p99 over all measured runs.
 
     python scripts/bench_kafka.py [--records N] [--keys N] [--rate N] [--seconds N]
 
@@ -44,14 +48,23 @@ import numpy as np
 from deltalake import write_deltalake
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, EpochStatus, KafkaSource, Pipeline, Snapshots
+from pyspark_abs import (
+    AbsConfig,
+    EpochStatus,
+    KafkaSink,
+    KafkaSource,
+    Pipeline,
+    SnapshotInfo,
+    SnapshotListener,
+    Snapshots,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _bench.pickle_by_value(__name__)
 
-VARIANTS = ["builtin", "abs_async"]
+VARIANTS = ["builtin", "abs_async", "abs_kafka_sink"]
 TICK_SECONDS = 0.25
 """How often the latency run's producer writes a batch of records."""
 
@@ -80,7 +93,7 @@ def options(servers: str, topic: str, per_batch: int | None) -> dict[str, str]:
     return found
 
 
-class Run:
+class Run(SnapshotListener):
     """One variant's query over a topic, in a fresh directory; its batches' visible times."""
 
     def __init__(self, spark: SparkSession, work: Path, variant: str, key_groups: int) -> None:
@@ -92,16 +105,18 @@ class Run:
     def start(self, source: Mapping[str, str], trigger: str | None) -> Callable[[], None]:
         """Start the query (``trigger`` None: to the end of the topic, and wait); return a
         function that processes what is available, then stops it."""
-        if self.variant == "abs_async":
+        if self.variant != "builtin":
+            sink = str(self.dir / "counts")
             pipeline = Pipeline(
                 "bench",
                 KafkaSource(source),
                 _bench.keyed_count,
                 root=str(self.dir),
-                sinks=str(self.dir / "counts"),
+                sinks=sink if self.variant == "abs_async" else self._published(sink, source),
                 checkpoint=str(self.checkpoint),
                 config=AbsConfig(key_groups=self.key_groups, commit_mode="async"),
                 transform=keys_of,
+                listeners=[self],
             )
             if trigger is None:
                 pipeline.run()
@@ -132,6 +147,15 @@ class Run:
 
         return finish_query
 
+    def _published(self, sink: str, source: Mapping[str, str]) -> KafkaSink:
+        servers = source["kafka.bootstrap.servers"]
+        return KafkaSink(sink, topic=f"published-{self.dir.name}", bootstrap_servers=servers)
+
+    def on_epoch_committed(self, info: SnapshotInfo) -> None:
+        """Listeners hear of an epoch once it is committed and published."""
+        if info.batch_id is not None:
+            self.visible_ms[info.batch_id] = time.time() * 1000
+
     def _append(self, batch: DataFrame, batch_id: int) -> None:
         write_deltalake(str(self.dir / "counts"), batch.toArrow(), mode="append")
         self.visible_ms[batch_id] = time.time() * 1000
@@ -139,7 +163,7 @@ class Run:
     def visible(self) -> dict[int, float]:
         """When each micro-batch's outputs became visible (ms since the epoch), by batch id."""
         if self.variant != "abs_async":
-            return self.visible_ms
+            return self.visible_ms  # batch ends of foreachBatch, or epochs published
         return {
             s.batch_id: s.recorded_at.timestamp() * 1000
             for s in Snapshots(str(self.dir)).list()
@@ -261,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     print(f"\nlatency, produced -> visible in the sink ({args.rate} records/s, {args.trigger}):")
     for variant, found in percentiles.items():
-        print(f"{variant:<12} p50 {found['p50']:>6} ms   p99 {found['p99']:>6} ms")
+        print(f"{variant:<14} p50 {found['p50']:>6} ms   p99 {found['p99']:>6} ms")
     figures = {
         "records": args.records,
         "keys": args.keys,
@@ -272,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "trigger": args.trigger,
         "records_per_s": {v: round(r) for v, r in rate.items()},
         "abs_async_vs_builtin": round(rate["abs_async"] / rate["builtin"], 3),
+        "kafka_sink_vs_abs_async": round(rate["abs_kafka_sink"] / rate["abs_async"], 3),
         "latency_ms": percentiles,
         "latency_records": {v: int(x.size) for v, x in pooled.items()},
         "seconds": {v: [round(x, 2) for x in s] for v, s in seconds.items()},

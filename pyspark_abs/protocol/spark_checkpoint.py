@@ -183,7 +183,31 @@ class HadoopFiles:
 
     def _fs(self, path: str) -> tuple[Any, Any]:
         hadoop_path = self._jvm.org.apache.hadoop.fs.Path(path)
-        return hadoop_path.getFileSystem(self._conf), hadoop_path
+        try:
+            return hadoop_path.getFileSystem(self._conf), hadoop_path
+        except Exception as err:  # Py4J's error carries Hadoop's
+            if "No FileSystem for scheme" not in str(err):
+                raise
+            raise _no_file_system(path) from err
+
+
+def _no_file_system(path: str) -> ConfigError:
+    """The error for a checkpoint on a file system that the Spark session cannot reach."""
+    scheme = path.split("://", 1)[0]
+    hint = {
+        "s3": "add hadoop-aws and the AWS SDK to the session (--packages "
+        "org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>) and set "
+        "spark.hadoop.fs.s3.impl=org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "s3a": "add hadoop-aws and the AWS SDK to the session (--packages "
+        "org.apache.hadoop:hadoop-aws:<Spark's Hadoop version>)",
+        "gs": "add the GCS connector for Hadoop to the session",
+        "abfss": "add hadoop-azure to the session",
+    }.get(scheme, f"add a Hadoop file system for {scheme}:// to the session")
+    return ConfigError(
+        f"Spark has no file system for {scheme}:// and so cannot keep the checkpoint at "
+        f"{path}: {hint} (see the README's object store section), or pass checkpoint= a "
+        f"path Spark can write"
+    )
 
 
 class ArrowFiles:

@@ -16,10 +16,17 @@ import pyarrow.fs as pafs
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import ConcurrentWriteError, EpochStatus, FencingError, Snapshots, rollback
+from pyspark_abs import (
+    ConcurrentWriteError,
+    ConfigError,
+    EpochStatus,
+    FencingError,
+    Snapshots,
+    rollback,
+)
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli import main
-from pyspark_abs.examples import medallion
+from pyspark_abs.examples import medallion, wordcount
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore, TableSpec
@@ -216,3 +223,16 @@ def test_a_job_on_s3_killed_mid_epoch_recovers_as_the_uninterrupted_job(
 def sorted_rows(table: pa.Table) -> pa.Table:
     """The rows of ``table`` in the order of all its columns."""
     return table.sort_by([(column, "ascending") for column in table.column_names])
+
+
+def test_a_root_on_s3_without_spark_s3_support_is_refused_with_what_to_add(
+    spark: SparkSession, bucket: str, tmp_path: Path
+) -> None:
+    """The session has no S3A: the checkpoint under the root cannot live on S3."""
+    landing, root = tmp_path / "landing", f"{bucket}/no-s3a"
+    write_epochs(landing, EPOCHS[:1])
+    pipeline = wordcount.build(spark, str(landing), root)
+    with pytest.raises(ConfigError, match=r"no file system for s3://.*fs\.s3\.impl"):
+        pipeline.run()
+    assert Snapshots(root).list(include_aborted=True) == []
+    assert read_lease(root) is None

@@ -156,6 +156,8 @@ def read_added(
 ) -> pa.Table:
     """The rows of files a commit added, with their Hive partition columns, as ``schema``.
 
+    Columns added to the table since a file was written are null in its rows.
+
     Args:
         uri: The table's location.
         paths: The added files, relative to the table.
@@ -171,5 +173,8 @@ def read_added(
                 kind = schema.field(column).type
                 values = pa.array([text] * part.num_rows, pa.string()).cast(kind)
                 part = part.append_column(column, values)
+        for field in schema:
+            if field.name not in part.column_names:  # a column added since the file was written
+                part = part.append_column(field, pa.nulls(part.num_rows, field.type))
         parts.append(part.select(schema.names).cast(schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()

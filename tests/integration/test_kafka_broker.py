@@ -49,7 +49,7 @@ from tests.support.kafka import (
 )
 from tests.support.kafka_words import from_kafka, words_of_records
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
-from tests.support.readme import block_with
+from tests.support.readme import run_block
 from tests.support.versions import shuffle_partitions
 
 REPO = Path(__file__).parents[2]
@@ -307,16 +307,13 @@ def run_clicks_block(
     frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(
         "topic", topic
     ).save()
-    block = block_with(line)
     places = {
         "broker:9092": servers,
         '"subscribe": "clicks"': f'"subscribe": "{topic}"',
         "/roots/clicks": str(tmp_path / "r"),
         "/sinks/clicks": str(tmp_path / "s"),
     }
-    for example, here in places.items():
-        block = block.replace(example, here)
-    exec(compile(block, f"README.md ({line})", "exec"), {"clicks_per_user": user_count})
+    run_block(line, {"clicks_per_user": user_count}, places)
 
 
 def test_the_readme_block_runs_a_pipeline_over_a_topic(

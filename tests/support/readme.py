@@ -19,3 +19,13 @@ def block_with(line: str, language: str = "python") -> str:
     found = [block for block in code_blocks(language) if line in block]
     assert len(found) == 1, f"{len(found)} README blocks hold {line!r}"
     return found[0]
+
+
+def run_block(line: str, namespace: dict[str, object], places: dict[str, str]) -> None:
+    """Run the README block holding ``line`` in ``namespace``, each example value in
+    ``places`` (a path, an epoch, a call left as ``...``) replaced by this test's."""
+    block = block_with(line)
+    for example, here in places.items():
+        assert example in block, f"the README block with {line!r} no longer holds {example!r}"
+        block = block.replace(example, here)
+    exec(compile(block, f"README.md ({line})", "exec"), namespace)

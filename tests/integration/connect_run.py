@@ -4,7 +4,7 @@
 ``URL``, runs the word count over a Delta table of words (one version per epoch) with a crash
 after PREPARED of epoch 1, restarts it, rolls back to epoch 1 and runs again, then restores
 epoch 1 into a second root and runs that with other partition and key-group counts. It also
-checks that the async committer is refused. A client process of its own, because a Connect
+checks that the async committer and a KafkaSink are refused. A client process of its own, because a Connect
 session switches pyspark into Connect mode for the whole process. The last line printed is a
 JSON object; the test checks the snapshots it left with a classic session.
 
@@ -31,6 +31,8 @@ from pyspark_abs import (
     Fault,
     FaultStep,
     InjectedFault,
+    KafkaSink,
+    OperatorDefinitionError,
     Pipeline,
     restore,
     rollback,
@@ -63,6 +65,15 @@ def main(url: str, workdir: str) -> int:
         pipeline(words, root, commit_mode="async").run()
     except ConfigError as err:
         report["async_refused"] = str(err)
+    sunk = base / "sunk"
+    kafka = KafkaSink(str(sunk / "sink"), topic="counts", bootstrap_servers="127.0.0.1:9")
+    sync = AbsConfig(commit_mode="sync")
+    try:
+        Pipeline(
+            "connect", DeltaSource(words), word_count, root=str(sunk), sinks=kafka, config=sync
+        ).run()
+    except OperatorDefinitionError as err:
+        report["kafka_sink_refused"] = str(err)
     crash = (Fault(FaultStep.AFTER_PREPARED, epoch=1),)
     try:
         pipeline(words, root, faults=crash).run()

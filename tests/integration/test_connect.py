@@ -99,6 +99,7 @@ def test_crash_rollback_and_restore_through_spark_connect(
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["session"] == "pyspark.sql.connect.session"
     assert "commit_mode='sync'" in report["async_refused"]
+    assert "cannot run over Spark Connect" in report["kafka_sink_refused"]
     assert report["crash"] == "InjectedFault"
     assert report["recovered_epochs"] == [1]
     assert report["latest_epoch"] == len(EPOCHS) - 1

@@ -138,19 +138,34 @@ def published(
 
 
 @pytest.mark.parametrize(
-    "step",
-    ["after_align", "after_prepared", "between_table_commits", "after_committed", "during_publish"],
+    ("step", "interval"),
+    [
+        ("after_align", 1),
+        ("after_prepared", 1),
+        ("between_table_commits", 1),
+        ("after_committed", 1),
+        ("during_publish", 1),
+        ("during_publish", 2),
+    ],
 )
 def test_a_kafka_sink_publishes_each_committed_row_once_whatever_step_fails(
-    spark: SparkSession, servers: str, tmp_path: Path, step: str
+    spark: SparkSession, servers: str, tmp_path: Path, step: str, interval: int
 ) -> None:
     """A failed run leaves its Kafka transaction open at ``during_publish``: the next run
-    aborts it, fencing the failed run's producer, and publishes the snapshot once."""
-    root, source, out = tmp_path / "root", f"sunk-{step}", f"sunk-{step}-out"
+    aborts it, fencing the failed run's producer, and publishes the snapshot once. With a
+    snapshot interval, a snapshot publishes the rows of every epoch of its group."""
+    root, source, out = tmp_path / "root", f"sunk-{step}-{interval}", f"sunk-{step}-{interval}-out"
     produce(spark, servers, source, LINES[:6])
+    failing = (Fault(FaultStep(step), 2),)
+
+    def run(faults: tuple[Fault, ...] = ()) -> None:
+        from_kafka(
+            root, servers, source, faults=faults, publish_to=out, snapshot_interval=interval
+        ).run()
+
     with pytest.raises(InjectedFault):
-        from_kafka(root, servers, source, faults=(Fault(FaultStep(step), 2),), publish_to=out).run()
-    from_kafka(root, servers, source, publish_to=out).run()
+        run(failing)
+    run()
     sink = Snapshots(str(root), spark).sink("output")
     final = sink.groupBy("word").agg(F.max("count").alias("count"))
     assert_same(final, counts_df(spark, LINES[:6]))

@@ -41,6 +41,7 @@ def from_kafka(
     key_groups: int = 8,
     faults: tuple[Fault, ...] = (),
     publish_to: str | None = None,
+    snapshot_interval: int = 1,
 ) -> Pipeline:
     """The word count over a topic, at most two records per micro-batch; with ``publish_to``,
     its sink publishes to that topic as well, keyed by word."""
@@ -58,7 +59,12 @@ def from_kafka(
         sinks={
             "output": sink_of(root) if publish_to is None else published(root, servers, publish_to)
         },
-        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
+        config=AbsConfig(
+            key_groups=key_groups,
+            commit_mode="sync",
+            faults=faults,
+            snapshot_interval=snapshot_interval,
+        ),
         transform=words_of_records,
     )
 

@@ -217,10 +217,12 @@ class JobQuery:
                 for query in list(self.stages.values()):
                     if not query.is_active:
                         query.await_termination()  # raises the stage's failure
-                if not running and not self.waiting:
-                    return
+                if not running and (self._stopping.is_set() or not self.waiting):
+                    return  # stopped stages never start the ones still waiting
                 for query in running:
                     query.await_termination(1)
+                if not running:  # only stages waiting for their upstream stages
+                    self._stopping.wait(_POLL_SECONDS)
 
         self._guarded(ended)
 

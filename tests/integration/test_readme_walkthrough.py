@@ -1,6 +1,6 @@
 """The README's how-to blocks that are fragments of one story, run in order as a reader would:
 the operators, reading snapshots and metrics, a listener, a rollback, a restore at another
-scale, named savepoints and written state, on one word count. Each block runs as printed,
+scale, named savepoints and written state, on one word count; and the blocks of a job. Each block runs as printed,
 with the example's paths and epochs replaced by this run's; the results are checked against
 the uninterrupted word count."""
 
@@ -14,9 +14,11 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, FileSource, Operator, Pipeline, Snapshots
+from pyspark_abs import AbsConfig, FileSource, Job, Operator, Pipeline, Snapshots
+from pyspark_abs.examples import medallion
 from pyspark_abs.examples.wordcount import words_of
 from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.jobs import FILES
 from tests.support.pipelines import assert_same, counts_df
 from tests.support.readme import run_block
 from tests.support.versions import shuffle_partitions
@@ -134,3 +136,47 @@ def test_the_operator_snapshot_and_savepoint_blocks_run_as_one_story(
     edited = Snapshots(str(root), spark).state("word_count")
     assert_same(edited, Snapshots(str(clean), spark).state("word_count").where("word != 'spam'"))
     assert_same(Snapshots(str(tmp_path / "new"), spark).state("word_count"), ns["initial"])  # type: ignore[arg-type]
+
+
+def test_the_job_blocks_run_as_one_story(spark: SparkSession, tmp_path: Path) -> None:
+    """The four-stage job of the README: run, start and stop, read, roll back, restore into
+    a new job, name savepoints; each stage as the same job run uninterrupted."""
+    landing, root = tmp_path / "landing", tmp_path / "job"
+    medallion.write_events(landing, FILES[:2])
+    config = AbsConfig(key_groups=4, commit_mode="sync")
+    new_job = medallion.build(spark, str(landing), str(tmp_path / "copy"), config=config)
+    ns: dict[str, object] = {
+        "root": str(root),
+        "EVENT_DDL": medallion.EVENT_DDL,
+        "land": medallion.land,
+        "dedup": medallion.dedup,
+        "totals": medallion.totals,
+        "check": medallion.audit,
+        "new_job": new_job,
+    }
+    limited = f'FileSource({str(landing)!r}, "json", EVENT_DDL, max_files_per_trigger=1)'
+    places = {
+        'FileSource("/landing/events", "json", EVENT_DDL)': limited,
+        # stopped at once, before the downstream stages could start: the run has ended
+        "query.await_termination(timeout=60)": "query.stop()\nassert query.await_termination(5)",
+        **{f"{call}3": f"{call}1" for call in ("epoch=", "create_views(", "rollback(")},
+        "restore_from(root, 3)": "restore_from(root, 1)",
+    }
+    run_block('job = Job("medallion", root=root, stages=[bronze, silver, gold, audit])', ns, places)
+    clean = medallion.build(spark, str(landing), str(tmp_path / "clean"), config=config)
+    clean.run()
+    job = cast(Job, ns["job"])
+    assert [s.epoch for s in job.snapshots()] == [0, 1, 2]  # 2: the rollback's restore epoch
+    assert_same(spark.table("gold_state").drop("_timeout"), clean.state("gold", epoch=1))
+    new_job.run()
+    for stage in medallion.STAGES:
+        assert_same(new_job.state(stage), clean.state(stage))
+        assert_same(job.state(stage), clean.state(stage))
+
+    medallion.write_events(landing, FILES[2:4])
+    run_block('job.tag(3, "before-backfill")', ns, {"job.tag(3,": "job.tag(1,"})
+    assert set(Snapshots(str(root / "stages" / "gold")).tags()) == {"before-backfill", "v1.4"}
+    job.run()
+    clean.run()
+    for stage in medallion.STAGES:
+        assert_same(job.state(stage), clean.state(stage))

@@ -85,8 +85,8 @@ if TYPE_CHECKING:
     from pyspark_abs.operators.per_key import KeyState, operator
     from pyspark_abs.pipeline.backedge import BackEdge
     from pyspark_abs.pipeline.check import UpgradeReport, check
-    from pyspark_abs.pipeline.declaration import Pipeline, Quiescence
-    from pyspark_abs.pipeline.query import PipelineQuery
+    from pyspark_abs.pipeline.declaration import Pipeline
+    from pyspark_abs.pipeline.query import PipelineQuery, Quiescence
     from pyspark_abs.pipeline.sinks import DeltaSink, KafkaSink
     from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
@@ -127,9 +127,9 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.operators.per_key": ("KeyState", "operator"),
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
     "pyspark_abs.pipeline.check": ("UpgradeReport", "check"),
-    "pyspark_abs.pipeline.declaration": ("Pipeline", "Quiescence"),
+    "pyspark_abs.pipeline.declaration": ("Pipeline",),
     "pyspark_abs.pipeline.sinks": ("DeltaSink", "KafkaSink"),
-    "pyspark_abs.pipeline.query": ("PipelineQuery",),
+    "pyspark_abs.pipeline.query": ("PipelineQuery", "Quiescence"),
     "pyspark_abs.protocol.listeners": ("SnapshotListener",),
     "pyspark_abs.session": ("local_session",),
     "pyspark_abs.snapshots.reading": ("Snapshots",),

@@ -23,8 +23,11 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pyspark_abs.errors import OperatorDefinitionError
+from pyspark_abs.config import AbsConfig
+from pyspark_abs.errors import ConfigError, OperatorDefinitionError
 from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import to_arrow, to_spark
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.delta_offsets import Offset
 from pyspark_abs.storage.root import backedge_table
@@ -107,6 +110,46 @@ def check_back_edges(
             )
         seen_ids.add(edge_id)
         seen_outputs.add(edge.output)
+
+
+def check_pipeline_back_edges(
+    pipeline: str,
+    spark: SparkSession,
+    config: AbsConfig,
+    plan: OperatorPlan,
+    edges: Sequence[BackEdge],
+    sinks: Iterable[str],
+) -> None:
+    """Check a pipeline's back-edges against its configuration, operator and sink names.
+
+    Raises:
+        ConfigError: Back-edges with snapshots off or a snapshot interval above 1.
+        OperatorDefinitionError: See :func:`check_back_edges` and :func:`check_loop_schema`.
+    """
+    if not edges:
+        return
+    if not config.snapshots:
+        raise ConfigError(
+            f"pipeline {pipeline!r}: back-edges need snapshots (their records in flight "
+            f"are part of each snapshot); set snapshots=True"
+        )
+    if config.snapshot_interval > 1:
+        raise ConfigError(
+            f"pipeline {pipeline!r}: back-edges need snapshot_interval=1, got "
+            f"{config.snapshot_interval}: a record sent over a back-edge reaches the "
+            f"loop head only once its epoch is committed, so the loop would wait for each "
+            f"group of {config.snapshot_interval} epochs to fill; set "
+            f"snapshot_interval=1"
+        )
+    outputs = dict(plan.outputs)
+    check_back_edges(pipeline, edges, list(outputs), sinks)
+    for edge in edges:
+        rows = spark.createDataFrame([], to_spark(outputs[edge.output]))
+        if edge.transform is not None:
+            rows = edge.transform(rows)
+        check_loop_schema(
+            pipeline, edge, to_arrow(rows.schema), plan.input_schema, plan.key_columns
+        )
 
 
 def check_loop_schema(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pyspark_abs.admin.job_decisions import settle_stage
@@ -27,7 +27,6 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
-    UpstreamNotReadyError,
 )
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.logs import logger, working_for
@@ -36,29 +35,31 @@ from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import (
-    LiveState,
     OperatorPlan,
-    StateInSpark,
     require_watermark,
     resolve_plan,
 )
 from pyspark_abs.operators.schema import (
     KEY_GROUP,
-    to_arrow,
     to_spark,
 )
-from pyspark_abs.pipeline.backedge import BackEdge, check_back_edges, check_loop_schema, loop_head
+from pyspark_abs.pipeline.backedge import BackEdge, check_pipeline_back_edges, loop_head
 from pyspark_abs.pipeline.connect import (
     ConnectRun,
     RemoteCoordinator,
     is_connect,
     require_supported,
 )
-from pyspark_abs.pipeline.query import PipelineQuery
+from pyspark_abs.pipeline.launch import (
+    live_state,
+    require_same_key_groups,
+    require_upstream_ready,
+    start_query,
+)
+from pyspark_abs.pipeline.query import PipelineQuery, Quiescence
 from pyspark_abs.pipeline.sinks import SinkLike, kafka_publishers, resolve_sinks
 from pyspark_abs.pipeline.targets import table_specs, table_targets
 from pyspark_abs.pipeline.wiring import (
-    operator_stage,
     rewound_frame,
     source_frame,
     watermark_floor,
@@ -69,17 +70,14 @@ from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
-from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.protocol.precommit import root_tag
 from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import decided_replays
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import RewindableSource
-from pyspark_abs.sources.backedge_log import in_flight_count
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.channel_log import Channel
-from pyspark_abs.sources.channel_plan import channel_offsets
 from pyspark_abs.storage.root import (
     BACKEDGE_PREFIX,
     SINK_PREFIX,
@@ -94,24 +92,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logger(__name__)
-
-_NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
-
-
-@dataclass(frozen=True)
-class Quiescence:
-    """How a run of :meth:`Pipeline.run_until_quiescent` ended.
-
-    Attributes:
-        epoch: The committed epoch whose snapshot is quiescent: the sources had nothing
-            more to read and no back-edge record was in flight. None if nothing ran.
-        epochs_run: Epochs the run processed.
-        seconds: Wall time of the run, start-up included.
-    """
-
-    epoch: int | None
-    epochs_run: int
-    seconds: float
 
 
 class Pipeline:
@@ -208,7 +188,8 @@ class Pipeline:
         require_watermark(name, self.plan)
         self._frame = frame
         self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
-        self._check_back_edges(sinks)
+        named = sinks.keys() if isinstance(sinks, Mapping) else ()
+        check_pipeline_back_edges(name, self.spark, self.config, self.plan, self.back_edges, named)
         looped = {edge.output for edge in self.back_edges}
         self.sinks = resolve_sinks(name, self.plan, {} if sinks is None else sinks, looped)
         strangers = [x for x in listeners if not isinstance(x, SnapshotListener)]
@@ -340,8 +321,8 @@ class Pipeline:
                     refuse_lone_migration(store, job, self.deployed())
                 lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
                 if lineage.fresh:
-                    self._require_upstream_ready(lineage)
-                self._check_key_groups(lineage)
+                    require_upstream_ready(self.name, self.source, lineage)
+                require_same_key_groups(self.name, self.checkpoint, lineage, self.config.key_groups)
             for spec in table_specs(layout, self.plan):
                 store.ensure_table(spec)
                 if spec.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
@@ -395,8 +376,8 @@ class Pipeline:
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),
-                live_state=self._live_state(
-                    layout, writer.root_id, lineage.epoch_base, remote, run_id
+                live_state=live_state(
+                    layout, self.config, writer.root_id, lineage.epoch_base, remote, run_id
                 ),
             )
             query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
@@ -408,57 +389,6 @@ class Pipeline:
     def deployed(self) -> Redeployed:
         """This definition, as a job-wide migration of its state needs it."""
         return Redeployed(self.root, self.plan, self.operator.evolution, self.spark, self.config)
-
-    def _require_upstream_ready(self, lineage: Lineage) -> None:
-        """Refuse to start a fresh checkpoint on channels that have nothing to read yet.
-
-        Spark runs a fresh checkpoint's first micro-batch at once, whatever its sources
-        have; on channels without the epoch it reads first, that micro-batch would read
-        nothing and take an epoch number that its upstream stages have not used.
-
-        Raises:
-            UpstreamNotReadyError: An upstream stage has not committed that epoch.
-        """
-        if not isinstance(self.source, ChannelSource):
-            return
-        first = self.source.starting_epoch
-        restored = channel_offsets(lineage.restore.source_offsets if lineage.restore else None)
-        if restored:
-            first = restored[0].epoch
-        waiting = self.source.waiting_for(first)
-        if waiting:
-            raise UpstreamNotReadyError(
-                f"pipeline {self.name!r} has nothing to read yet: channels {waiting} have not "
-                f"committed upstream epoch {first}, which this stage's first micro-batch "
-                f"reads. Start the upstream stages first, or run the stages together as a "
-                f"Job, which starts each stage once its upstream stages are ahead"
-            )
-
-    def _live_state(
-        self,
-        layout: SnapshotLayout,
-        root_id: str | None,
-        epoch_base: int,
-        remote: bool,
-        run_id: str,
-    ) -> LiveState:
-        """Where key groups keep their live state in this run.
-
-        Local files rebuilt from the snapshots; Spark's state store without snapshots, or
-        through Spark Connect, whose tasks do not see their micro-batch's id.
-        """
-        if not self.config.snapshots or remote:
-            return StateInSpark()
-        state = layout.targets[0]
-        return LocalLiveState.for_root(
-            self.root,
-            root_id,
-            state.table,
-            state.uri,
-            self.config.local_state_dir,
-            epoch_base,
-            run_id,
-        )
 
     def run(self) -> PipelineQuery:
         """Process everything available now, wait until done, and return the query.
@@ -496,31 +426,7 @@ class Pipeline:
             )
         started = time.perf_counter()
         query = self._start(None, False, epoch_limit=max_epochs)
-        store = DeltaStore()
-        try:
-            while True:
-                query.process_all_available()
-                query.drain()
-                latest = query.latest_snapshot()
-                if latest is None or not any(
-                    in_flight_count(store, latest, edge.edge_id) for edge in self.back_edges
-                ):
-                    break
-        finally:
-            query.stop()
-        outcome = Quiescence(
-            epoch=None if latest is None else latest.epoch,
-            epochs_run=query.epochs_run,
-            seconds=time.perf_counter() - started,
-        )
-        log.info(
-            "pipeline %s is quiescent at epoch %s after %d epoch(s) in %.1f s",
-            self.name,
-            outcome.epoch,
-            outcome.epochs_run,
-            outcome.seconds,
-        )
-        return outcome
+        return query.until_quiescent(self.back_edges, started)
 
     def _start_query(
         self,
@@ -548,69 +454,12 @@ class Pipeline:
         )
         if lineage.restore is not None:
             keyed = with_restore_rows(keyed, lineage.restore, plan, self.config.key_groups)
-        writer = (
-            operator_stage(keyed, plan)
-            .writeStream.outputMode("update")
-            .foreachBatch(batch_function)
-            .option("checkpointLocation", self.checkpoint)
-            .queryName(self.name)
+        return start_query(
+            self.name,
+            keyed,
+            plan,
+            batch_function,
+            self.checkpoint,
+            (processing_time, available_now),
+            from_channels=isinstance(self.source, ChannelSource),
         )
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        elif processing_time:
-            writer = writer.trigger(processingTime=processing_time)
-        if not isinstance(self.source, ChannelSource):
-            return writer.start()
-        # A no-data micro-batch would take an epoch number without reading an upstream
-        # epoch, and the stage's epochs would drift from its upstream stages'. The query
-        # takes its own copy of the session's conf when it starts.
-        conf = self.spark.conf
-        before = conf.get(_NO_DATA_BATCHES, None)
-        conf.set(_NO_DATA_BATCHES, "false")
-        try:
-            return writer.start()
-        finally:
-            if before is None:
-                conf.unset(_NO_DATA_BATCHES)
-            else:
-                conf.set(_NO_DATA_BATCHES, before)
-
-    def _check_back_edges(self, sinks: Mapping[str, SinkLike] | SinkLike | None) -> None:
-        if not self.back_edges:
-            return
-        if not self.config.snapshots:
-            raise ConfigError(
-                f"pipeline {self.name!r}: back-edges need snapshots (their records in flight "
-                f"are part of each snapshot); set snapshots=True"
-            )
-        if self.config.snapshot_interval > 1:
-            raise ConfigError(
-                f"pipeline {self.name!r}: back-edges need snapshot_interval=1, got "
-                f"{self.config.snapshot_interval}: a record sent over a back-edge reaches the "
-                f"loop head only once its epoch is committed, so the loop would wait for each "
-                f"group of {self.config.snapshot_interval} epochs to fill; set "
-                f"snapshot_interval=1"
-            )
-        named = sinks.keys() if isinstance(sinks, Mapping) else ()
-        outputs = dict(self.plan.outputs)
-        check_back_edges(self.name, self.back_edges, list(outputs), named)
-        for edge in self.back_edges:
-            rows = self.spark.createDataFrame([], to_spark(outputs[edge.output]))
-            if edge.transform is not None:
-                rows = edge.transform(rows)
-            check_loop_schema(
-                self.name,
-                edge,
-                to_arrow(rows.schema),
-                self.plan.input_schema,
-                self.plan.key_columns,
-            )
-
-    def _check_key_groups(self, lineage: Lineage) -> None:
-        if lineage.key_groups is not None and lineage.key_groups != self.config.key_groups:
-            raise ConfigError(
-                f"pipeline {self.name!r}: checkpoint {self.checkpoint} holds state in "
-                f"{lineage.key_groups} key groups, but key_groups is {self.config.key_groups}. "
-                f"Keep key_groups={lineage.key_groups}, or roll back to the latest epoch "
-                f"(pyspark_abs.rollback) and start again to change it"
-            )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 from pyspark.errors import StreamingQueryException
@@ -22,13 +25,32 @@ from pyspark_abs.pipeline.connect import (
 )
 from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.snapshots.reading import Snapshots
+from pyspark_abs.sources.backedge_log import in_flight_count
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from pyspark_abs.pipeline.backedge import BackEdge
     from pyspark_abs.pipeline.declaration import Pipeline
 
 log = logger(__name__)
+
+
+@dataclass(frozen=True)
+class Quiescence:
+    """How a run of :meth:`Pipeline.run_until_quiescent` ended.
+
+    Attributes:
+        epoch: The committed epoch whose snapshot is quiescent: the sources had nothing
+            more to read and no back-edge record was in flight. None if nothing ran.
+        epochs_run: Epochs the run processed.
+        seconds: Wall time of the run, start-up included.
+    """
+
+    epoch: int | None
+    epochs_run: int
+    seconds: float
 
 
 class PipelineQuery:
@@ -81,6 +103,37 @@ class PipelineQuery:
         becomes a snapshot and its outputs visible. Safe to call while the query runs.
         """
         self._coordinator.drain()
+
+    def until_quiescent(self, back_edges: Sequence[BackEdge], started: float) -> Quiescence:
+        """Process until no input is left and no back-edge record is in flight, then stop.
+
+        See :meth:`Pipeline.run_until_quiescent`; ``started`` is the run's start time.
+        """
+        store = DeltaStore()
+        try:
+            while True:
+                self.process_all_available()
+                self.drain()
+                latest = self.latest_snapshot()
+                if latest is None or not any(
+                    in_flight_count(store, latest, edge.edge_id) for edge in back_edges
+                ):
+                    break
+        finally:
+            self.stop()
+        outcome = Quiescence(
+            epoch=None if latest is None else latest.epoch,
+            epochs_run=self.epochs_run,
+            seconds=time.perf_counter() - started,
+        )
+        log.info(
+            "pipeline %s is quiescent at epoch %s after %d epoch(s) in %.1f s",
+            self.pipeline.name,
+            outcome.epoch,
+            outcome.epochs_run,
+            outcome.seconds,
+        )
+        return outcome
 
     def await_termination(self, timeout: int | None = None) -> bool:
         """Wait for the query to end, then commit what is PREPARED and stop the committer.

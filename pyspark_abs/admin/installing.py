@@ -286,7 +286,7 @@ def prepare_state(
         store.ensure_table(TableSpec(table, uri, schema, (), state_table_description(plan)))
     installed = rows.append_column(
         pa.field(EPOCH, pa.int64()), pa.array([epoch] * rows.num_rows, pa.int64())
-    ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows))
+    ).append_column(pa.field(DELETED, pa.bool_()), pa.array([False] * rows.num_rows, pa.bool_()))
     files = write_rows(store, table, uri, installed, epoch, config, schema)
     return StateInstall(
         table,

@@ -20,14 +20,13 @@ import pandas as pd
 
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.evolution import StateEvolution
-from pyspark_abs.operators.schema import RESERVED_COLUMNS, SchemaLike
+from pyspark_abs.operators.schema import RESERVED_COLUMNS, STATELESS_COLUMN, SchemaLike
 
 DEFAULT_OUTPUT = "output"
+"""Name of the output of an operator declared with ``output_schema=``."""
 
-STATELESS_COLUMN = "_stateless"
 STATELESS = f"{STATELESS_COLUMN} boolean"
 """The state schema of an operator declared without one: a column it never writes."""
-"""Name of the output of an operator declared with ``output_schema=``."""
 
 
 class TimeoutMode(str, Enum):
@@ -287,10 +286,15 @@ def declare(
             f"operator {op_name!r}: evolution= must be a StateEvolution, got "
             f"{type(evolution).__name__}"
         )
-    if state_schema is None and (mode is not TimeoutMode.NONE or evolution is not None):
+    if state_schema is None and mode is not TimeoutMode.NONE:
         raise OperatorDefinitionError(
             f"operator {op_name!r} is stateless (no state_schema), so it can have no "
-            f"timeouts, ttl or evolution; declare the state_schema it keeps"
+            f"timeouts or ttl; declare the state_schema it keeps"
+        )
+    if state_schema is None and evolution is not None and evolution.migrate is not None:
+        raise OperatorDefinitionError(
+            f"operator {op_name!r} is stateless (no state_schema): its evolution= can only "
+            f"drop the state of an earlier stateful version, with StateEvolution(dropped=[...])"
         )
     return Operator(
         name=op_name,

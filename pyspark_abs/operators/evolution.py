@@ -21,7 +21,7 @@ Key columns never change: state is partitioned by them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
-from pyspark_abs.operators.schema import ddl_type, same_type
+from pyspark_abs.operators.schema import STATELESS_COLUMN, ddl_type, same_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -219,9 +219,13 @@ def compare_state(
     declared_state: pa.Schema,
     evolution: StateEvolution | None,
 ) -> StateComparison:
-    """Compare stored key and state columns with the declared ones, under ``evolution``."""
+    """Compare stored key and state columns with the declared ones, under ``evolution``.
+
+    An operator that becomes stateful had no state rows: its declared columns are added
+    empty. One that becomes stateless drops its columns only as ``evolution`` says.
+    """
     key_problems = tuple(_key_problems(stored_key, declared_key))
-    evolution = evolution or StateEvolution()
+    evolution = _with_stateless_marker(evolution or StateEvolution(), stored_state, declared_state)
     old = {f.name: f.type for f in stored_state}
     if evolution.migrate is not None:
         same = [f.name for f in declared_state if f.name in old and same_type(old[f.name], f.type)]
@@ -267,6 +271,22 @@ def compare_state(
                 )
             )
     return StateComparison(tuple(changes), key_problems)
+
+
+def _with_stateless_marker(
+    evolution: StateEvolution, stored: pa.Schema, declared: pa.Schema
+) -> StateEvolution:
+    """``evolution`` plus what a switch between stateless and stateful implies."""
+    marker = [STATELESS_COLUMN]
+    if evolution.migrate is not None:
+        return evolution
+    if stored.names == marker and declared.names != marker:  # no rows to fill
+        added = {f.name: None for f in declared if f.name not in stored.names}
+        dropped = [*evolution.dropped, STATELESS_COLUMN]
+        return replace(evolution, added={**added, **evolution.added}, dropped=dropped)
+    if declared.names == marker and stored.names != marker:
+        return replace(evolution, added={STATELESS_COLUMN: None, **evolution.added})
+    return evolution
 
 
 def _kept(name: str, kind: pa.DataType) -> ColumnChange:
@@ -335,7 +355,8 @@ def evolve_rows(
         if change.source is not None:
             columns[declared.name] = rows[change.source].cast(declared.type)
             continue
-        value = evolution.added[declared.name]
+        # absent: a column a switch between stateless and stateful adds empty
+        value = evolution.added.get(declared.name)
         if callable(value):
             if old_state is None:
                 old_state = rows.select(
@@ -348,7 +369,9 @@ def evolve_rows(
     for name in rows.column_names:
         if name not in columns and name not in stored and name not in dropped:
             columns[name] = rows[name]
-    return pa.table(columns)
+    evolved = pa.table(columns)
+    # a stateless operator keeps no key: switching to one drops every key with its state
+    return evolved.slice(0, 0) if declared_state.names == [STATELESS_COLUMN] else evolved
 
 
 def _called(

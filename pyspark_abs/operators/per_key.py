@@ -24,7 +24,6 @@ from pyspark_abs.errors import (
     describe,
 )
 from pyspark_abs.operators.contract import (
-    STATELESS_COLUMN,
     Clock,
     KeyGroupContext,
     KeyGroupResult,
@@ -33,7 +32,13 @@ from pyspark_abs.operators.contract import (
     declare,
 )
 from pyspark_abs.operators.evolution import StateEvolution
-from pyspark_abs.operators.schema import TIMEOUT, SchemaLike, check_columns, check_names
+from pyspark_abs.operators.schema import (
+    STATELESS_COLUMN,
+    TIMEOUT,
+    SchemaLike,
+    check_columns,
+    check_names,
+)
 
 Rows: TypeAlias = "pd.DataFrame | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None"
 """What a per-key function returns for one output: a frame, one row, rows, or nothing."""

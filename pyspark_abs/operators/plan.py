@@ -11,7 +11,6 @@ import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, StateEncodingError, StateTooLargeError
 from pyspark_abs.operators.contract import (
-    STATELESS_COLUMN,
     KeyGroupFunction,
     Operator,
     TimeoutMode,
@@ -22,6 +21,7 @@ from pyspark_abs.operators.schema import (
     KEY_GROUP,
     RESERVED_COLUMNS,
     RESTORE,
+    STATELESS_COLUMN,
     TIMEOUT,
     frame_to_arrow,
     instant_columns,

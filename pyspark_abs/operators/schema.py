@@ -32,6 +32,9 @@ KEY_GROUP = "_key_group"
 EPOCH = "_epoch"
 RESERVED_COLUMNS = (KEY_GROUP, EPOCH, DELETED, TIMEOUT)
 """Columns the state table adds to the key and state columns, in table order."""
+STATELESS_COLUMN = "_stateless"
+"""The one state column of an operator declared without state: it never writes it, so its
+state table holds no rows."""
 RESTORE = "_abs_restore"
 """Operator input column carrying a restored key's state (null on data rows)."""
 

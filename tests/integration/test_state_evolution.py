@@ -307,3 +307,47 @@ def test_the_upgrade_check_reports_each_operator_and_sink_without_changing_anyth
     assert_same(snapshots.state("spending"), model_state(spark, BATCHES))
     assert_same(snapshots.sink("output"), model_sink(spark, BATCHES))
     assert check(spend_pipeline(events, root, moved)).exit_code == 0
+
+
+def batch_totals(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    return {"user": key[0], "total": int(rows["amount"].sum())}
+
+
+def running_totals(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    old = state.get({"total": 0, "count": 0})
+    total = int(old["total"] + rows["amount"].sum())
+    state.update({"total": total, "count": int(old["count"] + len(rows))})
+    return {"user": key[0], "total": total}
+
+
+def test_an_operator_turns_stateful_without_rules_and_stateless_by_dropping_its_columns(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Stateless on batch 0, stateful on batches 1 and 2 (its state starts empty), then
+    stateless again: refused until the evolution drops the state columns."""
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:1])
+    stateless = operator(key="user", output_schema=SINK_DDL, name="spend")(batch_totals)
+    spend_pipeline(events, root, stateless).run()
+
+    event_table(Path(events), BATCHES[1:3])
+    stateful = operator(
+        key="user", state_schema="total long, count long", output_schema=SINK_DDL, name="spend"
+    )(running_totals)
+    spend_pipeline(events, root, stateful).run()
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state("spend"), model_state(spark, BATCHES[1:3]).drop("mean"))
+
+    event_table(Path(events), BATCHES[3:])
+    with pytest.raises(StateEvolutionError, match=r"dropped=\['total'\]"):
+        spend_pipeline(events, root, stateless).run()
+    dropping = StateEvolution(dropped=["total", "count"])
+    stateless_again = operator(
+        key="user", output_schema=SINK_DDL, name="spend", evolution=dropping
+    )(batch_totals)
+    spend_pipeline(events, root, stateless_again).run()
+    snapshots = Snapshots(str(root), spark)
+    assert snapshots.state("spend").count() == 0
+    *_, before, last = [i.epoch for i in snapshots.list()]
+    added = snapshots.sink("output", last).exceptAll(snapshots.sink("output", before))
+    assert_same(added, model_sink(spark, BATCHES[3:]))  # one batch: its sums

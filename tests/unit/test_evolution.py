@@ -14,6 +14,7 @@ from pyspark_abs.operators.evolution import (
     evolve_rows,
     widens,
 )
+from pyspark_abs.operators.schema import STATELESS_COLUMN
 from tests.support.inputs import arrow_schema
 
 KEY = pa.schema([("user", pa.string())])
@@ -154,3 +155,33 @@ def test_rules_that_contradict_the_declaration_are_refused(
 ) -> None:
     with pytest.raises(OperatorDefinitionError, match=message):
         rules.check("spend", ("user",), V2)
+
+
+STATELESS = pa.schema([(STATELESS_COLUMN, pa.bool_())])
+
+
+def test_an_operator_that_becomes_stateful_needs_no_rules() -> None:
+    comparison = compare_state(KEY, STATELESS, KEY, V1, None)
+    assert comparison.compatible
+    assert {(c.column, c.change) for c in comparison.changes} == {
+        ("total", Change.ADDED),
+        ("n", Change.ADDED),
+        ("first", Change.ADDED),
+        (STATELESS_COLUMN, Change.DROPPED),
+    }
+    empty = pa.table(
+        {"user": pa.array([], pa.string()), STATELESS_COLUMN: pa.array([], pa.bool_())}
+    )
+    evolved = evolve_rows(empty, ["user"], comparison, V1, StateEvolution(), "op")
+    assert evolved.schema == pa.schema([*KEY, *V1])
+
+
+def test_an_operator_that_becomes_stateless_drops_its_columns_only_when_told() -> None:
+    refused = compare_state(KEY, V1, KEY, STATELESS, None)
+    assert [c.column for c in refused.refused] == ["total", "n", "first"]
+    told = compare_state(KEY, V1, KEY, STATELESS, StateEvolution(dropped=["total", "n", "first"]))
+    assert told.compatible
+    assert (STATELESS_COLUMN, Change.ADDED) in {(c.column, c.change) for c in told.changes}
+    rows = pa.table({"user": ["ann"], "total": [3], "n": [1], "first": ["x"]})
+    dropping = StateEvolution(dropped=["total", "n", "first"])
+    assert evolve_rows(rows, ["user"], told, STATELESS, dropping, "op").num_rows == 0

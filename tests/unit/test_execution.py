@@ -22,10 +22,10 @@ from pyspark_abs import (
     operator,
     vectorized_operator,
 )
-from pyspark_abs.operators.contract import STATELESS_COLUMN
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import STATELESS_COLUMN
 from pyspark_abs.operators.state_diff import KeyGroupOutcome, apply_changes
 from pyspark_abs.operators.task import epoch_changes
 from tests.support.inputs import arrow_schema

@@ -4,7 +4,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from pyspark_abs import OperatorDefinitionError, TimeoutMode, operator, vectorized_operator
+from pyspark_abs import (
+    OperatorDefinitionError,
+    StateEvolution,
+    TimeoutMode,
+    operator,
+    vectorized_operator,
+)
 from pyspark_abs.operators.per_key import PerKeyAdapter
 
 
@@ -76,6 +82,14 @@ def test_declaration_records_keys_outputs_and_form() -> None:
         (
             {"key": "a", "output_schema": "a long", "ttl": dt.timedelta(hours=1)},
             "is stateless",
+        ),
+        (
+            {
+                "key": "a",
+                "output_schema": "a long",
+                "evolution": StateEvolution(migrate=lambda old: old),
+            },
+            r"evolution= can only drop the state of an earlier stateful version",
         ),
     ],
 )

@@ -11,7 +11,7 @@ from typing import cast
 
 import pandas as pd
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import AbsConfig, FileSource, Job, Operator, Pipeline, Snapshots
@@ -40,6 +40,11 @@ def word_count_pipeline(
         transform=words_of,
         **options,  # type: ignore[arg-type]
     )
+
+
+def last_counts(sink: DataFrame) -> DataFrame:
+    """Each word's last count (the copy's epochs need not be the original's)."""
+    return sink.groupBy("word").agg(F.max("count").alias("count"))
 
 
 def test_the_operator_snapshot_and_savepoint_blocks_run_as_one_story(
@@ -111,6 +116,12 @@ def test_the_operator_snapshot_and_savepoint_blocks_run_as_one_story(
         Snapshots(str(copy), spark).state("word_count"),
         Snapshots(str(clean), spark).state("word_count"),
     )
+    # Carry the sinks along: the original's rows up to the restored epoch, then the copy's.
+    carried = {'"/data/abs/wordcount"': "root", "100": "2", "/data/abs/wordcount-v2": str(copy)}
+    run_block("whole = before.unionByName(after)", ns, carried)
+    whole = cast(DataFrame, ns["whole"])
+    assert_same(last_counts(whole), last_counts(Snapshots(str(clean), spark).sink("output")))
+    assert spark.table("word_counts_v2_whole").count() == whole.count()
 
     # Named savepoints: stop at one, name another, roll back and restore by name.
     write_epochs(landing, MORE[1:], first=len(EPOCHS) + 1)

@@ -151,6 +151,23 @@ def test_edit_state_and_continue(spark: SparkSession, tmp_path: Path) -> None:
     assert_same(snapshots.state(OP), spark.createDataFrame(sorted(expected.items()), STATE_DDL))
 
 
+def test_writing_empty_state_forgets_every_key_and_the_run_continues(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    words = tmp_path / "words"
+    word_table(words, EPOCHS[:2])
+    root = tmp_path / "root"
+    pipeline(root, str(words)).run()
+    snapshots = Snapshots(str(root), spark)
+    info = write_state(snapshots.state(OP).limit(0), str(root), word_count)
+    assert (info.epoch, info.status) == (2, EpochStatus.RESTORED)
+    assert snapshots.state(OP).count() == 0
+
+    word_table(words, EPOCHS[2:])
+    pipeline(root, str(words)).run()
+    assert_same(snapshots.state(OP), counts_df(spark, EPOCHS[2:]))
+
+
 def test_bootstrap_a_new_pipeline_from_a_batch_dataframe(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from chispa import DataFramesNotEqualError
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
@@ -24,6 +25,7 @@ from pyspark_abs import (
     Pipeline,
     Snapshots,
     operator,
+    rollback,
 )
 from pyspark_abs.examples import components
 from pyspark_abs.examples.wordcount import word_count, words_of
@@ -136,6 +138,58 @@ def test_the_evolution_blocks_migrate_an_operator_over_the_file_source_block(
     assert_same(version_2.state("activity"), migrated)
     assert_same(version_2.state("activity", 0), v1)  # the old snapshot keeps its schema
     assert [s.status for s in version_2.list()][-2:] == ["RESTORED", "COMMITTED"]
+
+
+def pages_model(epochs: tuple[list[tuple[str, str, str]], ...]) -> list[tuple[Any, ...]]:
+    """Per user: pages in first-seen order, visits per page, and the totals."""
+    seen: dict[str, list[str]] = {}
+    visits: dict[str, Counter[str]] = {}
+    for clicks in epochs:
+        for user, url, _ in clicks:
+            if url not in seen.setdefault(user, []):
+                seen[user].append(url)
+            visits.setdefault(user, Counter())[url] += 1
+    return [
+        (u, seen[u], dict(visits[u]), (sum(visits[u].values()), len(seen[u]))) for u in sorted(seen)
+    ]
+
+
+def test_the_list_and_map_state_block_survives_a_rollback(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    landing = tmp_path / "clicks"
+    land_clicks(landing, CLICKS)
+    ns: dict[str, object] = {"operator": operator}
+    run_block('state_schema="pages array<string>, visits map<string, bigint>, "', ns, {})
+
+    def pipeline(root: Path) -> Pipeline:
+        return Pipeline(
+            "pages",
+            FileSource(str(landing), "json", "user string, url string", max_files_per_trigger=1),
+            cast(Operator, ns["pages"]),
+            root=str(root),
+            sinks=str(root / "sink"),
+            config=AbsConfig(key_groups=4, commit_mode="sync"),
+        )
+
+    pipeline(tmp_path / "clean").run()
+    root = tmp_path / "root"
+    pipeline(root).run()
+    rollback(str(root), 0)
+    pipeline(root).run()
+    entries = F.array_sort(F.map_entries("visits"))  # maps cannot be sorted or compared
+    schema = (
+        "user string, pages array<string>, visits map<string, bigint>, "
+        "totals struct<clicks: bigint, pages: bigint>"
+    )
+    for path, epoch, epochs in (
+        (root, 0, CLICKS[:1]),
+        (root, None, CLICKS),
+        (tmp_path / "clean", None, CLICKS),
+    ):
+        state = Snapshots(str(path), spark).state("pages", epoch)
+        expected = spark.createDataFrame(pages_model(epochs), schema)
+        assert_same(*(df.withColumn("visits", entries) for df in (state, expected)))
 
 
 def test_the_delta_source_block(spark: SparkSession, tmp_path: Path) -> None:

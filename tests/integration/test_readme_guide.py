@@ -266,13 +266,13 @@ def test_the_cycles_block_reaches_the_components_of_a_union_find(
     assert Snapshots(root, spark).in_flight("offers").count() == 0
 
 
-def test_the_pytest_example_runs_and_its_assertions_can_fail(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def word_count_over(files_per_epoch: int | None) -> Any:
+    """A ``build_pipeline`` for the README's pytest example: the word count over a folder."""
+
     def build_pipeline(landing: Path, *, root: Path) -> Pipeline:
         return Pipeline(
             "wordcount",
-            FileSource(str(landing), "text", max_files_per_trigger=1),
+            FileSource(str(landing), "text", max_files_per_trigger=files_per_epoch),
             word_count,
             root=str(root),
             sinks={"output": str(root / "sinks" / "output")},
@@ -280,23 +280,17 @@ def test_the_pytest_example_runs_and_its_assertions_can_fail(
             transform=words_of,
         )
 
+    return build_pipeline
+
+
+def test_the_pytest_example_runs_and_its_assertions_can_fail(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     (tmp_path / "passes").mkdir()
     (tmp_path / "fails").mkdir()
-    ns: dict[str, Any] = {"build_pipeline": build_pipeline}
+    ns: dict[str, Any] = {"build_pipeline": word_count_over(1)}
     run_block("def test_word_count(spark, tmp_path):", ns, {})
     ns["test_word_count"](spark, tmp_path / "passes")
-
-    def miscounting(landing: Path, *, root: Path) -> Pipeline:
-        return Pipeline(
-            "wordcount",
-            FileSource(str(landing), "text"),  # both files in one epoch: epoch 0 differs
-            word_count,
-            root=str(root),
-            sinks={"output": str(root / "sinks" / "output")},
-            config=AbsConfig(key_groups=4, commit_mode="sync"),
-            transform=words_of,
-        )
-
-    ns["build_pipeline"] = miscounting
+    ns["build_pipeline"] = word_count_over(None)  # both files in one epoch: epoch 0 differs
     with pytest.raises(DataFramesNotEqualError):
         ns["test_word_count"](spark, tmp_path / "fails")

@@ -46,7 +46,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.keygroups import key_group_column
-from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
+from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT, TIMERS
 from pyspark_abs.sources.rewind import require_no_channels, require_rewindable
 from pyspark_abs.storage.root import (
     SnapshotRoot,
@@ -185,7 +185,8 @@ def write_state(
         pipeline: The pipeline; needed for a new root.
         config: For the key-group count recorded with the rows (default: Spark conf).
         clear_timeouts: Write an operator with a timeout mode without ``_timeout``: every
-            key's timer is dropped.
+            key's timer is dropped. With ``timers=True``, the timers are the ``_timers``
+            column, and each key's ``_timeout`` is set to its earliest timer.
 
     Returns:
         The RESTORED epoch that holds the state.
@@ -225,7 +226,10 @@ def write_state(
             f"state for operator {operator.name!r} lacks column(s) {missing}; it needs "
             f"{expected} and optionally {TIMEOUT!r}"
         )
-    if clear_timeouts:
+    if TIMERS in plan.state_schema.names:  # a key's timeout is its earliest timer
+        timers = F.lit(None).cast("array<bigint>") if clear_timeouts else F.col(TIMERS)
+        state = state.withColumn(TIMERS, timers).withColumn(TIMEOUT, F.array_min(TIMERS))
+    elif clear_timeouts:
         state = state.drop(TIMEOUT)
     elif operator.timeout is not TimeoutMode.NONE and TIMEOUT not in state.columns:
         raise SchemaMismatchError(

@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
-from pyspark_abs.operators.schema import STATELESS_COLUMN, ddl_type, same_type
+from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMERS, ddl_type, same_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -225,7 +225,7 @@ def compare_state(
     empty. One that becomes stateless drops its columns only as ``evolution`` says.
     """
     key_problems = tuple(_key_problems(stored_key, declared_key))
-    evolution = _with_stateless_marker(evolution or StateEvolution(), stored_state, declared_state)
+    evolution = _implied_rules(evolution or StateEvolution(), stored_state, declared_state)
     old = {f.name: f.type for f in stored_state}
     if evolution.migrate is not None:
         same = [f.name for f in declared_state if f.name in old and same_type(old[f.name], f.type)]
@@ -273,13 +273,18 @@ def compare_state(
     return StateComparison(tuple(changes), key_problems)
 
 
-def _with_stateless_marker(
+def _implied_rules(
     evolution: StateEvolution, stored: pa.Schema, declared: pa.Schema
 ) -> StateEvolution:
-    """``evolution`` plus what a switch between stateless and stateful implies."""
+    """``evolution`` plus what a switch to or from state, or to timers, implies.
+
+    Turning timers on adds ``_timers`` empty: each key's one timeout becomes its one timer.
+    """
     marker = [STATELESS_COLUMN]
     if evolution.migrate is not None:
         return evolution
+    if TIMERS in declared.names and TIMERS not in stored.names:
+        evolution = replace(evolution, added={TIMERS: None, **evolution.added})
     if stored.names == marker and declared.names != marker:  # no rows to fill
         added = {f.name: None for f in declared if f.name not in stored.names}
         dropped = [*evolution.dropped, STATELESS_COLUMN]

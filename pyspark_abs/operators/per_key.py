@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeAlias
 
@@ -32,16 +32,17 @@ from pyspark_abs.operators.contract import (
     declare,
 )
 from pyspark_abs.operators.evolution import StateEvolution
-from pyspark_abs.operators.schema import (
-    STATELESS_COLUMN,
-    TIMEOUT,
-    SchemaLike,
-    check_columns,
-    check_names,
+from pyspark_abs.operators.outputs import OutputRows, collect
+from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMEOUT, TIMERS, SchemaLike
+from pyspark_abs.operators.timers import (
+    Timers,
+    check_timers,
+    clock_now,
+    split_due,
+    stored_timers,
+    to_epoch_ms,
+    with_timers,
 )
-
-Rows: TypeAlias = "pd.DataFrame | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None"
-"""What a per-key function returns for one output: a frame, one row, rows, or nothing."""
 
 PerKeyFunction: TypeAlias = "Callable[[tuple[Any, ...], pd.DataFrame, KeyState], Any]"
 
@@ -53,6 +54,11 @@ class KeyState:
     it with :meth:`update` or :meth:`remove`, and set a timeout with
     :meth:`set_timeout_duration` or :meth:`set_timeout_timestamp`. As in Spark, a key's
     timeout is cleared every time the function is called for it, unless set again.
+
+    An operator declared with ``timers=True`` keeps several timers per key instead, as
+    Spark's ``transformWithState`` does: :meth:`register_timer`, :meth:`delete_timer`,
+    :meth:`list_timers`, and :attr:`expired_timers` for those that fired for this call. A
+    timer stays until it fires or is deleted, and :meth:`remove` deletes them all.
     """
 
     def __init__(
@@ -66,6 +72,7 @@ class KeyState:
         time_zone: str,
         has_timed_out: bool,
         timeout_ms: int | None,
+        timers: Timers | None = None,
     ) -> None:
         self._key = key
         self._fields = tuple(fields)
@@ -76,6 +83,7 @@ class KeyState:
         self._has_timed_out = has_timed_out
         self._old_timeout_ms = timeout_ms
         self.new_timeout_ms: int | None = None
+        self.timers = timers
         self.removed = False
         self.updated = False
 
@@ -147,6 +155,8 @@ class KeyState:
         self.removed = True
         self.updated = False
         self.new_timeout_ms = None
+        if self.timers is not None:
+            self.timers.clear()
 
     @property
     def has_timed_out(self) -> bool:
@@ -175,6 +185,7 @@ class KeyState:
             InvalidTimeoutError: The operator does not use processing-time timeouts, or the
                 duration is not positive.
         """
+        self._no_timers("set_timeout_duration")
         if self._timeout_mode is not TimeoutMode.PROCESSING_TIME:
             raise InvalidTimeoutError(
                 f"set_timeout_duration for key {self._key!r} needs an operator declared "
@@ -199,6 +210,7 @@ class KeyState:
                 timestamp is older than the current watermark, or a naive datetime names
                 no single instant in the session time zone.
         """
+        self._no_timers("set_timeout_timestamp")
         if self._timeout_mode is not TimeoutMode.EVENT_TIME:
             raise InvalidTimeoutError(
                 f"set_timeout_timestamp for key {self._key!r} needs an operator declared "
@@ -213,30 +225,53 @@ class KeyState:
             )
         self.new_timeout_ms = ms
 
+    def register_timer(self, timestamp: int | dt.datetime) -> None:
+        """Add a timer that fires once the operator's clock passes ``timestamp``.
 
-def to_epoch_ms(value: int | dt.datetime, time_zone: str) -> int:
-    """Milliseconds since the Unix epoch of an int or a datetime.
+        The clock is the watermark (``timeout="event_time"``) or the micro-batch's
+        processing time (``"processing_time"``). A key with timers must have state.
 
-    A naive datetime is a wall-clock time in ``time_zone``.
+        Args:
+            timestamp: Milliseconds since the Unix epoch, or a datetime (naive: a wall-clock
+                time in the session time zone).
 
-    Raises:
-        InvalidTimeoutError: ``value`` is neither, or a naive datetime that names no single
-            instant in ``time_zone`` (a daylight-saving change).
-    """
-    if isinstance(value, dt.datetime):
-        stamp = pd.Timestamp(value)
-        if stamp.tzinfo is None:
-            try:
-                stamp = stamp.tz_localize(time_zone)
-            except Exception as err:  # pytz's AmbiguousTimeError and NonExistentTimeError
-                raise InvalidTimeoutError(
-                    f"the naive datetime {value} names no single instant in the session time "
-                    f"zone {time_zone} ({err}); pass an aware datetime"
-                ) from None
-        return int(stamp.value // 1_000_000)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTimeoutError(f"a timeout must be an int (ms) or a datetime, got {value!r}")
-    return value
+        Raises:
+            InvalidTimeoutError: The operator was declared without ``timers=True``, or the
+                time is before the clock.
+        """
+        timers = self._timers("register_timer")
+        timers.register(to_epoch_ms(timestamp, self._time_zone), self._now())
+
+    def delete_timer(self, timestamp: int | dt.datetime) -> None:
+        """Delete the key's timer at ``timestamp`` (nothing happens if it has none there)."""
+        self._timers("delete_timer").delete(to_epoch_ms(timestamp, self._time_zone))
+
+    def list_timers(self) -> list[int]:
+        """The key's pending timers, earliest first, in ms since the Unix epoch."""
+        return self._timers("list_timers").pending()
+
+    @property
+    def expired_timers(self) -> tuple[int, ...]:
+        """The timers that fired for this call, earliest first (they are no longer listed)."""
+        return self._timers("expired_timers").fired
+
+    def _timers(self, call: str) -> Timers:
+        if self.timers is None:
+            raise InvalidTimeoutError(
+                f"{call} for key {self._key!r} needs an operator declared with timers=True "
+                f"and a timeout clock (timeout='event_time' or 'processing_time')"
+            )
+        return self.timers
+
+    def _no_timers(self, call: str) -> None:
+        if self.timers is not None:
+            raise InvalidTimeoutError(
+                f"{call} for key {self._key!r}: the operator was declared with timers=True; "
+                f"use state.register_timer and state.delete_timer"
+            )
+
+    def _now(self) -> int | None:
+        return clock_now(self._timeout_mode, self._clock)
 
 
 def operator(
@@ -250,6 +285,7 @@ def operator(
     evolution: StateEvolution | None = None,
     ttl: dt.timedelta | None = None,
     ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
+    timers: bool = False,
 ) -> Callable[[PerKeyFunction], Operator]:
     """Declare a per-key operator: ``fn(key, rows, state)``.
 
@@ -267,7 +303,9 @@ def operator(
             state.update({"count": count})
             return {"word": key[0], "count": count}
 
-    Args are those of :func:`~pyspark_abs.operators.contract.vectorized_operator`.
+    The arguments are those of :func:`~pyspark_abs.operators.contract.vectorized_operator`,
+    and ``timers=True``: keep several timers per key (:meth:`KeyState.register_timer`) on
+    the clock ``timeout`` names, in the state column ``_timers``, instead of one timeout.
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
@@ -288,7 +326,12 @@ def operator(
         )
         # with a TTL, the timeouts are the expiries: KeyState offers none
         timeouts = TimeoutMode.NONE if declared.ttl_ms is not None else declared.timeout
-        return replace(declared, function=PerKeyAdapter(fn, declared.key, timeouts))
+        adapter = PerKeyAdapter(fn, declared.key, timeouts, timers=timers)
+        if timers:
+            check_timers(declared, state_schema)
+            state = with_timers(declared.name, state_schema)  # type: ignore[arg-type]
+            return replace(declared, state_schema=state, function=adapter)
+        return replace(declared, function=adapter)
 
     return build
 
@@ -299,34 +342,53 @@ class PerKeyAdapter:
     Attributes:
         function: The per-key function.
         key: The key columns.
-        timeout: The clock key timeouts follow.
+        timeout: The clock key timeouts (or timers) follow.
+        timers: Whether each key keeps several timers in ``_timers``.
     """
 
     def __init__(
-        self, function: PerKeyFunction, key: tuple[str, ...], timeout: TimeoutMode
+        self,
+        function: PerKeyFunction,
+        key: tuple[str, ...],
+        timeout: TimeoutMode,
+        *,
+        timers: bool = False,
     ) -> None:
         self.function = function
         self.key = key
         self.timeout = timeout
+        self.timers = timers
 
     def __call__(
         self, rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext
     ) -> KeyGroupResult:
         """Call the per-key function for every key with rows and every timed-out key."""
         keys = list(self.key)
-        fields = [c for c in state.columns if c not in self.key and c != TIMEOUT]
+        timer_columns = [TIMERS] if self.timers else []
+        fields = [
+            c for c in state.columns if c not in self.key and c not in (TIMEOUT, *timer_columns)
+        ]
         existing: dict[tuple[Any, ...], int] = {
             _norm_key(k): i for i, k in enumerate(state[keys].itertuples(index=False, name=None))
         }
         values: list[dict[str, Any]] = state[fields].to_dict("records")  # type: ignore[assignment]
         timeouts = state[TIMEOUT].tolist()
+        stored = state[TIMERS].tolist() if self.timers else []
+        now = clock_now(self.timeout, ctx.clock)
         upserts: list[dict[str, Any]] = []
         removed: list[tuple[Any, ...]] = []
-        collected = {name: _OutputRows(columns) for name, columns in ctx.outputs}
+        collected = {name: OutputRows(columns) for name, columns in ctx.outputs}
 
         def call(key: tuple[Any, ...], key_rows: pd.DataFrame, timed_out: bool) -> None:
             where = f"{ctx.where}, key {key!r}"
             position = existing.get(key)
+            timers = None
+            if self.timers:
+                had = (
+                    [] if position is None else stored_timers(stored[position], timeouts[position])
+                )
+                fired, pending = split_due(had, now)
+                timers = Timers(key, pending, fired)
             handle = KeyState(
                 key,
                 fields,
@@ -336,6 +398,7 @@ class PerKeyAdapter:
                 time_zone=ctx.time_zone,
                 has_timed_out=timed_out,
                 timeout_ms=None if position is None else _ms_or_none(timeouts[position]),
+                timers=timers,
             )
             try:
                 returned = self.function(key, key_rows, handle)
@@ -343,14 +406,22 @@ class PerKeyAdapter:
                 raise err.at(where) from err
             except Exception as err:
                 raise OperatorError(f"{where}: the function raised {describe(err)}") from err
-            _collect(returned, collected, where)
+            collect(returned, collected, where)
+            pending = [] if timers is None else timers.pending()
             if handle.removed:
                 removed.append(key)
             elif handle.exists:
                 row = dict(zip(keys, key, strict=True))
                 row.update(handle.get())
-                row[TIMEOUT] = handle.new_timeout_ms
+                if timers is not None:
+                    row[TIMERS] = pending
+                row[TIMEOUT] = pending[0] if pending else handle.new_timeout_ms
                 upserts.append(row)
+            elif pending:
+                raise InvalidTimeoutError(
+                    f"{where}: the function registered timers {pending} for a key without "
+                    f"state; call state.update(...) so they have a row to live in"
+                )
 
         if len(rows):
             groups = rows.groupby(keys, sort=False, dropna=False).indices
@@ -361,7 +432,9 @@ class PerKeyAdapter:
             call(_norm_key(key), no_rows, True)
 
         return KeyGroupResult(
-            state=pd.DataFrame.from_records(upserts, columns=[*keys, *fields, TIMEOUT]),
+            state=pd.DataFrame.from_records(
+                upserts, columns=[*keys, *fields, *timer_columns, TIMEOUT]
+            ),
             removed=pd.DataFrame.from_records(removed, columns=keys),
             output={
                 name: frame
@@ -369,69 +442,6 @@ class PerKeyAdapter:
                 if (frame := rows_.frame()) is not None
             },
         )
-
-
-class _OutputRows:
-    """Rows a per-key function returned for one output, collected over a key group."""
-
-    def __init__(self, columns: Sequence[str]) -> None:
-        self.columns = list(columns)
-        self.frames: list[pd.DataFrame] = []
-        self.records: list[Mapping[str, Any]] = []
-
-    def add(self, rows: Any, what: str) -> None:
-        """Add what the function returned for one key, checking its columns."""
-        if rows is None:
-            return
-        if isinstance(rows, pd.DataFrame):
-            check_columns(rows, self.columns, what)
-            self.frames.append(rows)
-        elif isinstance(rows, Mapping):
-            self._add_record(rows, what)
-        elif isinstance(rows, Iterable) and not isinstance(rows, (str, bytes)):
-            for row in rows:
-                if not isinstance(row, Mapping):
-                    raise SchemaMismatchError(
-                        f"{what}: returned rows must be dicts, got {type(row).__name__}"
-                    )
-                self._add_record(row, what)
-        else:
-            raise SchemaMismatchError(
-                f"{what}: returned {type(rows).__name__}; return a DataFrame, a dict (one "
-                f"row), a list of dicts, or None"
-            )
-
-    def _add_record(self, row: Mapping[str, Any], what: str) -> None:
-        if len(row) != len(self.columns) or any(name not in row for name in self.columns):
-            check_names([str(k) for k in row], self.columns, what)
-        self.records.append(row)
-
-    def frame(self) -> pd.DataFrame | None:
-        """All collected rows as one frame, or None if there are none."""
-        frames = list(self.frames)
-        if self.records:
-            frames.append(pd.DataFrame.from_records(self.records, columns=self.columns))
-        if not frames:
-            return None
-        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-
-
-def _collect(returned: Any, collected: dict[str, _OutputRows], where: str) -> None:
-    """File what the function returned for one key under its outputs."""
-    if len(collected) == 1:
-        ((name, rows),) = collected.items()
-        rows.add(returned, f"{where}: output {name!r}")
-        return
-    if returned is None:
-        return
-    names = list(collected)
-    if not isinstance(returned, Mapping) or not set(returned) <= set(names):
-        raise SchemaMismatchError(
-            f"{where}: an operator with several outputs returns a dict from output name "
-            f"({names}) to rows, got {_short(returned)}"
-        )
-    for name, rows in returned.items():
-        collected[name].add(rows, f"{where}: output {name!r}")
 
 
 def _norm_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -445,8 +455,3 @@ def _is_missing(value: Any) -> bool:
 
 def _ms_or_none(value: Any) -> int | None:
     return None if _is_missing(value) else int(value)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

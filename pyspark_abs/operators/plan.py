@@ -23,6 +23,7 @@ from pyspark_abs.operators.schema import (
     RESTORE,
     STATELESS_COLUMN,
     TIMEOUT,
+    TIMERS,
     frame_to_arrow,
     instant_columns,
     localize,
@@ -341,6 +342,12 @@ def resolve_plan(
         raise OperatorDefinitionError(
             f"operator {operator.name!r}: state_schema must declare at least one column and "
             f"no key or reserved column, got {state_names}"
+        )
+    repeated = sorted({c for c in state_names if state_names.count(c) > 1})
+    if repeated:
+        raise OperatorDefinitionError(
+            f"operator {operator.name!r}: state column(s) {repeated} are declared twice "
+            f"({TIMERS!r} is where timers=True keeps the key's timers); rename them"
         )
     outputs = tuple(
         (out, to_arrow(resolve_struct(schema, f"operator {operator.name!r} output {out!r}")))

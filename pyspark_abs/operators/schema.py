@@ -35,6 +35,9 @@ RESERVED_COLUMNS = (KEY_GROUP, EPOCH, DELETED, TIMEOUT)
 STATELESS_COLUMN = "_stateless"
 """The one state column of an operator declared without state: it never writes it, so its
 state table holds no rows."""
+TIMERS = "_timers"
+"""The state column of a per-key operator declared with ``timers=True``: the key's timers,
+sorted, in ms since the Unix epoch (its ``_timeout`` is the earliest)."""
 RESTORE = "_abs_restore"
 """Operator input column carrying a restored key's state (null on data rows)."""
 

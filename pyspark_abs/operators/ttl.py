@@ -18,13 +18,12 @@ from pyspark_abs.operators.contract import Clock, TimeoutMode
 from pyspark_abs.operators.keys import BoolArray, IntArray, KeyArray, positions
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import TIMEOUT
+from pyspark_abs.operators.timers import clock_now
 
 
 def threshold(plan: OperatorPlan, clock: Clock) -> int | None:
     """The clock ``_timeout`` values are compared with: the watermark or processing time."""
-    if plan.timeout is TimeoutMode.EVENT_TIME:
-        return clock.watermark_ms
-    return clock.processing_time_ms
+    return clock_now(plan.timeout, clock)
 
 
 def due(plan: OperatorPlan, state: pa.Table, clock: Clock) -> BoolArray:

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from pyspark_abs import InvalidTimeoutError, SchemaMismatchError
-from pyspark_abs.operators.per_key import to_epoch_ms
 from pyspark_abs.operators.schema import frame_to_arrow, instant_columns, localize
+from pyspark_abs.operators.timers import to_epoch_ms
 
 NEW_YORK = "America/New_York"
 UTC = dt.UTC

@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     )
     from pyspark_abs.operators.evolution import StateEvolution
     from pyspark_abs.operators.per_key import KeyState, operator
+    from pyspark_abs.operators.windows import session_window, tumbling_window
     from pyspark_abs.pipeline.backedge import BackEdge
     from pyspark_abs.pipeline.check import UpgradeReport, check
     from pyspark_abs.pipeline.declaration import Pipeline
@@ -125,6 +126,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     ),
     "pyspark_abs.operators.evolution": ("StateEvolution",),
     "pyspark_abs.operators.per_key": ("KeyState", "operator"),
+    "pyspark_abs.operators.windows": ("session_window", "tumbling_window"),
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
     "pyspark_abs.pipeline.check": ("UpgradeReport", "check"),
     "pyspark_abs.pipeline.declaration": ("Pipeline",),

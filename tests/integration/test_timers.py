@@ -52,7 +52,7 @@ STATE = "word string, count long, _timers array<bigint>"
 def reminders(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
     fired = [{"word": key[0], "timer": t} for t in state.expired_timers]
     for ts in rows["ts"]:
-        ms = int(pd.Timestamp(ts).timestamp() * 1000)
+        ms = int(pd.Timestamp(ts).value // 1_000_000)
         state.register_timer(ms + FIRST_MS)
         state.register_timer(ms + SECOND_MS)
         if (ms // 1000) % 7 == 0:  # keep only this event's first timer and earlier ones

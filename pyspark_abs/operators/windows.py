@@ -1,0 +1,309 @@
+"""Ready event-time window operators: tumbling windows and session windows per key.
+
+Each key keeps its open windows in its state, as parallel arrays (``window_start`` and
+``window_end`` in ms since the Unix epoch, one array per aggregate), so snapshots, SQL,
+rollback, restore and evolution carry them like any other state, and its ``_timeout`` is
+the earliest end. A window is emitted once, when the watermark reaches its end, and then
+leaves the state; rows older than the watermark are dropped, as Spark drops late rows. The
+work runs over the whole key group at once with pandas, not key by key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pyspark_abs.errors import OperatorDefinitionError
+from pyspark_abs.operators.contract import (
+    KeyGroupContext,
+    KeyGroupResult,
+    Operator,
+    TimeoutMode,
+    declare,
+)
+from pyspark_abs.operators.schema import TIMEOUT
+
+START, END = "window_start", "window_end"
+_AGGREGATE = re.compile(
+    r"^\s*(count|sum|min|max)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*(bigint|long|double)?\s*$"
+)
+_MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
+_EPOCH = pd.Timestamp(0, tz="UTC")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate of a window: ``function(column)`` as ``name`` of type ``kind``."""
+
+    name: str
+    function: str
+    column: str | None
+    kind: str
+
+    @property
+    def dtype(self) -> Any:
+        """The pandas type its values are kept in while a key group runs."""
+        return "float64" if self.kind == "double" else "Int64"
+
+
+def parse_aggregates(operator: str, aggregates: Mapping[str, str]) -> tuple[Aggregate, ...]:
+    """``{"clicks": "count(*)", "spent": "sum(amount)"}`` as :class:`Aggregate` values.
+
+    ``count`` is a ``bigint``; ``sum``, ``min`` and ``max`` are ``double`` unless the spec
+    ends in ``bigint``.
+
+    Raises:
+        OperatorDefinitionError: A spec is not one of these forms, or names clash.
+    """
+    if not isinstance(aggregates, Mapping) or not aggregates:
+        raise OperatorDefinitionError(
+            f"operator {operator!r}: aggregates= must be a non-empty dict from output column "
+            f'to "count(*)", "count(col)", "sum(col)", "min(col)" or "max(col)"'
+        )
+    parsed = []
+    for name, spec in aggregates.items():
+        found = _AGGREGATE.match(spec) if isinstance(spec, str) else None
+        if not isinstance(name, str) or not name.isidentifier() or found is None:
+            raise OperatorDefinitionError(
+                f"operator {operator!r}: aggregate {name!r}: {spec!r} is not one of "
+                f'"count(*)", "count(col)", "sum(col)", "min(col)", "max(col)" (optionally '
+                f'followed by "bigint" or "double")'
+            )
+        function, column, kind = found.groups()
+        if column == "*" and function != "count":
+            raise OperatorDefinitionError(
+                f"operator {operator!r}: aggregate {name!r}: only count takes *, got {spec!r}"
+            )
+        kind = "bigint" if function == "count" or kind in ("bigint", "long") else "double"
+        parsed.append(Aggregate(name, function, None if column == "*" else column, kind))
+    return tuple(parsed)
+
+
+@dataclass(frozen=True)
+class WindowFunction:
+    """The key-group function of a window operator.
+
+    Attributes:
+        keys: The key columns.
+        time: The event-time column (the one the watermark is on).
+        length_ms: A tumbling window's size, or a session's gap.
+        session: Session windows (else tumbling).
+        aggregates: What each window computes.
+    """
+
+    keys: tuple[str, ...]
+    time: str
+    length_ms: int
+    session: bool
+    aggregates: tuple[Aggregate, ...]
+
+    def __call__(
+        self, rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext
+    ) -> KeyGroupResult:
+        """Add the rows to their keys' windows, emit those the watermark closed."""
+        keys = list(self.keys)
+        watermark = ctx.clock.watermark_ms
+        called = set(_tuples(rows, keys)) | set(_tuples(ctx.timed_out, keys))
+        touched = state.loc[np.array([k in called for k in _tuples(state, keys)], dtype=bool)]
+        windows = pd.concat([self._stored(touched), self._new(rows, watermark)])
+        merged = self._merge(windows)
+        closing = merged[END] <= (watermark if watermark is not None else np.iinfo(np.int64).min)
+        open_ = merged[~closing].sort_values([*keys, START], kind="stable")
+        kept = self._state(open_)
+        left = set(_tuples(kept, keys))
+        gone = np.array([k not in left for k in _tuples(touched, keys)], dtype=bool)
+        return KeyGroupResult(
+            state=kept, removed=touched.loc[gone, keys], output=self._output(merged[closing])
+        )
+
+    def _new(self, rows: pd.DataFrame, watermark: int | None) -> pd.DataFrame:
+        """One window per row that is not late, with the row's aggregate inputs."""
+        at = (pd.to_datetime(rows[self.time], utc=True) - _EPOCH) // pd.Timedelta(milliseconds=1)
+        fresh = at.notna() & (at >= watermark if watermark is not None else True)
+        ms = at[fresh].astype("int64")
+        start = ms if self.session else ms - ms % self.length_ms
+        frame = rows.loc[fresh, list(self.keys)].assign(
+            **{START: start.to_numpy(), END: (start + self.length_ms).to_numpy()}
+        )
+        for agg in self.aggregates:
+            if agg.column is None:
+                values: pd.Series = pd.Series(1, index=frame.index)
+            elif agg.function == "count":
+                values = rows.loc[fresh, agg.column].notna().astype("int64")
+            else:
+                values = rows.loc[fresh, agg.column]
+            frame[agg.name] = values.astype(agg.dtype)
+        return frame
+
+    def _stored(self, state: pd.DataFrame) -> pd.DataFrame:
+        """The open windows of the keys in ``state``, one row each."""
+        columns = [START, END, *(a.name for a in self.aggregates)]
+        long = state[[*self.keys, *columns]].explode(columns).dropna(subset=[START])
+        types = {START: "int64", END: "int64", **{a.name: a.dtype for a in self.aggregates}}
+        return long.astype(types)
+
+    def _merge(self, windows: pd.DataFrame) -> pd.DataFrame:
+        """Windows that overlap (sessions) or share a start (tumbling) as one."""
+        keys = list(self.keys)
+        ordered = windows.sort_values([*keys, START], kind="stable").reset_index(drop=True)
+        group: pd.Series[Any]
+        if self.session:
+            reach = ordered.groupby(keys, dropna=False, sort=False)[END].cummax()
+            previous = reach.groupby([ordered[k] for k in keys], dropna=False).shift()
+            group = (~(ordered[START] < previous)).cumsum()  # a key's first row starts one
+        else:
+            group = ordered.groupby([*keys, START], dropna=False, sort=False).ngroup()
+        how = {START: "min", END: "max"}
+        how.update({a.name: _MERGE[a.function] for a in self.aggregates})
+        merged = ordered.groupby([*(ordered[k] for k in keys), group], dropna=False).agg(
+            {c: f for c, f in how.items()}
+        )
+        counts = ordered.groupby([*(ordered[k] for k in keys), group], dropna=False)
+        for agg in self.aggregates:  # a sum, min or max over only nulls is null
+            if agg.function != "count":
+                valid = counts[agg.name].count()
+                merged[agg.name] = merged[agg.name].where(valid > 0)
+        return merged.reset_index(level=list(range(len(keys)))).reset_index(drop=True)
+
+    def _state(self, open_: pd.DataFrame) -> pd.DataFrame:
+        """One row per key with windows left, as arrays.
+
+        Its ``_timeout`` is the earliest end less one: a timeout fires once the watermark
+        is past it, a window closes once the watermark reaches its end.
+        """
+        keys = list(self.keys)
+        columns = [START, END, *(a.name for a in self.aggregates)]
+        plain = open_[columns].astype(object)
+        plain = plain.mask(open_[columns].isna(), None)
+        grouped = pd.concat([open_[keys], plain], axis=1).groupby(keys, dropna=False, sort=False)
+        kept = grouped.agg(list).reset_index()
+        kept[TIMEOUT] = [min(ends) - 1 for ends in kept[END]]
+        return kept
+
+    def _output(self, closed: pd.DataFrame) -> pd.DataFrame:
+        out = closed.copy()
+        for column in (START, END):
+            out[column] = pd.to_datetime(out[column].astype("int64"), unit="ms", utc=True)
+        return out[[*self.keys, START, END, *(a.name for a in self.aggregates)]]
+
+
+def _tuples(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The frame's keys as tuples, every missing value as None."""
+    plain = frame[list(keys)].astype(object)
+    return list(plain.mask(plain.isna(), None).itertuples(index=False, name=None))
+
+
+def tumbling_window(
+    *,
+    key: Mapping[str, str],
+    time: str,
+    size: dt.timedelta,
+    aggregates: Mapping[str, str],
+    name: str,
+) -> Operator:
+    """A ready operator: fixed, non-overlapping event-time windows per key.
+
+    Each row falls in the window ``[start, start + size)`` that holds its ``time`` (windows
+    start at multiples of ``size`` since the Unix epoch). A window is emitted once, when the
+    watermark reaches its end, as the key columns, ``window_start``, ``window_end`` and the
+    aggregates. The source needs ``withWatermark`` on ``time``.
+
+    Args:
+        key: Key columns and their types, e.g. ``{"user": "string"}``.
+        time: The event-time column.
+        size: The window length.
+        aggregates: Output column to ``"count(*)"``, ``"count(col)"``, ``"sum(col)"``,
+            ``"min(col)"`` or ``"max(col)"``; sums, minima and maxima are doubles unless
+            followed by ``bigint``.
+        name: The operator's name (it names the state table).
+
+    Raises:
+        OperatorDefinitionError: An argument is not of these forms.
+    """
+    return _window(key, time, size, aggregates, name, session=False)
+
+
+def session_window(
+    *,
+    key: Mapping[str, str],
+    time: str,
+    gap: dt.timedelta,
+    aggregates: Mapping[str, str],
+    name: str,
+) -> Operator:
+    """A ready operator: event-time sessions per key, closed by ``gap`` without events.
+
+    Each row opens ``[time, time + gap)``; windows of a key that overlap are one session.
+    A session is emitted once, when the watermark reaches its end (its last event plus
+    ``gap``), like :func:`tumbling_window`'s windows.
+
+    Args:
+        key: Key columns and their types, e.g. ``{"user": "string"}``.
+        time: The event-time column.
+        gap: How long a session stays open after its last event.
+        aggregates: As for :func:`tumbling_window`.
+        name: The operator's name (it names the state table).
+
+    Raises:
+        OperatorDefinitionError: An argument is not of these forms.
+    """
+    return _window(key, time, gap, aggregates, name, session=True)
+
+
+def _window(
+    key: Mapping[str, str],
+    time: str,
+    length: dt.timedelta,
+    aggregates: Mapping[str, str],
+    name: str,
+    *,
+    session: bool,
+) -> Operator:
+    what = "gap" if session else "size"
+    if not isinstance(key, Mapping) or not key:
+        raise OperatorDefinitionError(
+            f"operator {name!r}: key= must map each key column to its type, e.g. "
+            f'{{"user": "string"}} (the output schema needs the types), got {key!r}'
+        )
+    if not isinstance(length, dt.timedelta) or length < dt.timedelta(milliseconds=1):
+        raise OperatorDefinitionError(
+            f"operator {name!r}: {what}= must be a datetime.timedelta of at least 1 ms, got "
+            f"{length!r}"
+        )
+    if not isinstance(time, str) or not time or time in key:
+        raise OperatorDefinitionError(
+            f"operator {name!r}: time= must name the event-time column (not a key), got {time!r}"
+        )
+    parsed = parse_aggregates(name, aggregates)
+    clashes = [a.name for a in parsed if a.name in (*key, START, END)]
+    if clashes:
+        raise OperatorDefinitionError(
+            f"operator {name!r}: aggregate name(s) {clashes} clash with the key columns or "
+            f"{START!r}/{END!r}; rename them"
+        )
+    keys: Sequence[str] = tuple(key)
+    function = WindowFunction(
+        tuple(keys), time, length // dt.timedelta(milliseconds=1), session, parsed
+    )
+    key_ddl = ", ".join(f"{k} {t}" for k, t in key.items())
+    return declare(
+        function,
+        key=keys,
+        state_schema=", ".join(
+            [f"{START} array<bigint>", f"{END} array<bigint>"]
+            + [f"{a.name} array<{a.kind}>" for a in parsed]
+        ),
+        output_schema=", ".join(
+            [key_ddl, f"{START} timestamp", f"{END} timestamp"]
+            + [f"{a.name} {a.kind}" for a in parsed]
+        ),
+        outputs=None,
+        timeout=TimeoutMode.EVENT_TIME,
+        name=name,
+    )

@@ -1,0 +1,148 @@
+"""The README's tumbling and session windows against real Spark and Delta.
+
+Each run is checked against the plain model in ``tests.support.windows_model``: the windows
+the sink holds, and the open windows (and timeouts) the state holds, after a run, after a
+rollback and rerun, and in a copy restored at another key-group count that reads on.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pyspark_abs import AbsConfig, DeltaSource, Operator, Pipeline, restore, rollback
+from tests.support.pipelines import assert_same
+from tests.support.readme import run_block
+from tests.support.windows_model import Model
+
+SINK = "user string, start long, end long, clicks long, paid long, spent double, biggest double"
+STATE = (
+    "user string, window_start array<bigint>, window_end array<bigint>, clicks array<bigint>, "
+    "paid array<bigint>, spent array<double>, biggest array<double>"
+)
+Event = tuple[str | None, int, float | None]
+
+
+def readme_windows() -> dict[str, Any]:
+    ns: dict[str, Any] = {}
+    run_block("spend_per_5m = tumbling_window(", ns, {})
+    return ns
+
+
+def batches(rng: random.Random, count: int, watermark_s: int, *, late: bool) -> list[list[Event]]:
+    """Events in seconds after the watermark, and with ``late`` some before it."""
+    out = []
+    for _ in range(count):
+        batch: list[Event] = []
+        for _ in range(rng.randrange(1, 5)):
+            before = late and rng.random() < 0.25
+            at = (
+                watermark_s - rng.randrange(1, 600)
+                if before
+                else watermark_s + rng.randrange(1, 2400)
+            )
+            batch.append((rng.choice(["ann", "bob", None]), at, rng.choice([None, 1.0, 2.5, 10.0])))
+        watermark_s = max([watermark_s, *(t for _, t, _ in batch)])
+        out.append(batch)
+    return out
+
+
+def append(path: Path, events: list[list[Event]]) -> None:
+    for batch in events:
+        users, seconds, amounts = (list(c) for c in zip(*batch, strict=True))
+        table = pa.table(
+            {
+                "user": pa.array(users, pa.string()),
+                "ts": pa.array(seconds, pa.int64()),
+                "amount": pa.array(amounts, pa.float64()),
+            }
+        )
+        write_deltalake(str(path), table, mode="append")
+
+
+def feed(model: Model, events: list[list[Event]], watermark_s: int) -> tuple[list[Any], int]:
+    """Run the model over the batches and Spark's last batch without data."""
+    closed: list[Any] = []
+    for batch in [*events, []]:
+        closed += model.epoch([(u, t * 1000, a) for u, t, a in batch], watermark_s * 1000)
+        watermark_s = max([watermark_s, *(t for _, t, _ in batch)])
+    return closed, watermark_s
+
+
+def window_pipeline(events: Path, root: Path, op: Operator, key_groups: int) -> Pipeline:
+    return Pipeline(
+        "windows",
+        DeltaSource(str(events), max_files_per_trigger=1),
+        op,
+        root=str(root),
+        sinks=str(root / "sink"),
+        config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
+        transform=lambda df: df.selectExpr(
+            "user", "timestamp_seconds(ts) AS ts", "amount"
+        ).withWatermark("ts", "0 seconds"),
+    )
+
+
+def check(
+    spark: SparkSession, pipeline: Pipeline, op: Operator, closed: list[Any], model: Model
+) -> None:
+    snapshots = pipeline.snapshots
+    sink = snapshots.sink("output").select(
+        "user",
+        F.unix_millis("window_start").alias("start"),
+        F.unix_millis("window_end").alias("end"),
+        "clicks",
+        "paid",
+        "spent",
+        "biggest",
+    )
+    assert_same(sink, spark.createDataFrame(closed, SINK))
+    state = snapshots.state(op.name, with_metadata=True).select(
+        "user", "window_start", "window_end", "clicks", "paid", "spent", "biggest", "_timeout"
+    )
+    assert_same(state, spark.createDataFrame(model.state(), f"{STATE}, _timeout long"))
+
+
+@pytest.mark.parametrize("kind", ["spend_per_5m", "visits"])
+def test_windows_match_the_model_through_rollback_and_a_restore_at_another_scale(
+    spark: SparkSession, tmp_path: Path, kind: str
+) -> None:
+    op: Operator = readme_windows()[kind]
+    rng = random.Random(11)
+    # Late rows only up to the epoch rolled back to: a run continued from a snapshot starts
+    # with that epoch's watermark, as Spark restarted after it would (see the user guide).
+    first = batches(rng, 3, 1_800_000_000, late=True)
+    newest = [max(t for _, t, _ in batch) for batch in first]
+    assert any(t < max(newest[:i]) for i in (1, 2) for _, t, _ in first[i]), "no late row"
+    first += batches(rng, 3, max(newest), late=False)
+    append(tmp_path / "events", first)
+    model = Model(kind == "visits", (30 if kind == "visits" else 5) * 60_000)
+    closed, watermark_s = feed(model, first, 0)
+    assert closed, "the schedule closes no window: the test would prove nothing"
+    assert model.open, "the schedule leaves no window open: the rollback would prove little"
+    root = tmp_path / "root"
+    pipeline = window_pipeline(tmp_path / "events", root, op, key_groups=4)
+    pipeline.run()
+    check(spark, pipeline, op, closed, model)
+
+    rollback(str(root), 2)
+    pipeline.run()
+    check(spark, pipeline, op, closed, model)  # as the uninterrupted run
+
+    restored = tmp_path / "restored"
+    latest = pipeline.snapshots.latest()
+    assert latest is not None
+    restore(str(root), latest.epoch, str(restored))
+    more = batches(rng, 3, watermark_s, late=False)
+    append(tmp_path / "events", more)
+    copy = window_pipeline(tmp_path / "events", restored, op, key_groups=8)
+    copy.run()
+    later, _ = feed(model, more, watermark_s)
+    check(spark, copy, op, later, model)  # a restored copy's sinks start empty

@@ -1,0 +1,137 @@
+"""Tumbling and session windows, without Spark: random schedules against a plain model.
+
+The model keeps each key's open windows as Python dicts and applies the rules the user
+guide states; it reuses nothing of the project.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from pyspark_abs import OperatorDefinitionError, session_window, tumbling_window
+from pyspark_abs.operators.contract import Clock, Operator
+from pyspark_abs.operators.key_group import run_key_group
+from pyspark_abs.operators.plan import OperatorPlan
+from tests.support.inputs import arrow_schema
+from tests.support.windows_model import Model
+
+SIZE_MS, GAP_MS = 1_000, 700
+AGGREGATES = {
+    "n": "count(*)",
+    "seen": "count(amount)",
+    "spent": "sum(amount)",
+    "top": "max(amount)",
+}
+INPUT = arrow_schema(
+    ("user", pa.string()), ("ts", pa.timestamp("us", "UTC")), ("amount", pa.float64())
+)
+LISTS = ("window_start", "window_end", "n", "seen", "spent", "top")
+TYPES: tuple[pa.DataType, ...] = (pa.int64(),) * 4 + (pa.float64(),) * 2
+OUT = arrow_schema(
+    ("user", pa.string()),
+    ("window_start", pa.timestamp("us", "UTC")),
+    ("window_end", pa.timestamp("us", "UTC")),
+    *zip(LISTS[2:], TYPES[2:], strict=True),
+)
+
+
+def plan(op: Operator) -> OperatorPlan:
+    return OperatorPlan(
+        name=op.name,
+        key_columns=op.key,
+        input_schema=INPUT,
+        state_schema=pa.schema(
+            [pa.field(c, pa.list_(t)) for c, t in zip(LISTS, TYPES, strict=True)]
+        ),
+        outputs=(("output", OUT),),
+        timeout=op.timeout,
+        function=op.function,
+        event_time="ts",
+    )
+
+
+def ms(stamp: Any) -> int:
+    return int(pd.Timestamp(stamp).value // 1_000_000)
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["tumbling", "session"])
+@pytest.mark.parametrize("seed", range(20))
+def test_random_schedules_emit_each_window_once_as_the_model_does(seed: int, session: bool) -> None:
+    declare = session_window if session else tumbling_window
+    length = {
+        "gap" if session else "size": dt.timedelta(milliseconds=GAP_MS if session else SIZE_MS)
+    }
+    op = declare(key={"user": "string"}, time="ts", aggregates=AGGREGATES, name="w", **length)
+    runner = plan(op)
+    rng = random.Random(seed)
+    state = runner.blob_schema.empty_table()
+    model = Model(session, GAP_MS if session else SIZE_MS)
+    watermark: int | None = None
+    newest = 0
+    for epoch in range(10):
+        events = [
+            (
+                rng.choice(["a", "b", None]),
+                (watermark or 0) + rng.randrange(-300, 2_000),
+                rng.choice([None, 1.0, 2.0, 5.0]),
+            )
+            for _ in range(rng.randrange(0, 6))
+        ]
+        frame = pd.DataFrame(
+            {
+                "user": pd.Series([u for u, _, _ in events], dtype=object),
+                "ts": pd.to_datetime([t for _, t, _ in events], unit="ms", utc=True),
+                "amount": pd.Series([a for _, _, a in events], dtype="float64"),
+            }
+        )
+        outcome = run_key_group(runner, 0, frame, state, Clock(0, watermark), epoch)
+        expected = model.epoch(events, watermark)
+        got = [
+            (
+                r["user"],
+                ms(r["window_start"]),
+                ms(r["window_end"]),
+                r["n"],
+                r["seen"],
+                r["spent"],
+                r["top"],
+            )
+            for r in outcome.outputs[0].to_pylist()
+        ]
+        assert sorted(got, key=str) == expected, f"seed {seed}, epoch {epoch}"
+        stored = sorted((tuple(r.values()) for r in outcome.state.to_pylist()), key=str)
+        assert stored == model.state(), f"seed {seed}, epoch {epoch}"
+        state = outcome.state
+        newest = max([newest, *(t for _, t, _ in events)])
+        watermark = newest - rng.choice([0, 200, 900])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"aggregates": {"n": "avg(x)"}}, r"'avg\(x\)' is not one of"),
+        ({"aggregates": {"n": "sum(*)"}}, r"only count takes \*"),
+        ({"aggregates": {}}, "non-empty dict"),
+        ({"aggregates": {"user": "count(*)"}}, r"clash with the key columns"),
+        ({"key": "user"}, "must map each key column to its type"),
+        ({"size": dt.timedelta(0)}, r"size= must be a datetime.timedelta of at least 1 ms"),
+        ({"time": "user"}, "must name the event-time column"),
+    ],
+)
+def test_bad_window_declarations_say_what_to_fix(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {
+        "key": {"user": "string"},
+        "time": "ts",
+        "size": dt.timedelta(minutes=5),
+        "aggregates": {"n": "count(*)"},
+        "name": "w",
+        **kwargs,
+    }
+    with pytest.raises(OperatorDefinitionError, match=message):
+        tumbling_window(**args)

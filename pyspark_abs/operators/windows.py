@@ -27,6 +27,7 @@ from pyspark_abs.operators.contract import (
     TimeoutMode,
     declare,
 )
+from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import TIMEOUT
 
 START, END = "window_start", "window_end"
@@ -142,9 +143,20 @@ class WindowFunction:
         return frame
 
     def _stored(self, state: pd.DataFrame) -> pd.DataFrame:
-        """The open windows of the keys in ``state``, one row each."""
+        """The open windows of the keys in ``state``, one row each.
+
+        An aggregate added by evolution (``added={name: None}``) is null in the windows
+        opened before it.
+        """
         columns = [START, END, *(a.name for a in self.aggregates)]
-        long = state[[*self.keys, *columns]].explode(columns).dropna(subset=[START])
+        state = state[[*self.keys, *columns]].copy()
+        for agg in self.aggregates:
+            filled = [
+                values if isinstance(values, (list, np.ndarray)) else [None] * len(starts)
+                for starts, values in zip(state[START], state[agg.name], strict=True)
+            ]
+            state[agg.name] = pd.Series(filled, index=state.index, dtype=object)
+        long = state.explode(columns).dropna(subset=[START])
         types = {START: "int64", END: "int64", **{a.name: a.dtype for a in self.aggregates}}
         return long.astype(types)
 
@@ -206,6 +218,7 @@ def tumbling_window(
     size: dt.timedelta,
     aggregates: Mapping[str, str],
     name: str,
+    evolution: StateEvolution | None = None,
 ) -> Operator:
     """A ready operator: fixed, non-overlapping event-time windows per key.
 
@@ -222,11 +235,14 @@ def tumbling_window(
             ``"min(col)"`` or ``"max(col)"``; sums, minima and maxima are doubles unless
             followed by ``bigint``.
         name: The operator's name (it names the state table).
+        evolution: How the state of an earlier version becomes this one's: an aggregate
+            added with ``StateEvolution(added={"spent": None})`` is null for what the
+            windows open at the change saw before it; ``dropped=[...]`` removes one.
 
     Raises:
         OperatorDefinitionError: An argument is not of these forms.
     """
-    return _window(key, time, size, aggregates, name, session=False)
+    return _window(key, time, size, aggregates, name, evolution, session=False)
 
 
 def session_window(
@@ -236,6 +252,7 @@ def session_window(
     gap: dt.timedelta,
     aggregates: Mapping[str, str],
     name: str,
+    evolution: StateEvolution | None = None,
 ) -> Operator:
     """A ready operator: event-time sessions per key, closed by ``gap`` without events.
 
@@ -249,11 +266,12 @@ def session_window(
         gap: How long a session stays open after its last event.
         aggregates: As for :func:`tumbling_window`.
         name: The operator's name (it names the state table).
+        evolution: As for :func:`tumbling_window`.
 
     Raises:
         OperatorDefinitionError: An argument is not of these forms.
     """
-    return _window(key, time, gap, aggregates, name, session=True)
+    return _window(key, time, gap, aggregates, name, evolution, session=True)
 
 
 def _window(
@@ -262,6 +280,7 @@ def _window(
     length: dt.timedelta,
     aggregates: Mapping[str, str],
     name: str,
+    evolution: StateEvolution | None,
     *,
     session: bool,
 ) -> Operator:
@@ -306,4 +325,5 @@ def _window(
         outputs=None,
         timeout=TimeoutMode.EVENT_TIME,
         name=name,
+        evolution=evolution,
     )

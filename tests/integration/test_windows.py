@@ -7,6 +7,7 @@ rollback and rerun, and in a copy restored at another key-group count that reads
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,17 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, DeltaSource, Operator, Pipeline, restore, rollback
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSource,
+    Operator,
+    Pipeline,
+    StateEvolution,
+    StateEvolutionError,
+    restore,
+    rollback,
+    tumbling_window,
+)
 from tests.support.pipelines import assert_same
 from tests.support.readme import run_block
 from tests.support.windows_model import Model
@@ -76,13 +87,15 @@ def feed(model: Model, events: list[list[Event]], watermark_s: int) -> tuple[lis
     return closed, watermark_s
 
 
-def window_pipeline(events: Path, root: Path, op: Operator, key_groups: int) -> Pipeline:
+def window_pipeline(
+    events: Path, root: Path, op: Operator, key_groups: int, sinks: str = "sink"
+) -> Pipeline:
     return Pipeline(
         "windows",
         DeltaSource(str(events), max_files_per_trigger=1),
         op,
         root=str(root),
-        sinks=str(root / "sink"),
+        sinks=str(root / sinks),
         config=AbsConfig(key_groups=key_groups, commit_mode="sync"),
         transform=lambda df: df.selectExpr(
             "user", "timestamp_seconds(ts) AS ts", "amount"
@@ -146,3 +159,44 @@ def test_windows_match_the_model_through_rollback_and_a_restore_at_another_scale
     copy.run()
     later, _ = feed(model, more, watermark_s)
     check(spark, copy, op, later, model)  # a restored copy's sinks start empty
+
+
+def test_an_aggregate_added_later_counts_what_came_after_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    start = 1_800_000_000 - 1_800_000_000 % 300
+    events = tmp_path / "events"
+    append(events, [[("ann", start + 10, 2.0)]])
+
+    def version(aggregates: dict[str, str], evolution: StateEvolution | None) -> Pipeline:
+        op = tumbling_window(
+            key={"user": "string"},
+            time="ts",
+            size=dt.timedelta(minutes=5),
+            aggregates=aggregates,
+            name="w",
+            evolution=evolution,
+        )
+        # a sink with another schema is a new table
+        sinks = "sink-v2" if "spent" in aggregates else "sink"
+        return window_pipeline(events, tmp_path / "root", op, key_groups=4, sinks=sinks)
+
+    version({"clicks": "count(*)"}, None).run()
+    both = {"clicks": "count(*)", "spent": "sum(amount)"}
+    with pytest.raises(StateEvolutionError, match="spent"):
+        version(both, None).run()
+    append(events, [[("ann", start + 20, 3.0)], [("bob", start + 400, 1.0)]])
+    pipeline = version(both, StateEvolution(added={"spent": None}))
+    pipeline.run()
+    closed = pipeline.snapshots.sink("output").select(
+        "user", F.unix_seconds("window_start").alias("start"), "clicks", "spent"
+    )
+    expected = [("ann", start, 2, 3.0)]  # ann's window saw 2.0 before spent existed
+    assert_same(
+        closed,
+        spark.createDataFrame(expected, "user string, start long, clicks long, spent double"),
+    )
+    state = pipeline.snapshots.state("w").select("user", "window_start", "clicks", "spent")
+    open_ = [("bob", [(start + 300) * 1000], [1], [1.0])]
+    schema = "user string, window_start array<bigint>, clicks array<bigint>, spent array<double>"
+    assert_same(state, spark.createDataFrame(open_, schema))

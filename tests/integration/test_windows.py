@@ -21,6 +21,8 @@ from pyspark.sql import functions as F
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
+    Job,
+    KeyGroupResult,
     Operator,
     Pipeline,
     StateEvolution,
@@ -28,6 +30,7 @@ from pyspark_abs import (
     restore,
     rollback,
     tumbling_window,
+    vectorized_operator,
 )
 from tests.support.pipelines import assert_same
 from tests.support.readme import run_block
@@ -103,11 +106,8 @@ def window_pipeline(
     )
 
 
-def check(
-    spark: SparkSession, pipeline: Pipeline, op: Operator, closed: list[Any], model: Model
-) -> None:
-    snapshots = pipeline.snapshots
-    sink = snapshots.sink("output").select(
+def sink_rows(frame: Any) -> Any:
+    return frame.select(
         "user",
         F.unix_millis("window_start").alias("start"),
         F.unix_millis("window_end").alias("end"),
@@ -116,7 +116,13 @@ def check(
         "spent",
         "biggest",
     )
-    assert_same(sink, spark.createDataFrame(closed, SINK))
+
+
+def check(
+    spark: SparkSession, pipeline: Pipeline, op: Operator, closed: list[Any], model: Model
+) -> None:
+    snapshots = pipeline.snapshots
+    assert_same(sink_rows(snapshots.sink("output")), spark.createDataFrame(closed, SINK))
     state = snapshots.state(op.name, with_metadata=True).select(
         "user", "window_start", "window_end", "clicks", "paid", "spent", "biggest", "_timeout"
     )
@@ -200,3 +206,52 @@ def test_an_aggregate_added_later_counts_what_came_after_it(
     open_ = [("bob", [(start + 300) * 1000], [1], [1.0])]
     schema = "user string, window_start array<bigint>, clicks array<bigint>, spent array<double>"
     assert_same(state, spark.createDataFrame(open_, schema))
+
+
+def test_a_window_stage_of_a_job_rolls_back_with_the_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    visits: Operator = readme_windows()["visits"]
+    rng = random.Random(5)
+    first = batches(rng, 4, 1_800_000_000, late=False)
+    append(tmp_path / "events", first)
+    closed_schema = ", ".join(
+        f"{name} {kind}"
+        for name, kind in [
+            ("user", "string"),
+            ("window_start", "timestamp"),
+            ("window_end", "timestamp"),
+            ("clicks", "long"),
+            ("paid", "long"),
+            ("spent", "double"),
+            ("biggest", "double"),
+        ]
+    )
+
+    @vectorized_operator(key="user", output_schema=closed_schema, name="archive")
+    def archive(rows: Any, state: Any, ctx: Any) -> KeyGroupResult:
+        return KeyGroupResult(output=rows)
+
+    sessions = window_pipeline(tmp_path / "events", tmp_path / "visits", visits, key_groups=4)
+    archived = Pipeline(
+        "archive",
+        sessions.channel(),
+        archive,
+        root=str(tmp_path / "archive"),
+        sinks=str(tmp_path / "archive" / "sink"),
+        config=AbsConfig(key_groups=2, commit_mode="sync"),
+    )
+    job = Job("visits", root=str(tmp_path / "job"), stages=[sessions, archived])
+    job.run()
+    model = Model(True, 30 * 60_000)
+    closed, _ = feed(model, first, 0)
+    assert closed, "the schedule closes no session: the test would prove nothing"
+    expected = spark.createDataFrame(closed, SINK)
+    assert_same(sink_rows(job.sink("archive")), expected)
+    job.rollback(1)
+    job.run()  # as the uninterrupted job
+    assert_same(sink_rows(job.sink("archive")), expected)
+    state = job.state("windows").select(
+        "user", "window_start", "window_end", "clicks", "paid", "spent", "biggest"
+    )
+    assert_same(state, spark.createDataFrame([r[:-1] for r in model.state()], STATE))

@@ -63,11 +63,14 @@ def ms(stamp: Any) -> int:
 @pytest.mark.parametrize("session", [False, True], ids=["tumbling", "session"])
 @pytest.mark.parametrize("seed", range(20))
 def test_random_schedules_emit_each_window_once_as_the_model_does(seed: int, session: bool) -> None:
-    declare = session_window if session else tumbling_window
-    length = {
-        "gap" if session else "size": dt.timedelta(milliseconds=GAP_MS if session else SIZE_MS)
-    }
-    op = declare(key={"user": "string"}, time="ts", aggregates=AGGREGATES, name="w", **length)
+    key, one_ms = {"user": "string"}, dt.timedelta(milliseconds=1)
+    op = (
+        session_window(key=key, time="ts", gap=GAP_MS * one_ms, aggregates=AGGREGATES, name="w")
+        if session
+        else tumbling_window(
+            key=key, time="ts", size=SIZE_MS * one_ms, aggregates=AGGREGATES, name="w"
+        )
+    )
     runner = plan(op)
     rng = random.Random(seed)
     state = runner.blob_schema.empty_table()

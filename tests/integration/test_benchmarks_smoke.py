@@ -23,6 +23,7 @@ import bench_kafka
 import bench_multistage
 import bench_scaling
 import bench_state_scale
+import bench_windows
 import probe_map_state
 
 from tests.support.kafka import BROKER, KAFKA_JARS
@@ -73,6 +74,15 @@ def test_intervals(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFi
     assert set(figures["cpu_overhead"]) == set(figures["records_per_s"])
     assert plot.stat().st_size > 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"records": 2000')
+
+
+def test_windows(spark: SparkSession, tmp_path: Path) -> None:
+    figures = bench_windows.main([*TINY, "--workdir", str(tmp_path)])
+    assert set(figures["records_per_s"]) == {"builtin_window", "abs_baseline", "abs_async"}
+    assert positive(figures["records_per_s"])
+    written = set(figures["windows_written"].values())
+    assert len(written) == 1, f"Spark and pyspark-abs wrote other windows: {figures}"
+    assert written.pop() > 0
 
 
 def test_builtin(spark: SparkSession, tmp_path: Path) -> None:

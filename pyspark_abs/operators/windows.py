@@ -110,15 +110,15 @@ class WindowFunction:
         """Add the rows to their keys' windows, emit those the watermark closed."""
         keys = list(self.keys)
         watermark = ctx.clock.watermark_ms
-        called = set(_tuples(rows, keys)) | set(_tuples(ctx.timed_out, keys))
-        touched = state.loc[np.array([k in called for k in _tuples(state, keys)], dtype=bool)]
+        row_ids, timed_ids, state_ids = _key_ids(keys, rows, ctx.timed_out, state)
+        touched = state.loc[np.isin(state_ids, np.concatenate([row_ids, timed_ids]))]
         windows = pd.concat([self._stored(touched), self._new(rows, watermark)])
         merged = self._merge(windows)
         closing = merged[END] <= (watermark if watermark is not None else np.iinfo(np.int64).min)
         open_ = merged[~closing].sort_values([*keys, START], kind="stable")
         kept = self._state(open_)
-        left = set(_tuples(kept, keys))
-        gone = np.array([k not in left for k in _tuples(touched, keys)], dtype=bool)
+        touched_ids, kept_ids = _key_ids(keys, touched, kept)
+        gone = ~np.isin(touched_ids, kept_ids)
         return KeyGroupResult(
             state=kept, removed=touched.loc[gone, keys], output=self._output(merged[closing])
         )
@@ -151,6 +151,8 @@ class WindowFunction:
         columns = [START, END, *(a.name for a in self.aggregates)]
         state = state[[*self.keys, *columns]].copy()
         for agg in self.aggregates:
+            if not state[agg.name].isna().any():
+                continue
             filled = [
                 values if isinstance(values, (list, np.ndarray)) else [None] * len(starts)
                 for starts, values in zip(state[START], state[agg.name], strict=True)
@@ -191,11 +193,21 @@ class WindowFunction:
         """
         keys = list(self.keys)
         columns = [START, END, *(a.name for a in self.aggregates)]
-        plain = open_[columns].astype(object)
-        plain = plain.mask(open_[columns].isna(), None)
-        grouped = pd.concat([open_[keys], plain], axis=1).groupby(keys, dropna=False, sort=False)
-        kept = grouped.agg(list).reset_index()
-        kept[TIMEOUT] = [min(ends) - 1 for ends in kept[END]]
+        ids = open_.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
+        firsts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else ids
+        kept = open_[keys].iloc[firsts].reset_index(drop=True)
+        for column in columns:
+            missing = open_[column].isna().to_numpy()
+            values = open_[column].to_numpy(dtype=object if missing.any() else None)
+            if missing.any():
+                values[missing] = None
+            parts = np.split(values, firsts[1:]) if len(ids) else []
+            cells = np.empty(len(parts), dtype=object)
+            for i, part in enumerate(parts):
+                cells[i] = part
+            kept[column] = cells
+        ends = open_[END].to_numpy(dtype="int64")
+        kept[TIMEOUT] = np.minimum.reduceat(ends, firsts) - 1 if len(ids) else []
         return kept
 
     def _output(self, closed: pd.DataFrame) -> pd.DataFrame:
@@ -205,10 +217,11 @@ class WindowFunction:
         return out[[*self.keys, START, END, *(a.name for a in self.aggregates)]]
 
 
-def _tuples(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple[Any, ...]]:
-    """The frame's keys as tuples, every missing value as None."""
-    plain = frame[list(keys)].astype(object)
-    return list(plain.mask(plain.isna(), None).itertuples(index=False, name=None))
+def _key_ids(keys: Sequence[str], *frames: pd.DataFrame) -> list[np.ndarray[Any, Any]]:
+    """Each frame's keys as integers, equal for equal keys across the frames (nulls too)."""
+    joined = pd.concat([f[list(keys)].astype(object) for f in frames], ignore_index=True)
+    ids = joined.groupby(list(keys), dropna=False, sort=False).ngroup().to_numpy()
+    return np.split(ids, np.cumsum([len(f) for f in frames])[:-1])
 
 
 def tumbling_window(

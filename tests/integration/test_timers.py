@@ -33,8 +33,9 @@ from pyspark_abs import (
     rollback,
     write_state,
 )
-from tests.support.pipelines import assert_same, event_table
+from tests.support.pipelines import assert_same, event_table, session_pipeline
 from tests.support.readme import run_block
+from tests.support.timers import remind
 
 FIRST_MS, SECOND_MS = 5_000, 20_000
 OUTPUT = "word string, timer long"
@@ -50,20 +51,9 @@ STATE = "word string, count long, _timers array<bigint>"
     name="reminders",
 )
 def reminders(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
-    fired = [{"word": key[0], "timer": t} for t in state.expired_timers]
-    for ts in rows["ts"]:
-        ms = int(pd.Timestamp(ts).value // 1_000_000)
-        state.register_timer(ms + FIRST_MS)
-        state.register_timer(ms + SECOND_MS)
-        if (ms // 1000) % 7 == 0:  # keep only this event's first timer and earlier ones
-            for t in state.list_timers():
-                if t > ms + FIRST_MS:
-                    state.delete_timer(t)
-    if not len(rows) and not state.list_timers():
-        state.remove()
-        return fired
-    state.update({"count": state.get({"count": 0})["count"] + len(rows)})
-    return fired
+    times = [int(pd.Timestamp(ts).value // 1_000_000) for ts in rows["ts"]]
+    fired = remind(state, times, FIRST_MS, SECOND_MS, 7_000)
+    return [{"word": key[0], "timer": t} for t in fired]
 
 
 @operator(
@@ -135,17 +125,7 @@ def random_batches(seed: int, count: int, start_s: int) -> list[list[tuple[str, 
 
 
 def timer_pipeline(events: str, root: Path, op: Operator = reminders) -> Pipeline:
-    return Pipeline(
-        "reminders",
-        DeltaSource(events, max_files_per_trigger=1),
-        op,
-        root=str(root),
-        sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
-        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
-            "ts", "0 seconds"
-        ),
-    )
+    return session_pipeline(events, root, op, name="reminders")
 
 
 def check_against(spark: SparkSession, pipeline: Pipeline, model: Model) -> None:

@@ -114,14 +114,17 @@ def event_table(path: Path, batches: Sequence[Sequence[tuple[str, int]]]) -> str
     return str(path)
 
 
-def session_pipeline(events: str, root: Path, **config: Any) -> Pipeline:
-    """:func:`sessions` over an :func:`event_table`, one version per epoch, watermark delay 0."""
+def session_pipeline(
+    events: str, root: Path, op: Operator = sessions, name: str = "sessions", **config: Any
+) -> Pipeline:
+    """``op`` (:func:`sessions`) over an :func:`event_table`, one version per epoch, watermark
+    delay 0."""
     settings: dict[str, Any] = {"key_groups": 4, "commit_mode": "sync"}
     settings.update(config)
     return Pipeline(
-        "sessions",
+        name,
         DeltaSource(events, max_files_per_trigger=1),
-        sessions,
+        op,
         root=str(root),
         sinks=str(root / "sink"),
         config=AbsConfig(**settings),

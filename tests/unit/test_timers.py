@@ -27,6 +27,7 @@ from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.timers import split_due, stored_timers
 from tests.support.key_groups import STATE, rows, sort, word_plan
+from tests.support.timers import remind
 
 TIMERS_STATE = STATE.append(pa.field("_timers", pa.list_(pa.int64())))
 FIRST, SECOND = 100, 250
@@ -41,21 +42,8 @@ FIRST, SECOND = 100, 250
     timers=True,
 )
 def reminders(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
-    """Emits ``(word, timer)`` per fired timer; an event at a multiple of 7 keeps only the
-    first of its own timers and deletes every later one; an idle key without timers goes."""
-    fired = [{"word": key[0], "count": t} for t in state.expired_timers]
-    for ts in rows["ts"]:
-        state.register_timer(int(ts) + FIRST)
-        state.register_timer(int(ts) + SECOND)
-        if ts % 7 == 0:
-            for t in state.list_timers():
-                if t > ts + FIRST:
-                    state.delete_timer(t)
-    if not len(rows) and not state.list_timers():
-        state.remove()
-        return fired
-    state.update({"count": state.get({"count": 0})["count"] + len(rows)})
-    return fired
+    fired = remind(state, [int(t) for t in rows["ts"]], FIRST, SECOND, 7)
+    return [{"word": key[0], "count": t} for t in fired]
 
 
 def plan_of(op: Any) -> OperatorPlan:

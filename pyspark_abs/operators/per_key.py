@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeAlias
 
+import numpy as np
 import pandas as pd
 
 from pyspark_abs.errors import (
@@ -35,6 +36,7 @@ from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.outputs import OutputRows, collect
 from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMEOUT, TIMERS, SchemaLike
 from pyspark_abs.operators.timers import (
+    Millis,
     Timers,
     check_timers,
     clock_now,
@@ -178,7 +180,7 @@ class KeyState:
         """The event-time watermark in ms since the Unix epoch, or None without one."""
         return self._clock.watermark_ms
 
-    def set_timeout_duration(self, duration_ms: int) -> None:
+    def set_timeout_duration(self, duration_ms: Millis) -> None:
         """Time the key out when processing time passes now plus ``duration_ms``.
 
         Raises:
@@ -191,14 +193,15 @@ class KeyState:
                 f"set_timeout_duration for key {self._key!r} needs an operator declared "
                 f"with timeout='processing_time' (it has {self._timeout_mode.value!r})"
             )
-        if isinstance(duration_ms, bool) or not isinstance(duration_ms, int) or duration_ms <= 0:
+        whole = isinstance(duration_ms, int | np.integer) and not isinstance(duration_ms, bool)
+        if not whole or duration_ms <= 0:
             raise InvalidTimeoutError(
                 f"set_timeout_duration for key {self._key!r}: duration must be a positive "
                 f"number of milliseconds, got {duration_ms!r}"
             )
-        self.new_timeout_ms = self._clock.processing_time_ms + duration_ms
+        self.new_timeout_ms = self._clock.processing_time_ms + int(duration_ms)
 
-    def set_timeout_timestamp(self, timestamp: int | dt.datetime) -> None:
+    def set_timeout_timestamp(self, timestamp: Millis | dt.datetime) -> None:
         """Time the key out when the watermark passes ``timestamp``.
 
         Args:
@@ -225,7 +228,7 @@ class KeyState:
             )
         self.new_timeout_ms = ms
 
-    def register_timer(self, timestamp: int | dt.datetime) -> None:
+    def register_timer(self, timestamp: Millis | dt.datetime) -> None:
         """Add a timer that fires once the operator's clock passes ``timestamp``.
 
         The clock is the watermark (``timeout="event_time"``) or the micro-batch's
@@ -242,7 +245,7 @@ class KeyState:
         timers = self._timers("register_timer")
         timers.register(to_epoch_ms(timestamp, self._time_zone), self._now())
 
-    def delete_timer(self, timestamp: int | dt.datetime) -> None:
+    def delete_timer(self, timestamp: Millis | dt.datetime) -> None:
         """Delete the key's timer at ``timestamp`` (nothing happens if it has none there)."""
         self._timers("delete_timer").delete(to_epoch_ms(timestamp, self._time_zone))
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
+import numpy as np
 import pandas as pd
 from pyspark.sql.types import ArrayType, LongType, StructField, StructType
 
 from pyspark_abs.errors import InvalidTimeoutError, OperatorDefinitionError
 from pyspark_abs.operators.contract import Clock, Operator, TimeoutMode
 from pyspark_abs.operators.schema import TIMERS, SchemaLike
+
+Millis: TypeAlias = int | np.integer[Any]
+"""Milliseconds since the Unix epoch, or a duration in ms: a Python or a NumPy integer."""
 
 TIMERS_FIELD = StructField(TIMERS, ArrayType(LongType()), True)
 
@@ -88,8 +92,8 @@ def split_due(timers: Iterable[int], now: int | None) -> tuple[list[int], list[i
     return [t for t in ordered if t < now], [t for t in ordered if t >= now]
 
 
-def to_epoch_ms(value: int | dt.datetime, time_zone: str) -> int:
-    """Milliseconds since the Unix epoch of an int or a datetime.
+def to_epoch_ms(value: Millis | dt.datetime, time_zone: str) -> int:
+    """Milliseconds since the Unix epoch of an integer (also NumPy's) or a datetime.
 
     A naive datetime is a wall-clock time in ``time_zone``.
 
@@ -108,9 +112,9 @@ def to_epoch_ms(value: int | dt.datetime, time_zone: str) -> int:
                     f"zone {time_zone} ({err}); pass an aware datetime"
                 ) from None
         return int(stamp.value // 1_000_000)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise InvalidTimeoutError(f"a timeout must be an int (ms) or a datetime, got {value!r}")
-    return value
+    return int(value)
 
 
 class Timers:

@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -347,6 +348,25 @@ def test_key_state_guards_its_timeout_calls() -> None:
     with pytest.raises(SchemaMismatchError, match="missing"):
         state.update({"total": 1})
     assert (state.current_processing_time_ms, state.current_watermark_ms) == (0, 500)
+
+
+def test_a_processing_time_duration_may_be_a_numpy_integer() -> None:
+    state = KeyState(
+        ("a",),
+        ["count"],
+        None,
+        timeout_mode=TimeoutMode.PROCESSING_TIME,
+        clock=Clock(1_000, 0),
+        time_zone="UTC",
+        has_timed_out=False,
+        timeout_ms=None,
+    )
+    state.set_timeout_duration(np.int64(250))
+    assert state.new_timeout_ms == 1_250
+    assert type(state.new_timeout_ms) is int
+    for bad in (np.int64(0), np.bool_(True), 2.5, True):
+        with pytest.raises(InvalidTimeoutError, match="duration must be a positive number"):
+            state.set_timeout_duration(bad)  # type: ignore[arg-type]
 
 
 def test_null_and_unicode_keys_keep_their_state() -> None:

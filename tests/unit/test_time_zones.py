@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -72,6 +73,18 @@ def test_timeouts_from_datetimes() -> None:
         dt.datetime(2026, 6, 1, 14, 30, 0, 250_000, tzinfo=UTC).timestamp() * 1000
     )
     assert to_epoch_ms(naive, "UTC") == int(naive.replace(tzinfo=UTC).timestamp() * 1000)
+
+
+@pytest.mark.parametrize("value", [1_500, np.int64(1_500), np.int32(1_500), np.uint16(1_500)])
+def test_timeouts_from_integers_of_any_kind(value: object) -> None:
+    assert to_epoch_ms(value, NEW_YORK) == 1_500  # type: ignore[arg-type]
+    assert type(to_epoch_ms(value, NEW_YORK)) is int  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [True, np.bool_(True), 1.5, np.float64(1500.0), "1500", None])
+def test_timeouts_that_are_no_integer_or_datetime_are_refused(value: object) -> None:
+    with pytest.raises(InvalidTimeoutError, match="must be an int \\(ms\\) or a datetime"):
+        to_epoch_ms(value, NEW_YORK)  # type: ignore[arg-type]
 
 
 def test_only_zoned_timestamps_are_instants() -> None:

@@ -189,6 +189,37 @@ def test_plain_timeouts_refuse_the_timer_calls() -> None:
         )
 
 
+def test_times_computed_from_a_column_are_numpy_integers_and_accepted() -> None:
+    @operator(
+        key="word",
+        state_schema="count long",
+        output_schema="word string, count long",
+        timeout="event_time",
+        timers=True,
+    )
+    def numpy_timers(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        state.update({"count": len(rows)})
+        state.register_timer(rows["ts"].max() + 100)  # numpy.int64, not int
+        state.delete_timer(rows["ts"].min() + 100)
+        state.register_timer(rows["ts"].astype("int32").max() + 300)
+
+    plan = plan_of(numpy_timers)
+    frame = pd.DataFrame({"word": ["a", "a"], "ts": [5, 9]})
+    result = run_key_group(plan, 0, frame, empty(), Clock(0, 0), 0)
+    assert sort(result.state) == [{"word": "a", "count": 2, "_timers": [109, 309], "_timeout": 109}]
+
+    @operator(
+        key="word", state_schema="count long", output_schema="word string", timeout="event_time"
+    )
+    def numpy_timeout(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        state.update({"count": 1})
+        state.set_timeout_timestamp(rows["ts"].max() + 50)
+
+    plain = word_plan(numpy_timeout.function, TimeoutMode.EVENT_TIME)
+    result = run_key_group(plain, 0, frame, empty_plain(), Clock(0, 0), 0)
+    assert sort(result.state) == [{"word": "a", "count": 1, "_timeout": 59}]
+
+
 def test_a_stored_timeout_becomes_the_one_timer_of_a_key() -> None:
     assert stored_timers(None, 500) == [500]
     assert stored_timers(None, None) == []

@@ -14,13 +14,16 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import pandas as pd
 
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import RESERVED_COLUMNS, STATELESS_COLUMN, SchemaLike
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 DEFAULT_OUTPUT = "output"
 """Name of the output of an operator declared with ``output_schema=``."""
@@ -40,6 +43,8 @@ class TimeoutMode(str, Enum):
 KeyGroupFunction: TypeAlias = (
     "Callable[[pd.DataFrame, pd.DataFrame, KeyGroupContext], KeyGroupResult | None]"
 )
+InputCheck: TypeAlias = "Callable[[StructType, str | None], str | None]"
+"""See :attr:`Operator.input_problem`."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,10 @@ class Operator:
         evolution: How state stored by an earlier version becomes ``state_schema``.
         ttl_ms: State time-to-live: a key whose state was not written for longer is
             removed. Its expiry is kept as the key's ``_timeout``.
+        input_problem: For operators that read more of the input than their key (the ready
+            window operators): given the source's schema and the column its watermark is
+            on (None: none), what does not fit, or None. A pipeline refuses a source with
+            a problem before anything runs.
     """
 
     name: str
@@ -135,6 +144,7 @@ class Operator:
     timeout: TimeoutMode = TimeoutMode.NONE
     evolution: StateEvolution | None = None
     ttl_ms: int | None = None
+    input_problem: InputCheck | None = field(default=None, repr=False, compare=False)
 
     @property
     def output_names(self) -> tuple[str, ...]:

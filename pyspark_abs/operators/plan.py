@@ -34,6 +34,7 @@ from pyspark_abs.operators.state_codec import BatchCodec, decode_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 
 @dataclass(frozen=True)
@@ -290,20 +291,25 @@ class OperatorPlan:
 EVENT_TIME_MARK = "spark.watermarkDelayMs"
 
 
-def require_watermark(pipeline: str, plan: OperatorPlan) -> None:
-    """Refuse event-time timeouts or an event-time ttl over a stream without a watermark.
+def check_source(pipeline: str, operator: Operator, plan: OperatorPlan, schema: StructType) -> None:
+    """Refuse a source the operator cannot run over.
+
+    That is event-time timeouts or an event-time ttl without a watermark, or what the
+    operator's own ``input_problem`` finds.
 
     Raises:
-        OperatorDefinitionError: The operator needs a watermark and the source has none.
+        OperatorDefinitionError: The source does not fit; the message says what to change.
     """
-    if plan.timeout is not TimeoutMode.EVENT_TIME or plan.event_time is not None:
-        return
-    what = "an event-time ttl" if plan.ttl_ms is not None else "event-time timeouts"
-    raise OperatorDefinitionError(
-        f"pipeline {pipeline!r}: operator {plan.name!r} has {what}, but the source has no "
-        f"watermark (the source's columns are {plan.input_schema.names}); set one with "
-        f"transform=lambda df: df.withWatermark(<event-time column>, <delay>)"
-    )
+    if plan.timeout is TimeoutMode.EVENT_TIME and plan.event_time is None:
+        what = "an event-time ttl" if plan.ttl_ms is not None else "event-time timeouts"
+        raise OperatorDefinitionError(
+            f"pipeline {pipeline!r}: operator {plan.name!r} has {what}, but the source has no "
+            f"watermark (the source's columns are {plan.input_schema.names}); set one with "
+            f"transform=lambda df: df.withWatermark(<event-time column>, <delay>)"
+        )
+    problem = operator.input_problem and operator.input_problem(schema, plan.event_time)
+    if problem:
+        raise OperatorDefinitionError(f"pipeline {pipeline!r}: operator {plan.name!r}: {problem}")
 
 
 def resolve_plan(

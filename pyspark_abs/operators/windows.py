@@ -13,11 +13,12 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from pyspark.sql.types import NumericType, StructType
 
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.contract import (
@@ -122,6 +123,32 @@ class WindowFunction:
         return KeyGroupResult(
             state=kept, removed=touched.loc[gone, keys], output=self._output(merged[closing])
         )
+
+    def input_problem(self, schema: StructType, watermark: str | None) -> str | None:
+        """What a source with ``schema``, watermarked on ``watermark``, lacks, or None."""
+        types = {f.name: f.dataType for f in schema.fields}
+        read = [self.time, *(a.column for a in self.aggregates if a.column is not None)]
+        missing = [c for c in dict.fromkeys(read) if c not in types]
+        if missing:
+            return (
+                f"the source has no column(s) {missing}, which time= or aggregates= name; it "
+                f"has {list(types)}. Name its columns, or add them in the source's transform"
+            )
+        if watermark is not None and watermark != self.time:
+            return (
+                f"time={self.time!r}, but the source's watermark is on {watermark!r}; windows "
+                f"close by the watermark, so it must be on their time column: "
+                f"withWatermark({self.time!r}, <delay>), or time={watermark!r}"
+            )
+        for agg in self.aggregates:
+            kind = types[agg.column] if agg.column is not None else None
+            if agg.function != "count" and not isinstance(kind, NumericType):
+                return (
+                    f"aggregate {agg.name!r} is {agg.function}({agg.column}), but "
+                    f"{agg.column!r} is {kind.simpleString() if kind else None}, not a number; "
+                    f"cast it in the source's transform, or count it"
+                )
+        return None
 
     def _new(self, rows: pd.DataFrame, watermark: int | None) -> pd.DataFrame:
         """One window per row that is not late, with the row's aggregate inputs."""
@@ -324,7 +351,7 @@ def _window(
         tuple(keys), time, length // dt.timedelta(milliseconds=1), session, parsed
     )
     key_ddl = ", ".join(f"{k} {t}" for k, t in key.items())
-    return declare(
+    declared = declare(
         function,
         key=keys,
         state_schema=", ".join(
@@ -340,3 +367,4 @@ def _window(
         name=name,
         evolution=evolution,
     )
+    return replace(declared, input_problem=function.input_problem)

@@ -36,7 +36,7 @@ from pyspark_abs.operators.contract import Operator, TimeoutMode
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import (
     OperatorPlan,
-    require_watermark,
+    check_source,
     resolve_plan,
 )
 from pyspark_abs.operators.schema import (
@@ -185,7 +185,7 @@ class Pipeline:
             self.config.snapshots,
             max_state_bytes=self.config.max_key_group_state_bytes,
         )
-        require_watermark(name, self.plan)
+        check_source(name, operator, self.plan, frame.schema)
         self._frame = frame
         self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
         named = sinks.keys() if isinstance(sinks, Mapping) else ()

@@ -24,6 +24,7 @@ from pyspark_abs import (
     Job,
     KeyGroupResult,
     Operator,
+    OperatorDefinitionError,
     Pipeline,
     StateEvolution,
     StateEvolutionError,
@@ -127,6 +128,53 @@ def check(
         "user", "window_start", "window_end", "clicks", "paid", "spent", "biggest", "_timeout"
     )
     assert_same(state, spark.createDataFrame(model.state(), f"{STATE}, _timeout long"))
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ("user, timestamp_seconds(ts) AS at, amount", r"no column\(s\) \['ts'\]"),
+        ("user, timestamp_seconds(ts) AS ts, CAST(amount AS string) AS amount", "not a number"),
+    ],
+)
+def test_a_source_that_does_not_fit_the_windows_is_refused_before_anything_runs(
+    spark: SparkSession, tmp_path: Path, columns: str, message: str
+) -> None:
+    append(tmp_path / "events", [[("ann", 1_800_000_000, 1.0)]])
+    watermarked = "at" if " at," in columns else "ts"
+    for kind in ("spend_per_5m", "visits"):
+        op = readme_windows()[kind]
+        with pytest.raises(
+            OperatorDefinitionError, match=f"pipeline 'windows': operator.*{message}"
+        ):
+            Pipeline(
+                "windows",
+                DeltaSource(str(tmp_path / "events")),
+                op,
+                root=str(tmp_path / "root"),
+                sinks=str(tmp_path / "sink"),
+                transform=lambda df: df.selectExpr(*columns.split(", ")).withWatermark(
+                    watermarked, "0 seconds"
+                ),
+            )
+    assert not (tmp_path / "root").exists()
+
+
+def test_windows_over_a_column_without_the_watermark_are_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    append(tmp_path / "events", [[("ann", 1_800_000_000, 1.0)]])
+    with pytest.raises(OperatorDefinitionError, match=r"the source's watermark is on 'seen'"):
+        Pipeline(
+            "windows",
+            DeltaSource(str(tmp_path / "events")),
+            readme_windows()["visits"],
+            root=str(tmp_path / "root"),
+            sinks=str(tmp_path / "sink"),
+            transform=lambda df: df.selectExpr(
+                "user", "timestamp_seconds(ts) AS ts", "timestamp_seconds(ts) AS seen", "amount"
+            ).withWatermark("seen", "0 seconds"),
+        )
 
 
 @pytest.mark.parametrize("kind", ["spend_per_5m", "visits"])

@@ -13,6 +13,13 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pytest
+from pyspark.sql.types import (
+    DecimalType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from pyspark_abs import OperatorDefinitionError, session_window, tumbling_window
 from pyspark_abs.operators.contract import Clock, Operator
@@ -138,3 +145,44 @@ def test_bad_window_declarations_say_what_to_fix(kwargs: dict[str, Any], message
     }
     with pytest.raises(OperatorDefinitionError, match=message):
         tumbling_window(**args)
+
+
+def test_a_source_that_does_not_fit_the_windows_is_described() -> None:
+    op = session_window(
+        key={"user": "string"},
+        time="ts",
+        gap=dt.timedelta(minutes=30),
+        aggregates={"n": "count(*)", "paid": "count(amount)", "spent": "sum(amount)"},
+        name="visits",
+    )
+    assert op.input_problem is not None
+    fits = StructType(
+        [
+            StructField("user", StringType()),
+            StructField("ts", TimestampType()),
+            StructField("amount", DecimalType(10, 2)),
+        ]
+    )
+    assert op.input_problem(fits, "ts") is None
+    lacking = StructType([StructField("user", StringType()), StructField("when", TimestampType())])
+    problem = op.input_problem(lacking, "when")
+    assert problem is not None
+    assert "no column(s) ['ts', 'amount']" in problem
+    assert "it has ['user', 'when']" in problem
+    other = op.input_problem(StructType([*fits.fields, StructField("at", TimestampType())]), "at")
+    assert other is not None
+    assert "watermark is on 'at'" in other
+    assert "withWatermark('ts'" in other
+    text = StructType([*fits.fields[:2], StructField("amount", StringType())])
+    problem = op.input_problem(text, "ts")
+    assert problem is not None
+    assert "'spent' is sum(amount), but 'amount' is string, not a number" in problem
+    counted = tumbling_window(
+        key={"user": "string"},
+        time="ts",
+        size=dt.timedelta(minutes=5),
+        aggregates={"paid": "count(amount)"},
+        name="w",
+    )
+    assert counted.input_problem is not None
+    assert counted.input_problem(text, "ts") is None  # any column can be counted

@@ -17,18 +17,17 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import (
-    ConfigError,
-)
+from pyspark_abs.errors import ConfigError, ManifestError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.manifest.entries import EpochStatus
+from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import (
     open_root,
     root_owner,
     tables_of,
 )
 from pyspark_abs.protocol.compaction import Progress, quiet
-from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.epoch_writer import MANIFEST_RETRIES, EpochWriter
 from pyspark_abs.protocol.precommit import (
     file_name,
     root_tag,
@@ -70,37 +69,55 @@ def expire(root: str, keep_last: int, *, dry_run: bool = False) -> list[int]:
 
     The epochs MERGED into an expired snapshot expire with it, in the same manifest commit.
     Named savepoints (:func:`~pyspark_abs.tag`) never expire; they are kept on top of the
-    newest ``keep_last``.
+    newest ``keep_last``. A snapshot named by another process while this runs is kept: what
+    to expire is worked out again from the manifest that process wrote.
     With ``dry_run``, return the epochs that would be marked and change nothing.
 
     Raises:
         ConfigError: ``keep_last`` is below 1.
         SnapshotNotFoundError: The root does not exist.
+        ManifestError: Other writers kept changing what may expire (run it again).
     """
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise ConfigError(f"keep_last must be an integer of at least 1, got {keep_last!r}")
     root = normalize_uri(root)
     store = DeltaStore()
-    epochs = open_root(store, root)
+    attempts = MANIFEST_RETRIES
+    while True:
+        epochs = open_root(store, root)
+        doomed = _doomed(epochs, keep_last)
+        if dry_run or not doomed:
+            return doomed
+        owner = root_owner(store, root)
+        writer = EpochWriter(owner, root, store, epochs, f"vacuum-{uuid.uuid4().hex}")
+        transitions = [
+            entry.transition(EpochStatus.EXPIRED, run_id=writer.run_id, files=())
+            for entry in (epochs.latest(e) for e in doomed)
+            if entry is not None
+        ]
+        try:
+            writer.record_all(transitions)
+            return doomed
+        except ManifestError:
+            attempts -= 1
+            if not attempts or _doomed(open_root(store, root), keep_last) == doomed:
+                raise  # not a race that changed what may expire
+
+
+def _doomed(epochs: EpochLog, keep_last: int) -> list[int]:
+    """The epochs retention marks EXPIRED.
+
+    Those are the snapshots before the newest ``keep_last`` that have no name, each with
+    the epochs MERGED into it.
+    """
     snapshots = epochs.snapshots()
-    doomed = [
+    return [
         epoch
         for snapshot in snapshots[: max(0, len(snapshots) - keep_last)]
         if not epochs.tags_of(snapshot.epoch)
         for epoch in [*epochs.merged_into(snapshot.epoch), snapshot.epoch]
         if epochs.status(epoch) is not EpochStatus.EXPIRED
     ]
-    if dry_run:
-        return doomed
-    writer = EpochWriter(root_owner(store, root), root, store, epochs, f"vacuum-{uuid.uuid4().hex}")
-    writer.record_all(
-        [
-            entry.transition(EpochStatus.EXPIRED, run_id=writer.run_id, files=())
-            for entry in (epochs.latest(e) for e in doomed)
-            if entry is not None
-        ]
-    )
-    return doomed
 
 
 def vacuum(

@@ -4,6 +4,7 @@ import datetime as dt
 import random
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from pyspark_abs.errors import ConfigError, ManifestError, SnapshotNotFoundError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog, is_tag_name
 from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import race
 from tests.support.manifest import T0, entry
@@ -144,11 +146,31 @@ def test_a_name_racing_retention_either_keeps_the_snapshot_or_is_refused(tmp_pat
             assert outcomes[0] is None
         else:
             assert isinstance(outcomes[0], (ManifestError, SnapshotNotFoundError)), outcomes
-        # retention that lost the race to the name is refused as a whole; run again, it expires
-        assert outcomes[1] is None or isinstance(outcomes[1], ManifestError), outcomes
-    expire(root, 1)
+        # retention that lost the race to the name expires the rest all the same
+        assert outcomes[1] is None, outcomes
+        kept = {s.epoch for s in epochs.snapshots()}
+        assert kept == {epoch, *epochs.tags().values()}, (outcomes, epoch)
+
+
+def test_retention_that_loses_its_race_to_a_name_expires_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name commits between retention's reading the manifest and its writing it."""
+    root, _, _ = committed_root(tmp_path, 5)
+    record_all = EpochWriter.record_all
+    names = iter(["late"])
+
+    def name_first(writer: EpochWriter, entries: Any) -> None:
+        name = next(names, None)
+        if name is not None:
+            tag(root, 2, name)  # another process names epoch 2, which retention is expiring
+        record_all(writer, entries)
+
+    monkeypatch.setattr(EpochWriter, "record_all", name_first)
+    assert expire(root, 1) == [0, 1, 3]
     epochs = open_manifest(DeltaStore(), root, PIPELINE)
-    assert all(s.epoch in epochs.tags().values() or s.epoch == 7 for s in epochs.snapshots())
+    assert [s.epoch for s in epochs.snapshots()] == [2, 4]
+    assert epochs.tags() == {"late": 2}
 
 
 def test_names_survive_expire_and_untag_lets_them_go(tmp_path: Path) -> None:

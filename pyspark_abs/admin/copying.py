@@ -101,6 +101,7 @@ def copy_snapshot(
         origin=origin,
         job=job,
         target_root=root,
+        target_epochs=source.epochs,
     )
 
 

@@ -151,6 +151,7 @@ def install_tables(
     schemas: Mapping[str, str] | None = None,
     job: str | None = None,
     target_root: str | None = None,
+    target_epochs: EpochLog | None = None,
 ) -> SnapshotInfo:
     """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
 
@@ -158,7 +159,8 @@ def install_tables(
     and counts are kept), or None for a bootstrap. ``schemas`` gives the Delta schema
     (JSON) of the tables whose schema the installed files change (a state migration, or a
     rollback across one). ``job`` names the job root of a job-wide decision.
-    ``target_root`` holds ``target`` when it is another root (a restore into a new one).
+    ``target_root`` holds ``target`` when it is another root (a restore into a new one),
+    and ``target_epochs`` is that root's manifest.
 
     Raises:
         SourceError: ``target`` read Spark's file source, and the files it had read cannot
@@ -182,6 +184,9 @@ def install_tables(
         state_keys=state_keys if state_keys is not None else _of(target, "state_keys"),
         source_offsets=_of(target, "source_offsets"),
         watermark_ms=_of(target, "watermark_ms"),
+        watermark_after_ms=None
+        if target is None
+        else (target_epochs or writer.epochs).watermark_after(target.epoch),
         restored_from=_of(target, "epoch"),
         restore_versions=dict(restore_versions),
         origin=origin,

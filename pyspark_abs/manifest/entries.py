@@ -143,6 +143,7 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("table_schemas", _STR_MAP),
     pa.field("manifest_version", pa.int64()),
     pa.field("job", pa.string()),
+    pa.field("watermark_after_ms", pa.int64()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -202,6 +203,9 @@ class ManifestEntry:
         job: Restore epochs of a job-wide decision (a job rollback, restore, migration or
             written state): the job's root. The stages reading this stage's channels tell
             such a restore epoch from a rollback of this stage alone.
+        watermark_after_ms: Restore epochs: the watermark the epoch after the installed
+            one ran with, when its root knew it. Spark moves the watermark after every
+            micro-batch, so a run continued from the restore epoch starts there.
     """
 
     pipeline: str
@@ -240,6 +244,16 @@ class ManifestEntry:
     table_schemas: Mapping[str, str] = field(default_factory=dict)
     manifest_version: int | None = None
     job: str | None = None
+    watermark_after_ms: int | None = None
+
+    @property
+    def watermark_floor_ms(self) -> int:
+        """The watermark the epochs after this one never fall below.
+
+        That is its own, or for a restore epoch the one the epoch after the installed one
+        ran with.
+        """
+        return max(self.watermark_ms or 0, self.watermark_after_ms or 0)
 
     @property
     def is_restore(self) -> bool:

@@ -283,6 +283,18 @@ class EpochLog:
         epochs = [*self.merged_into(snapshot), snapshot]
         return [self._prepared[e] for e in epochs if e in self._prepared]
 
+    def watermark_after(self, epoch: int) -> int | None:
+        """The watermark the epoch after ``epoch`` ran with, if this log knows it.
+
+        That is the next epoch's, when it was prepared, else what ``epoch`` itself carries
+        as a restore epoch.
+        """
+        following = self.prepared(epoch + 1)
+        if following is not None and not following.is_restore:
+            return following.watermark_ms
+        own = self.latest(epoch)
+        return own.watermark_after_ms if own is not None else None
+
     def latest_decided(self) -> ManifestEntry | None:
         """The latest entry of the newest epoch that was PREPARED."""
         return self._latest[max(self._prepared)] if self._prepared else None

@@ -136,9 +136,13 @@ class OperatorPlan:
         time_zone: The session time zone: the function sees instants as datetimes aware of
             it, and naive datetimes it returns are wall-clock times there.
         event_time: The input column the query's watermark is defined on, if any.
-        watermark_floor_ms: The watermark of the snapshot this run continues from. A
-            restore starts Spark's watermark afresh at 0; with the floor, late rows are
-            dropped and timeouts fire as in a run that never restarted.
+        watermark_floor_ms: The watermark of the snapshot this run continues from (for a
+            restore epoch, the one the epoch after the installed one ran with). A restore
+            starts Spark's watermark afresh at 0; with the floor, late rows are dropped and
+            timeouts fire as in a run that never restarted.
+        first_batch_floor_ms: After a restore epoch, the late-row floor of the fresh
+            checkpoint's micro-batch 0: Spark judges a batch's rows against the previous
+            batch's watermark, here the installed epoch's own. None: ``watermark_floor_ms``.
         ttl_ms: State time-to-live (see :attr:`Operator.ttl_ms`), on the ``timeout`` clock.
         live_state: Where key groups keep their state between epochs.
     """
@@ -156,6 +160,7 @@ class OperatorPlan:
     time_zone: str = "UTC"
     event_time: str | None = None
     watermark_floor_ms: int = 0
+    first_batch_floor_ms: int | None = None
     ttl_ms: int | None = None
     live_state: LiveState = field(default_factory=StateInSpark)
 
@@ -178,9 +183,10 @@ class OperatorPlan:
         """An empty frame of the key columns."""
         return self.frame(self.key_schema.empty_table())
 
-    def without_late_rows(self, rows: pd.DataFrame) -> pd.DataFrame:
-        """``rows`` (instants still in microseconds) without those older than the floor.
+    def without_late_rows(self, rows: pd.DataFrame, batch_id: int | None) -> pd.DataFrame:
+        """``rows`` of micro-batch ``batch_id`` without those older than the floor.
 
+        Instants are still in microseconds.
         Spark drops rows older than its own watermark before the function, for event-time
         timeouts only; this drops those older than the floor, which Spark's fresh
         watermark may not have reached yet. Restore rows have no event time and stay.
@@ -188,7 +194,9 @@ class OperatorPlan:
         column = self.event_time
         if self.timeout is not TimeoutMode.EVENT_TIME or column is None or not len(rows):
             return rows
-        late = rows[column] < self.watermark_floor_ms * 1000
+        first = batch_id == 0 and self.first_batch_floor_ms is not None
+        floor = self.first_batch_floor_ms if first else self.watermark_floor_ms
+        late = rows[column] < (floor or 0) * 1000
         return rows[~late] if late.any() else rows
 
     def watermark(self, spark_watermark_ms: int | None) -> int | None:

@@ -65,10 +65,11 @@ class KeyGroupTask:
         """Run the key group and yield its envelope rows."""
         plan = self.plan
         key_group = int(key[0])
+        batch_id = current_epoch()
         chunks = [f for f in frames if len(f)]
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            rows = plan.without_late_rows(_without(rows, KEY_GROUP))
+            rows = plan.without_late_rows(_without(rows, KEY_GROUP), batch_id)
             inputs = [c for c in plan.input_instants if c in rows.columns]
             rows = localize(rows, inputs, plan.time_zone)
         else:
@@ -76,7 +77,6 @@ class KeyGroupTask:
         restored = None
         if RESTORE in rows.columns:
             restored, rows = _split_restore(plan, rows, key_group, group_state.exists)
-        batch_id = current_epoch()
         stored: bytes | None = group_state.get[0] if group_state.exists else None
         if restored is not None:
             state = restored

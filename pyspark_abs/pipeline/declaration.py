@@ -62,8 +62,8 @@ from pyspark_abs.pipeline.targets import table_specs, table_targets
 from pyspark_abs.pipeline.wiring import (
     rewound_frame,
     source_frame,
-    watermark_floor,
     with_restore_rows,
+    with_watermark_floors,
 )
 from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.protocol.epoch_writer import EpochWriter
@@ -370,9 +370,8 @@ class Pipeline:
             batch_function = run.process_batch
         try:
             plan = replace(
-                self.plan,
+                with_watermark_floors(self.plan, writer.epochs if self.config.snapshots else None),
                 time_zone=str(self.spark.conf.get("spark.sql.session.timeZone")),
-                watermark_floor_ms=watermark_floor(writer.epochs) if self.config.snapshots else 0,
                 replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
                 if self.config.snapshots
                 else (),

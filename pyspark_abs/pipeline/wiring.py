@@ -7,6 +7,7 @@ watermark floor.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -105,10 +106,22 @@ def as_micros(frame: DataFrame) -> DataFrame:
     )
 
 
-def watermark_floor(epochs: EpochLog) -> int:
-    """The watermark of the newest decided epoch: where this run's watermark starts."""
-    decided = epochs.latest_decided()
-    return (decided.watermark_ms or 0) if decided is not None else 0
+def with_watermark_floors(plan: OperatorPlan, epochs: EpochLog | None) -> OperatorPlan:
+    """``plan`` with the floors where this run's watermark starts (see ``OperatorPlan``).
+
+    They come from the newest decided epoch (none without ``epochs``, a run without
+    snapshots): its watermark, and after a restore epoch the one the epoch after the
+    installed one ran with, the installed epoch's own judging the first micro-batch's rows.
+    """
+    decided = epochs.latest_decided() if epochs is not None else None
+    if decided is None:
+        return plan
+    restored = decided.watermark_after_ms is not None
+    return replace(
+        plan,
+        watermark_floor_ms=decided.watermark_floor_ms,
+        first_batch_floor_ms=decided.watermark_ms if restored else None,
+    )
 
 
 def source_frame(

@@ -312,7 +312,7 @@ class EpochCoordinator:
             state_keys=((previous.state_keys or 0) if previous else 0) + aligned.keys_delta,
             source_offsets=offsets.source_offsets,
             # a restore's fresh checkpoint starts Spark's watermark at 0 (see OperatorPlan)
-            watermark_ms=max(offsets.watermark_ms, (previous.watermark_ms or 0) if previous else 0),
+            watermark_ms=max(offsets.watermark_ms, previous.watermark_floor_ms if previous else 0),
             batch_ms=batch_ms,
             precommit_ms=aligned.precommit_ms,
             align_wait_ms=aligned.align_wait_ms,

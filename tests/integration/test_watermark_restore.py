@@ -77,3 +77,40 @@ def test_rollback_restore_and_write_state_keep_the_watermark(
     )
     session_pipeline(events, edited).run()
     assert_same_sessions(edited, reference, spark)
+
+
+def test_a_run_continued_from_inside_a_run_drops_and_closes_what_the_original_did(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark moves the watermark after each batch: the epoch after the one rolled back to ran
+    with a higher watermark (120 s) than that epoch's own (100 s), and judged its rows late
+    against that epoch's. A continued run does both the same."""
+    # f@115 in the fourth batch is late (the third ran with 120 s), c@112 in the third is not
+    # (the second ran with 100 s); a's session (timeout 110 s) closes in the third batch
+    batches = [[("a", 100)], [("b", 120)], [("c", 112), ("d", 125)], [("f", 115), ("e", 140)]]
+    events = event_table(tmp_path / "bronze", batches)
+    reference, rolled, copy = tmp_path / "reference", tmp_path / "rolled", tmp_path / "copy"
+    session_pipeline(events, reference).run()
+    want = Snapshots(str(reference), spark)
+    assert [(i.epoch, i.watermark_ms) for i in want.list()][:3] == [
+        (0, 0),
+        (1, 100_000),
+        (2, 120_000),
+    ]
+    session_pipeline(events, rolled).run()
+    rollback(str(rolled), 1)
+    session_pipeline(events, rolled).run()
+    assert_same_sessions(rolled, reference, spark)
+    assert_sink_equal(rolled, "output", want.sink("output"))
+
+    restore(str(reference), 1, str(copy))  # the copy's epochs keep the reference's numbers
+    session_pipeline(events, copy).run()
+    assert_same_sessions(copy, reference, spark)
+    got = Snapshots(str(copy), spark)
+    assert [(i.epoch, i.watermark_ms) for i in got.list()] == [
+        (i.epoch, i.watermark_ms) for i in want.list() if i.epoch >= 1
+    ]
+    for epoch in range(2, want.latest().epoch + 1):  # type: ignore[union-attr]
+        assert_sink_equal(
+            copy, "output", want.sink("output", epoch).subtract(want.sink("output", 1)), epoch=epoch
+        )

@@ -183,12 +183,11 @@ def test_windows_match_the_model_through_rollback_and_a_restore_at_another_scale
 ) -> None:
     op: Operator = readme_windows()[kind]
     rng = random.Random(11)
-    # Late rows only up to the epoch rolled back to: a run continued from a snapshot starts
-    # with that epoch's watermark, as Spark restarted after it would (see the user guide).
-    first = batches(rng, 3, 1_800_000_000, late=True)
+    # late rows before and after the epoch rolled back to
+    first = batches(rng, 6, 1_800_000_000, late=True)
     newest = [max(t for _, t, _ in batch) for batch in first]
     assert any(t < max(newest[:i]) for i in (1, 2) for _, t, _ in first[i]), "no late row"
-    first += batches(rng, 3, max(newest), late=False)
+    assert any(t < max(newest[:i]) for i in (3, 4, 5) for _, t, _ in first[i]), "no late row"
     append(tmp_path / "events", first)
     model = Model(kind == "visits", (30 if kind == "visits" else 5) * 60_000)
     closed, watermark_s = feed(model, first, 0)

@@ -1,4 +1,5 @@
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -288,3 +289,24 @@ def test_a_manifest_without_the_interval_columns_gets_them_on_open(tmp_path: Pat
 
 def test_a_status_prints_as_its_name() -> None:
     assert f"{EpochStatus.COMMITTED}" == str(EpochStatus.COMMITTED) == "COMMITTED"
+
+
+def test_a_restore_epoch_knows_the_watermark_the_epoch_after_the_installed_one_ran_with() -> None:
+    log = EpochLog()
+    for epoch, watermark in [(0, 0), (1, 100), (2, 120)]:
+        log.record(entry(epoch, watermark_ms=watermark))
+        log.record(entry(epoch, EpochStatus.COMMITTED, watermark_ms=watermark))
+    assert (log.watermark_after(0), log.watermark_after(1), log.watermark_after(2)) == (
+        100,
+        120,
+        None,
+    )
+    restore = entry(3, origin="rollback to epoch 1", restored_from=1, watermark_ms=100)
+    log.record(replace(restore, watermark_after_ms=log.watermark_after(1)))
+    assert log.watermark_after(2) is None  # the epoch after 2 is a restore epoch
+    assert log.watermark_after(3) == 120  # nothing ran after it yet: what it carries
+    installed = log.latest(3)
+    assert installed is not None
+    assert (installed.watermark_ms, installed.watermark_floor_ms) == (100, 120)
+    log.record(entry(4, watermark_ms=130))
+    assert log.watermark_after(3) == 130

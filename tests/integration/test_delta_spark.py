@@ -1,8 +1,9 @@
 """Delta Lake's own reader (delta-spark) on every table pyspark-abs writes with delta-rs.
 
-``scripts/test_spark_versions`` runs them (marker ``delta_jvm``) on each older Spark with a
-session that carries Delta Lake's jars, SQL extension and catalog (``ABS_DELTA_JARS``); no
-Delta release supports the newest Spark yet, so the whole-suite run on it skips them.
+``scripts/test_spark_versions`` runs them (marker ``delta_jvm``) on the oldest and the newest
+older Spark with a session that carries Delta Lake's jars, SQL extension and catalog
+(``ABS_DELTA_JARS``); no Delta release supports the newest Spark yet, so the whole-suite run
+on it skips them.
 """
 
 from __future__ import annotations

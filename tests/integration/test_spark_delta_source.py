@@ -1,8 +1,8 @@
 """Spark's own Delta source over tables delta-spark writes, and delta-spark writers racing
 pyspark-abs's commits: crash, rollback and restore give the uninterrupted run's results.
 
-Marker ``delta_jvm``: ``scripts/test_spark_versions`` runs them on each Spark that has a
-Delta Lake release, with Delta's jars on the session.
+Marker ``delta_jvm``: ``scripts/test_spark_versions`` runs them on the oldest and the newest
+Spark that has a Delta Lake release, with Delta's jars on the session.
 """
 
 from __future__ import annotations

@@ -30,17 +30,19 @@ from tests.support.key_groups import STATE, rows, sort, word_plan
 from tests.support.timers import remind
 
 TIMERS_STATE = STATE.append(pa.field("_timers", pa.list_(pa.int64())))
+TIMERS_OPERATOR: dict[str, Any] = {
+    "key": "word",
+    "state_schema": "count long",
+    "output_schema": "word string, count long",
+    "timeout": "event_time",
+    "timers": True,
+}
+"""The declaration of the test's timers operators."""
 FIRST, SECOND = 100, 250
 """Each event at ``ts`` registers timers at ``ts + FIRST`` and ``ts + SECOND``."""
 
 
-@operator(
-    key="word",
-    state_schema="count long",
-    output_schema="word string, count long",
-    timeout="event_time",
-    timers=True,
-)
+@operator(**TIMERS_OPERATOR)
 def reminders(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
     fired = remind(state, [int(t) for t in rows["ts"]], FIRST, SECOND, 7)
     return [{"word": key[0], "count": t} for t in fired]
@@ -190,13 +192,7 @@ def test_plain_timeouts_refuse_the_timer_calls() -> None:
 
 
 def test_times_computed_from_a_column_are_numpy_integers_and_accepted() -> None:
-    @operator(
-        key="word",
-        state_schema="count long",
-        output_schema="word string, count long",
-        timeout="event_time",
-        timers=True,
-    )
+    @operator(**TIMERS_OPERATOR)
     def numpy_timers(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
         state.update({"count": len(rows)})
         state.register_timer(rows["ts"].max() + 100)  # numpy.int64, not int

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 import bench_builtin
 import bench_intervals
 import bench_kafka
+import bench_latency
 import bench_multistage
 import bench_scaling
 import bench_state_scale
@@ -83,6 +84,23 @@ def test_windows(spark: SparkSession, tmp_path: Path) -> None:
     written = set(figures["windows_written"].values())
     assert len(written) == 1, f"Spark and pyspark-abs wrote other windows: {figures}"
     assert written.pop() > 0
+
+
+def test_latency(spark: SparkSession, tmp_path: Path) -> None:
+    argv = ["--files", "2", "--interval", "0.1", "--repeats", "1", "--no-warm-up"]
+    argv += ["--key-groups", "4", "--partitions", "2", "--workdir", str(tmp_path)]
+    figures = bench_latency.main(argv)
+    variants = figures["variants"]
+    assert set(variants) == {"builtin_default", "abs_baseline", "abs_sync", "abs_async"}
+    for variant, f in variants.items():
+        assert f["files"] == 2, (variant, f)
+        assert 0 < f["latency_ms_p50"] <= f["latency_ms_p99"], (variant, f)
+        assert f["epoch_ms_median"] > 0, (variant, f)
+    assert set(figures["ratios"]) == {
+        "abs_async_vs_builtin_default",
+        "abs_async_vs_abs_baseline",
+        "abs_async_vs_abs_sync",
+    }
 
 
 def test_builtin(spark: SparkSession, tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ Spark puts ``pyspark/python/lib/pyspark.zip`` (and py4j's zip) ahead of site-pac
 path of each Python process it starts, and Python never caches bytecode for a zip: every new
 worker, Python data source runner and planner compiled PySpark from source again. This adds
 hash-checked ``.pyc`` files beside the sources in each zip (zipimport reads them and checks
-them against the source), which took about an eighth off the test suite's time.
+them against the source), which took about an eighth off a test file that runs pipelines
+in the test session.
 
 Run by scripts/_env.sh after it installs PySpark; running it again changes nothing.
 """

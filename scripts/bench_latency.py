@@ -84,10 +84,6 @@ class Trickle:
             self.landed_at.append(time.time())
 
 
-def source(spark: SparkSession, landing: Path) -> DataFrame:
-    return spark.readStream.schema("key long").option("maxFilesPerTrigger", 1).parquet(str(landing))
-
-
 def shown_total(sink: str, version: int | None = None) -> int:
     """How many records a version of the sink counts: the sum over keys of their largest
     count (the sink holds ``(key, count)`` rows, each a key's new count)."""
@@ -121,7 +117,10 @@ def waiting_for_data(query: StreamingQuery) -> None:
     wait_until(lambda: query.status["message"] == "Waiting for data to arrive", "the start")
 
 
-def run_builtin(spark: SparkSession, work: Path, trickle: Trickle, interval: float) -> Any:
+def run_builtin(
+    spark: SparkSession, work: Path, trickle: Trickle, interval: float
+) -> tuple[StreamingQuery, list[float]]:
+    """Spark's own count over the trickle; when each file's micro-batch was appended."""
     ended: dict[int, float] = {}
     out = work / "counts"
 
@@ -130,7 +129,7 @@ def run_builtin(spark: SparkSession, work: Path, trickle: Trickle, interval: flo
         ended[batch_id] = time.time()
 
     query = (
-        source(spark, trickle.landing)
+        _bench.parquet_source(spark, trickle.landing)
         .groupBy("key")
         .count()
         .writeStream.outputMode("update")
@@ -149,11 +148,12 @@ def run_builtin(spark: SparkSession, work: Path, trickle: Trickle, interval: flo
 
 def run_abs(
     spark: SparkSession, work: Path, trickle: Trickle, interval: float, config: AbsConfig
-) -> Any:
+) -> tuple[StreamingQuery, list[float]]:
+    """pyspark-abs over the trickle; when each file became visible in the sink."""
     sink = str(work / "counts")
     pipeline = Pipeline(
         "latency",
-        source(spark, trickle.landing),
+        _bench.parquet_source(spark, trickle.landing),
         _bench.keyed_count,
         root=str(work / "root"),
         sinks=sink,

@@ -13,7 +13,7 @@ Run by scripts/_env.sh after it installs PySpark; running it again changes nothi
 from __future__ import annotations
 
 import compileall
-import shutil
+import os
 import tempfile
 import warnings
 import zipfile
@@ -42,13 +42,21 @@ def compile_zip(archive: Path) -> bool:
                 )
             if not compiled:
                 raise SystemExit(f"could not compile every module in {archive}")
-            rebuilt = archive.with_suffix(".zip.tmp")
-            with zipfile.ZipFile(rebuilt, "w", zipfile.ZIP_DEFLATED) as out:
-                for entry in zipped.infolist():
-                    out.writestr(entry, zipped.read(entry))
-                    if entry.filename.endswith(".py"):
-                        out.write(Path(scratch, entry.filename + "c"), entry.filename + "c")
-            shutil.move(rebuilt, archive)
+            # a name of its own: two installs into one venv at once must not share it
+            handle, name = tempfile.mkstemp(suffix=".zip.tmp", dir=archive.parent)
+            os.close(handle)
+            rebuilt = Path(name)
+            try:
+                with zipfile.ZipFile(rebuilt, "w", zipfile.ZIP_DEFLATED) as out:
+                    for entry in zipped.infolist():
+                        out.writestr(entry, zipped.read(entry))
+                        if entry.filename.endswith(".py"):
+                            out.write(Path(scratch, entry.filename + "c"), entry.filename + "c")
+                rebuilt.chmod(archive.stat().st_mode)  # mkstemp's file is private
+                os.replace(rebuilt, archive)
+            except BaseException:
+                rebuilt.unlink(missing_ok=True)
+                raise
     return True
 
 

@@ -29,7 +29,10 @@ def test_each_module_gets_bytecode_that_the_zip_importer_loads_and_checks(tmp_pa
         zipped.writestr("pkg/__init__.py", "VALUE = 1\n")
         zipped.writestr("pkg/mod.py", "def where():\n    return where.__code__.co_filename\n")
 
+    archive.chmod(0o644)
     assert compile_zip(archive)
+    assert archive.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["lib.zip"]  # no temporary file left
     with zipfile.ZipFile(archive) as zipped:
         names = zipped.namelist()
     assert names == ["pkg/", "pkg/__init__.py", "pkg/__init__.pyc", "pkg/mod.py", "pkg/mod.pyc"]

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+SOCKET_TIMEOUT_S = 120
+"""Seconds the driver and the JVM wait for each other on a local socket (a collect's
+hand-over, a Python worker's start), where Spark waits 15: a busy machine can stall longer."""
+
 
 def local_session(
     app_name: str = "pyspark-abs",
@@ -20,9 +24,9 @@ def local_session(
     """Get or create a local SparkSession for pipelines, notebooks and tests.
 
     Python workers run this interpreter (``PYSPARK_PYTHON`` is set to ``sys.executable``),
-    the UI is off, a new session's time zone is UTC (a running session keeps its own), and
-    the log is quiet: a failed query's stack traces are not printed twice over (see
-    :data:`QUIET_LOGGERS`), its error is raised once.
+    the UI is off, local sockets wait :data:`SOCKET_TIMEOUT_S`, a new session's time zone
+    is UTC (a running session keeps its own), and the log is quiet: a failed query's stack
+    traces are not printed twice over (see :data:`QUIET_LOGGERS`), its error is raised once.
 
     Args:
         app_name: Spark application name.
@@ -34,6 +38,7 @@ def local_session(
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", str(SOCKET_TIMEOUT_S))
     master = f"local[{cores}]" if max_failures is None else f"local[{cores},{max_failures}]"
     builder = (
         SparkSession.builder.master(master)
@@ -42,6 +47,7 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.streaming.stopTimeout", "60s")
+        .config("spark.python.authenticate.socketTimeout", f"{SOCKET_TIMEOUT_S}s")
     )
     if SparkSession.getActiveSession() is None:
         # a running session keeps the time zone its user chose

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,8 +29,10 @@ from pyspark_abs.operators.contract import (
 )
 from pyspark_abs.operators.envelope import envelope_frame
 from pyspark_abs.operators.key_group import run_key_group
+from pyspark_abs.operators.keys import BoolArray, contains, key_arrays
 from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
 from pyspark_abs.operators.schema import (
+    DELETED,
     KEY_GROUP,
     RESTORE,
     instant_columns,
@@ -74,9 +77,9 @@ class KeyGroupTask:
             rows = localize(rows, inputs, plan.time_zone)
         else:
             rows = plan.frame(plan.input_schema.empty_table())
-        restored = None
+        restored, regrouped = None, None
         if RESTORE in rows.columns:
-            restored, rows = _split_restore(plan, rows, key_group, group_state.exists)
+            restored, regrouped, rows = _split_restore(plan, rows, key_group, group_state.exists)
         stored: bytes | None = group_state.get[0] if group_state.exists else None
         if restored is not None:
             state = restored
@@ -87,14 +90,17 @@ class KeyGroupTask:
         clock = Clock(
             group_state.getCurrentProcessingTimeMs(), plan.watermark(_watermark(group_state))
         )
+        replay = plan.replay_of(batch_id)
+        if replay is not None:
+            yield from _install_decided(plan, replay, key_group, state, stored, group_state, clock)
+            return
         if restored is not None and not len(rows):
             # Only restore rows: install the key group's state; the function runs on data.
             group_state.update((plan.live_state.save(plan, key_group, state, batch_id, None),))
             _set_timeout(plan, group_state, earliest_timeout(state), clock)
-            return
-        replay = plan.replay_of(batch_id)
-        if replay is not None:
-            yield from _install_decided(plan, replay, key_group, state, stored, group_state, clock)
+            moved = _with_regrouped(plan, plan.change_schema.empty_table(), restored, regrouped)
+            if plan.snapshots and moved.num_rows:
+                yield envelope_frame(key_group, (moved, plan.change_codec.encode(moved)), 0, [])
             return
         outcome = run_key_group(plan, key_group, rows, state, clock, batch_id)
 
@@ -107,8 +113,9 @@ class KeyGroupTask:
         _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
 
         changes = None
-        if plan.snapshots and outcome.changes.num_rows:
-            changes = (outcome.changes, plan.change_codec.encode(outcome.changes))
+        changed = _with_regrouped(plan, outcome.changes, restored, regrouped)
+        if plan.snapshots and changed.num_rows:
+            changes = (changed, plan.change_codec.encode(changed))
         outputs = [
             (i, table, plan.output_codecs[i].encode(table))
             for i, table in enumerate(outcome.outputs)
@@ -192,12 +199,16 @@ def _without(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def _split_restore(
     plan: OperatorPlan, rows: pd.DataFrame, key_group: int, has_state: bool
-) -> tuple[pa.Table | None, pd.DataFrame]:
-    """Separate restore rows (a restored key's state) from data rows."""
+) -> tuple[pa.Table | None, BoolArray | None, pd.DataFrame]:
+    """Separate restore rows (a restored key's state) from data rows.
+
+    Returns the restored state, which of its keys the snapshot holds in another key group
+    (it was taken with another key-group count), and the data rows.
+    """
     is_restore = rows[RESTORE].notna().to_numpy()
     data = rows[~is_restore].drop(columns=[RESTORE]).reset_index(drop=True)
     if not is_restore.any():
-        return None, data
+        return None, None, data
     if has_state:
         raise AbsError(
             f"operator {plan.name!r}, epoch {current_epoch()}, key group {key_group}: restore "
@@ -206,9 +217,31 @@ def _split_restore(
         )
     picked = rows[is_restore]
     values = pd.DataFrame(picked[RESTORE].tolist(), index=picked.index)
+    held_in = values.pop(KEY_GROUP)
+    regrouped = (held_in.isna() | (held_in != key_group)).to_numpy(dtype=bool)
     values = localize(values, instant_columns(plan.state_schema), plan.time_zone)
     frame = pd.concat([picked[list(plan.key_columns)], values], axis=1)
-    return plan.to_arrow(frame, plan.blob_schema, f"restored state of key group {key_group}"), data
+    what = f"restored state of key group {key_group}"
+    return plan.to_arrow(frame, plan.blob_schema, what), regrouped, data
+
+
+def _with_regrouped(
+    plan: OperatorPlan, changes: pa.Table, restored: pa.Table | None, regrouped: BoolArray | None
+) -> pa.Table:
+    """``changes`` plus an unchanged row for each restored key held in another key group.
+
+    After a restore at another key-group count, the state table holds such a key under its
+    old key group until it changes; live state rebuilt from the snapshot (a new cluster)
+    looks keys up by key group, so the first epoch writes each of them again in its new one.
+    """
+    if restored is None or regrouped is None or not regrouped.any():
+        return changes
+    moved = restored.filter(pa.array(regrouped))
+    if changes.num_rows:
+        moved_keys, changed_keys = key_arrays([moved, changes], plan.key_columns)
+        moved = moved.filter(pa.array(~contains(moved_keys, changed_keys)))
+    live = pa.array(np.zeros(moved.num_rows, dtype=bool))
+    return pa.concat_tables([changes, moved.append_column(DELETED, live).cast(plan.change_schema)])
 
 
 def _set_timeout(

@@ -74,6 +74,7 @@ def with_restore_rows(
             for c in plan.state_schema.names
         ),
         TIMEOUT,
+        KEY_GROUP,  # the key group the snapshot holds the key in
     )
     restore_rows = state.select(
         *plan.key_columns,

@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pyspark_abs import (
+    AbsConfig,
     EpochStatus,
     Fault,
     FaultStep,
@@ -28,16 +29,21 @@ from pyspark_abs import (
     Snapshots,
     StateEncodingError,
     StorageError,
+    restore,
+    rollback,
+    write_state,
 )
 from pyspark_abs.admin.compaction import compact
 from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.validation import validate
+from pyspark_abs.examples.wordcount import word_count
 from pyspark_abs.manifest.table import manifest_root_id
 from pyspark_abs.operators.state_codec import encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.storage.store import DeltaStore
-from tests.support.inputs import write_epochs
+from tests.support.inputs import running_counts, write_epochs
 from tests.support.pipelines import (
+    STATE_DDL,
     assert_same,
     assert_word_counts,
     expected_sink,
@@ -147,6 +153,45 @@ def test_a_replay_after_a_crash_rebuilds_from_a_snapshot_and_later_prepared_epoc
             snapshots.state("word_count", epoch), expected_state(spark, EPOCHS[: epoch + 1])
         )
     assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
+    assert validate(str(root)) == []
+
+
+@pytest.mark.parametrize("install", ["rollback", "restore", "write_state"])
+def test_a_new_cluster_after_a_restore_at_another_key_group_count_finds_every_key(
+    spark: SparkSession, tmp_path: Path, install: str
+) -> None:
+    """Epoch 1's snapshot, taken with 4 key groups, is installed and the pipeline goes on
+    with 7. Key "e", last changed in epoch 1, must be found in its new key group when the
+    local files are lost before it comes again in the last epoch."""
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
+    root = tmp_path / "root"
+
+    def run(at: Path, key_groups: int) -> None:
+        word_pipeline(
+            spark, inputs, at, bronze=True, local_state_dir=str(local), key_groups=key_groups
+        ).run()
+
+    run(root, 4)
+    if install == "rollback":
+        rollback(str(root), 1)
+    elif install == "restore":
+        restore(str(root), 1, str(tmp_path / "copy"))
+        root = tmp_path / "copy"
+    else:
+        state = Snapshots(str(root), spark).state("word_count")
+        write_state(state, str(root), word_count, config=AbsConfig(key_groups=4))
+    write_epochs(tmp_path / "in", EPOCHS[:5])
+    run(root, 7)
+    shutil.rmtree(local)  # a new cluster
+    write_epochs(tmp_path / "in", EPOCHS)
+    run(root, 7)
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
+    emitted = running_counts(EPOCHS)[1]
+    if install == "restore":  # the copy's own sink begins after the restored epoch
+        emitted = emitted[len(running_counts(EPOCHS[:2])[1]) :]
+    assert_same(snapshots.sink("output"), spark.createDataFrame(emitted, STATE_DDL))
     assert validate(str(root)) == []
 
 

@@ -30,7 +30,7 @@ def latest_per_key(
         epoch: Ignore changes of later epochs.
         keep_deleted: Keep tombstones (the latest change of a removed key).
     """
-    if epoch is not None:
+    if epoch is not None and changes.num_rows and pc.max(changes[EPOCH]).as_py() > epoch:
         epochs_before = np.asarray(changes[EPOCH].to_numpy(), dtype=np.int64)
         changes = changes.filter(pa.array(epochs_before <= epoch))
     if not changes.num_rows:

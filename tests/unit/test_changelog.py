@@ -35,6 +35,8 @@ def test_latest_per_key_as_of_each_epoch() -> None:
     assert as_dict(latest_per_key(changes, ["k"], 1)) == {"a": 2, "b": 5, None: 7}
     assert as_dict(latest_per_key(changes, ["k"], 2)) == {"a": 2, None: 7}
     assert as_dict(latest_per_key(changes, ["k"])) == {"a": 3, None: 7}
+    for newest_or_later in (3, 9):
+        assert as_dict(latest_per_key(changes, ["k"], newest_or_later)) == {"a": 3, None: 7}
 
 
 def test_latest_per_key_can_keep_tombstones() -> None:

@@ -44,12 +44,7 @@ _bench.pickle_by_value(__name__)
 
 STATE_STORES = {
     "builtin_default": {},
-    "builtin_rocksdb": {
-        "spark.sql.streaming.stateStore.providerClass": (
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-        ),
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    },
+    "builtin_rocksdb": _bench.ROCKSDB,
 }
 ABS: dict[str, dict[str, Any]] = {
     "abs_baseline": {"snapshots": False},

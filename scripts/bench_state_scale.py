@@ -60,12 +60,7 @@ ABS: dict[str, dict[str, Any]] = {
     "abs_off": {"snapshots": False},
 }
 BUILTIN: dict[str, dict[str, str]] = {
-    "builtin_rocksdb": {
-        "spark.sql.streaming.stateStore.providerClass": (
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-        ),
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    },
+    "builtin_rocksdb": _bench.ROCKSDB,
     "builtin_default": {},
 }
 VARIANTS = [*ABS, *BUILTIN]

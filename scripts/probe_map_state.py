@@ -38,13 +38,6 @@ from pyspark.sql.streaming.stateful_processor import (
 
 _bench.pickle_by_value(__name__)
 
-ROCKSDB = {
-    "spark.sql.streaming.stateStore.providerClass": (
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-    ),
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}
-
 
 class MapStateCount(StatefulProcessor):
     """Count records per key, one MapState entry per key, read and written key by key."""
@@ -79,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--partitions", type=int, default=4)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
-    for name, value in ROCKSDB.items():
+    for name, value in _bench.ROCKSDB.items():
         spark.conf.set(name, value)
     work = Path(tempfile.mkdtemp(prefix="abs-probe-"))
     landing = work / "input"
@@ -117,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ]
     finally:
         query.stop()
-        for name in ROCKSDB:
+        for name in _bench.ROCKSDB:
             spark.conf.unset(name)
         shutil.rmtree(work, ignore_errors=True)
     print(f"load of {args.keys:,} keys: {load_s:.2f} s")

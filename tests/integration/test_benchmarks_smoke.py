@@ -2,7 +2,8 @@
 
 The scripts run in this process (``main(argv)``), on the session-scoped SparkSession, with
 one repeat, no warm-up, few keys and few key groups; the scaling script runs on this
-session's master only (its standalone cluster is not started here).
+session's master only (its standalone cluster is not started here), and the recovery
+script's restarts run in processes of their own, as they must.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import bench_intervals
 import bench_kafka
 import bench_latency
 import bench_multistage
+import bench_recovery
 import bench_scaling
 import bench_state_scale
 import bench_windows
@@ -163,6 +165,18 @@ def test_state_scale(spark: SparkSession, tmp_path: Path) -> None:
             assert (figure["local_bytes"] > 0) == (variant == "abs_async")
     assert plot.exists()
     assert plot.with_name("scale_bytes.png").exists()
+
+
+def test_recovery(tmp_path: Path) -> None:
+    argv = ["--keys", "3000", "--records", "300", "--key-groups", "4", "--partitions", "2"]
+    figures = bench_recovery.main([*argv, "--workdir", str(tmp_path)])
+    assert set(figures["seconds"]) == {"3000"}
+    assert set(figures["seconds"]["3000"]) == set(bench_recovery.VARIANTS)
+    assert positive(figures["seconds"]["3000"])
+    assert set(figures["targets_met"]) == {
+        "new_cluster_at_most_rocksdb",
+        "new_cluster_at_most_2x_warm_at_largest",
+    }
 
 
 def test_map_state_probe(spark: SparkSession) -> None:

@@ -64,6 +64,12 @@ class AbsConfig:
             snapshots on ("": the executor's temporary directory). It needs room for about
             the live state, LZ4-compressed Arrow, and is rebuilt from the snapshot root
             when lost.
+        local_state_change_share: How a key group's live state file follows its changes:
+            an epoch writes only the keys it changed, in a change file on a chain that
+            starts from a whole file, until the chain holds this share of the whole file's
+            bytes (a little less in some key groups) or 40 change files; the next change
+            writes the whole state again. 0 writes the whole state at every change: a
+            little less CPU per epoch, but local bytes written that grow with the state.
         faults: Faults to inject at named protocol steps, for tests and demos.
     """
 
@@ -77,6 +83,7 @@ class AbsConfig:
     compaction_ratio: float = 10.0
     max_key_group_state_bytes: int = 256 * 1024 * 1024
     local_state_dir: str = ""
+    local_state_change_share: float = 0.25
     faults: tuple[Fault, ...] = field(default_factory=tuple)
 
     def __new__(cls, *args: object, **kwargs: object) -> AbsConfig:
@@ -125,6 +132,12 @@ class AbsConfig:
                 f"empty for their temporary directory), got {local!r}: a relative path "
                 f"depends on each executor's working directory, and remote storage is what "
                 f"the snapshot root is for"
+            )
+        share = self.local_state_change_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1e6:
+            raise ConfigError(
+                f"local_state_change_share must be a number >= 0 (0: write the whole state "
+                f"at every change), got {share!r}"
             )
         for fault in self.faults:
             if not isinstance(fault, Fault):

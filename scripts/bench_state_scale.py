@@ -16,13 +16,13 @@ and for pyspark-abs the background commit), so each steady epoch is measured alo
 Variants: ``abs_async`` (snapshots every epoch, asynchronous commit), ``abs_off``
 (``snapshots=False``), ``builtin_rocksdb`` (RocksDB state store with changelog
 checkpointing), ``builtin_default`` (Spark's default HDFS-backed store). Variants are
-interleaved (the order rotates each repeat) and the figures are medians over the steady
-epochs of every repeat. The last line printed is one JSON object; ``results`` maps variant to
-N (a string) to ``{"epoch_s", "cpu_s", "checkpoint_bytes", "delta_bytes", "local_bytes"}``
-(``local_bytes``: live-state files pyspark-abs wrote to the local disk, not durable). A run
-that fails (Spark's default store runs out of a 4 GB heap at 32M keys) is left out of
-``results`` and its error is in ``failed``; the JVM may not survive it, so the variants run
-after it at that N fail too.
+interleaved (the order rotates each repeat) and the figures are medians (times) and means
+(bytes) over the steady epochs of every repeat. The last line printed is one JSON object;
+``results`` maps variant to N (a string) to ``{"epoch_s", "cpu_s", "checkpoint_bytes",
+"delta_bytes", "local_bytes"}`` (``local_bytes``: live-state files pyspark-abs wrote to
+the local disk, not durable). A run that fails (Spark's default store runs out of a 4 GB
+heap at 32M keys) is left out of ``results`` and its error is in ``failed``; the JVM may not
+survive it, so the variants run after it at that N fail too.
 
     python scripts/bench_state_scale.py [--keys 500000,2000000,8000000,32000000]
         [--records 200000] [--steady-epochs 3] [--repeats 1] [--plot PATH]
@@ -229,12 +229,19 @@ def _delta_sizes(layout: Layout) -> dict[str, int]:
     return {p: s for p, s in file_sizes(layout.delta).items() if not p.startswith(inside)}
 
 
-def medians(epochs: Sequence[Epoch]) -> dict[str, float]:
-    """The median of each figure over steady epochs."""
+def steady_figures(epochs: Sequence[Epoch]) -> dict[str, float]:
+    """Each figure over steady epochs: times as medians, bytes as means.
+
+    Bytes are averaged: live-state files are rewritten whole only every few dozen epochs,
+    and a median would leave those epochs out.
+    """
     figures: dict[str, float] = {}
     for name in FIGURES:
-        value = statistics.median(getattr(e, name) for e in epochs)
-        figures[name] = round(value, 3) if name.endswith("_s") else int(value)
+        values = [getattr(e, name) for e in epochs]
+        if name.endswith("_s"):
+            figures[name] = round(statistics.median(values), 3)
+        else:
+            figures[name] = int(statistics.mean(values))
     return figures
 
 
@@ -298,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     )
             for variant in variants:
                 if steady[variant]:
-                    results[variant][str(keys)] = medians(steady[variant])
+                    results[variant][str(keys)] = steady_figures(steady[variant])
                 if variant in costs:
                     memory[variant][str(keys)] = costs[variant].memory()
             shutil.rmtree(work / f"input-{keys}", ignore_errors=True)
@@ -321,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def print_table(results: dict[str, dict[str, dict[str, float]]], keys: Sequence[int]) -> None:
-    """One row per variant and N: the steady epoch's medians."""
+    """One row per variant and N: the steady epochs' figures (see :func:`steady_figures`)."""
     header = ("variant", "N keys", "epoch s", "CPU s", "ckpt MB", "Delta MB", "local MB")
     print("\n{:<16} {:>11} {:>8} {:>7} {:>8} {:>9} {:>9}".format(*header))
     for variant, by_keys in results.items():

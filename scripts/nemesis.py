@@ -428,6 +428,7 @@ def child_main() -> int:
     parser.add_argument("--key-groups", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--compact-every", type=int, default=0)
+    parser.add_argument("--change-share", type=float, default=0.25)
     parser.add_argument("--pause", help="STEP:EPOCH to stop (SIGSTOP) at")
     parser.add_argument("--word", help="write_state: the word to bump")
     parser.add_argument("--delta", type=int, default=0)
@@ -499,6 +500,7 @@ def _child_run(args: argparse.Namespace) -> dict[str, Any]:
         commit_mode=args.commit_mode,
         key_groups=args.key_groups,
         compaction_every_epochs=args.compact_every,
+        local_state_change_share=args.change_share,
         faults=faults,
     )
     query = Pipeline(
@@ -758,13 +760,15 @@ class Nemesis:
             self.ahead = None
 
     def run_args(self, root: Path) -> list[str]:
-        """A random commit mode; a new partition and key-group count on a fresh checkpoint."""
+        """A random commit mode and change-file share (1000: every small key group goes on
+        chains of change files); a new partition and key-group count on a fresh checkpoint."""
         plan = self.plans[root]
         if plan.fresh:
             plan.key_groups = self.rng.choice((2, 3, 4, 8))
             plan.partitions = self.rng.choice((1, 2, 3))
             plan.fresh = False
         extra = ["--commit-mode", self.rng.choice(("sync", "async"))]
+        extra += ["--change-share", self.rng.choice(("0", "0.25", "1000"))]
         if self.rng.random() < 0.3:
             extra += ["--compact-every", "1"]
         return extra

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -111,7 +112,11 @@ def run_key_group(
         converted,
         event_times_ms(plan, rows),
     )
-    return outcome if expired_state is None else _with_expired(plan, outcome, expired_state)
+    if expired_state is None:
+        return outcome
+    kept = np.zeros(len(gone), dtype=bool)
+    kept[~gone] = outcome.kept
+    return _with_expired(plan, replace(outcome, kept=kept), expired_state)
 
 
 def _with_expired(

@@ -15,6 +15,7 @@ from pyspark_abs.operators.contract import (
     Operator,
     TimeoutMode,
 )
+from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.schema import (
     DELETED,
     EPOCH,
@@ -72,10 +73,13 @@ class LiveState(Protocol):
         state: pa.Table,
         batch_id: int | None,
         replaced: bytes | None,
+        kept: BoolArray | None,
     ) -> bytes:
         """Keep the key group's new state; the value for Spark's state store.
 
-        ``replaced`` is the value it replaces (None: the key group had no state).
+        ``replaced`` is the value it replaces (None: the key group had no state). ``kept``
+        says which rows of the state loaded from ``replaced`` begin ``state``, in their
+        order; its other rows are new (None: not known).
         """
         ...
 
@@ -112,6 +116,7 @@ class StateInSpark:
         state: pa.Table,
         batch_id: int | None,
         replaced: bytes | None,
+        kept: BoolArray | None,
     ) -> bytes:
         """Encode the blob (see :meth:`OperatorPlan.encode_state`)."""
         return plan.encode_state(state, key_group, batch_id)
@@ -269,17 +274,23 @@ class OperatorPlan:
                 holds in memory), is larger than ``max_state_bytes``.
         """
         message = self.state_codec.message(state)
+        self.check_state_size(message.size, state, key_group, batch_id)
+        return message
+
+    def check_state_size(
+        self, size: int, state: pa.Table, key_group: int, batch_id: int | None
+    ) -> None:
+        """Raise :class:`StateTooLargeError` if ``size``, the bytes of ``state``, is too large."""
         bound = self.max_state_bytes
-        if bound is not None and message.size > bound:
+        if bound is not None and size > bound:
             raise StateTooLargeError(
                 f"operator {self.name!r}, epoch {batch_id}, key group {key_group}: the key "
-                f"group's state is {message.size:,} bytes encoded ({state.num_rows:,} keys), "
+                f"group's state is {size:,} bytes encoded ({state.num_rows:,} keys), "
                 f"above max_key_group_state_bytes={bound:,}; the epoch is not committed. "
                 f"Spread the keys over more key groups (raise key_groups; on an existing "
                 f"checkpoint roll back to the latest epoch first) or raise "
                 f"max_key_group_state_bytes"
             )
-        return message
 
     @cached_property
     def change_codec(self) -> BatchCodec:

@@ -13,6 +13,7 @@ Uncompressed blobs (``ABS1``, older checkpoints) are still read.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -120,25 +121,68 @@ class BatchCodec:
 
 
 MARKER = b"ABSL"
-"""Magic bytes of a live-state marker (see :mod:`pyspark_abs.protocol.live_state`)."""
+"""Magic bytes of a live-state marker written before change files (see
+:mod:`pyspark_abs.protocol.live_state`)."""
+_CHAINED = b"ABSM"
 _EPOCH_BYTES = 8
 _TOKEN_BYTES = 16
+_PLAIN_MARKER = len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES
+_CHAIN_FIELDS = 4
+MARKER_BYTES = _PLAIN_MARKER + _CHAIN_FIELDS * _EPOCH_BYTES
+"""The length of a marker :func:`encode_marker` writes."""
 
 
-def encode_marker(epoch: int, token: bytes) -> bytes:
-    """The value Spark's state store keeps for a key group whose state is on local disk."""
-    return MARKER + epoch.to_bytes(_EPOCH_BYTES, "little", signed=True) + token
+@dataclass(frozen=True)
+class Marker:
+    """What Spark's state store keeps for a key group whose state is on local disk.
+
+    Attributes:
+        epoch: The epoch that wrote the file.
+        token: The random token naming the file.
+        base_epoch: The epoch of the whole file the chain of change files starts from
+            (``epoch`` itself when the file holds the whole state).
+        depth: How many change files the chain holds up to this one.
+        chain_bytes: Their bytes.
+        base_bytes: The bytes of the whole file (0: unknown).
+    """
+
+    epoch: int
+    token: bytes
+    base_epoch: int
+    depth: int = 0
+    chain_bytes: int = 0
+    base_bytes: int = 0
 
 
-def decode_marker(stored: bytes) -> tuple[int, bytes] | None:
-    """The epoch and token of a marker, or None if ``stored`` is a state blob."""
-    if stored[: len(MARKER)] != MARKER:
+def encode_marker(marker: Marker) -> bytes:
+    """The value Spark's state store keeps for ``marker``."""
+    chain = (marker.base_epoch, marker.depth, marker.chain_bytes, marker.base_bytes)
+    return (
+        _CHAINED
+        + marker.epoch.to_bytes(_EPOCH_BYTES, "little", signed=True)
+        + marker.token
+        + b"".join(n.to_bytes(_EPOCH_BYTES, "little", signed=True) for n in chain)
+    )
+
+
+def decode_marker(stored: bytes) -> Marker | None:
+    """The marker ``stored`` holds, or None if it is a state blob."""
+    magic = stored[: len(MARKER)]
+    if magic not in (MARKER, _CHAINED):
         return None
-    if len(stored) != len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES:
+    size = _PLAIN_MARKER if magic == MARKER else MARKER_BYTES
+    if len(stored) != size:
         raise StateEncodingError(
             f"a live-state marker in Spark's state store has {len(stored)} bytes, not "
-            f"{len(MARKER) + _EPOCH_BYTES + _TOKEN_BYTES}; the checkpoint is damaged. Roll "
-            f"back to the newest snapshot with pyspark_abs.rollback and start again"
+            f"{size}; the checkpoint is damaged. Roll back to the newest snapshot with "
+            f"pyspark_abs.rollback and start again"
         )
+    numbers = [
+        int.from_bytes(stored[at : at + _EPOCH_BYTES], "little", signed=True)
+        for at in range(_PLAIN_MARKER, size, _EPOCH_BYTES)
+    ]
     epoch = int.from_bytes(stored[len(MARKER) : len(MARKER) + _EPOCH_BYTES], "little", signed=True)
-    return epoch, stored[len(MARKER) + _EPOCH_BYTES :]
+    token = stored[len(MARKER) + _EPOCH_BYTES : _PLAIN_MARKER]
+    if not numbers:  # a marker written before change files: its file holds the whole state
+        return Marker(epoch, token, epoch)
+    return Marker(epoch, token, *numbers)

@@ -44,7 +44,9 @@ class KeyGroupOutcome:
     """The result of one key group in one epoch.
 
     Attributes:
-        state: The key group's complete new state (blob schema).
+        state: The key group's complete new state (blob schema): the rows of the state it
+            started from that ``kept`` selects, in their order, then new rows.
+        kept: Which rows of the state the key group started from it kept unchanged.
         changes: Upserts and tombstones of the keys whose state changed (change schema).
         outputs: Output rows, by output index.
         keys_delta: Keys added minus keys removed.
@@ -52,6 +54,7 @@ class KeyGroupOutcome:
     """
 
     state: pa.Table
+    kept: BoolArray
     changes: pa.Table
     outputs: tuple[pa.Table, ...]
     keys_delta: int
@@ -182,6 +185,7 @@ def apply_state(
     )
     return KeyGroupOutcome(
         state=new_state,
+        kept=keep,
         changes=changes,
         outputs=outputs,
         keys_delta=int((~existing).sum()) - int(gone.sum()),
@@ -191,13 +195,21 @@ def apply_state(
 
 def apply_changes(plan: OperatorPlan, state: pa.Table, changes: pa.Table) -> pa.Table:
     """A key group's state (blob schema) after one epoch's changes (change schema)."""
+    return apply_changes_keeping(plan, state, changes)[0]
+
+
+def apply_changes_keeping(
+    plan: OperatorPlan, state: pa.Table, changes: pa.Table
+) -> tuple[pa.Table, BoolArray]:
+    """:func:`apply_changes`, and which rows of ``state`` the result begins with."""
     if not changes.num_rows:
-        return state
+        return state, np.ones(state.num_rows, dtype=bool)
     state_keys, changed_keys = key_arrays([state, changes], plan.key_columns)
-    kept = state.filter(~contains(state_keys, changed_keys))
+    kept = ~contains(state_keys, changed_keys)
     deleted = np.asarray(changes[DELETED].to_numpy(zero_copy_only=False), dtype=object)
     live = changes.filter(pa.array(deleted != True))  # noqa: E712 (null counts as live)
-    return pa.concat_tables([kept, live.select(plan.blob_schema.names).cast(plan.blob_schema)])
+    written = live.select(plan.blob_schema.names).cast(plan.blob_schema)
+    return pa.concat_tables([state.filter(kept), written]), kept
 
 
 def earliest_timeout(state: pa.Table) -> int | None:

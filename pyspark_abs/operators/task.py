@@ -39,7 +39,7 @@ from pyspark_abs.operators.schema import (
     localize,
 )
 from pyspark_abs.operators.state_diff import (
-    apply_changes,
+    apply_changes_keeping,
     earliest_timeout,
 )
 
@@ -92,11 +92,16 @@ class KeyGroupTask:
         )
         replay = plan.replay_of(batch_id)
         if replay is not None:
-            yield from _install_decided(plan, replay, key_group, state, stored, group_state, clock)
+            replaced = stored if restored is None else None  # the state read is not replaced's
+            yield from _install_decided(
+                plan, replay, key_group, state, replaced, group_state, clock
+            )
             return
         if restored is not None and not len(rows):
             # Only restore rows: install the key group's state; the function runs on data.
-            group_state.update((plan.live_state.save(plan, key_group, state, batch_id, None),))
+            group_state.update(
+                (plan.live_state.save(plan, key_group, state, batch_id, None, None),)
+            )
             _set_timeout(plan, group_state, earliest_timeout(state), clock)
             moved = _with_regrouped(plan, plan.change_schema.empty_table(), restored, regrouped)
             if plan.snapshots and moved.num_rows:
@@ -108,7 +113,8 @@ class KeyGroupTask:
             if group_state.exists:
                 group_state.remove()
         elif outcome.changes.num_rows or restored is not None:
-            saved = plan.live_state.save(plan, key_group, outcome.state, batch_id, stored)
+            known = outcome.kept if restored is None else None
+            saved = plan.live_state.save(plan, key_group, outcome.state, batch_id, stored, known)
             group_state.update((saved,))
         _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
 
@@ -136,15 +142,16 @@ def _install_decided(
 ) -> Iterator[pd.DataFrame]:
     """Give the key group the state its decided epoch committed, not a recomputed one.
 
-    ``stored`` is the value Spark's state store kept for ``state``.
+    ``stored`` is the value Spark's state store kept for ``state`` (None: none, or ``state``
+    is not what it holds).
 
     Yields one envelope row naming the key group when it had decided changes, so that the
     coordinator can tell every changed key group was reached.
     """
     changes = epoch_changes(plan, replay.epoch, replay.files, key_group)
-    installed = apply_changes(plan, state, changes)
+    installed, kept = apply_changes_keeping(plan, state, changes)
     if installed.num_rows:
-        saved = plan.live_state.save(plan, key_group, installed, replay.batch_id, stored)
+        saved = plan.live_state.save(plan, key_group, installed, replay.batch_id, stored, kept)
         group_state.update((saved,))
     elif group_state.exists:
         group_state.remove()

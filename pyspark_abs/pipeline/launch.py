@@ -94,6 +94,7 @@ def live_state(
         config.local_state_dir,
         epoch_base,
         run_id,
+        config.local_state_change_share,
     )
 
 

@@ -22,13 +22,11 @@ and snapshot), under a file lock.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,12 +44,27 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.operators.changelog import latest_per_key
+from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
-from pyspark_abs.operators.state_codec import decode_marker, encode_marker
+from pyspark_abs.operators.state_codec import Marker, decode_marker, encode_marker
 from pyspark_abs.operators.state_diff import apply_changes
 from pyspark_abs.operators.task import epoch_changes
-from pyspark_abs.protocol.local_folders import mark_used, operator_home
+from pyspark_abs.protocol.local_folders import (
+    create_file,
+    locked,
+    mark_used,
+    operator_home,
+    recycling,
+    replace_file,
+)
+from pyspark_abs.protocol.state_chain import (
+    ChainRows,
+    change_file,
+    extends_chain,
+    map_file,
+    read_chain,
+)
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, brief_error
 
@@ -114,6 +127,7 @@ class LocalLiveState:
         epoch_base: The epoch of Spark's micro-batch 0 in this checkpoint.
         run: The first bytes of every token this run writes (hex): a save recycles only
             files that carry them.
+        change_share: See :func:`~pyspark_abs.protocol.state_chain.extends_chain`.
     """
 
     root: str
@@ -123,6 +137,7 @@ class LocalLiveState:
     directory: str
     epoch_base: int
     run: str
+    change_share: float
 
     @staticmethod
     def for_root(
@@ -133,6 +148,7 @@ class LocalLiveState:
         directory: str,
         epoch_base: int,
         run_id: str,
+        change_share: float,
     ) -> LocalLiveState:
         """The local live state of one operator of a root (``root_id`` None: an old root).
 
@@ -142,7 +158,7 @@ class LocalLiveState:
         place = hashlib.blake2b(root.encode(), digest_size=8).hexdigest()
         key = f"{root_id}-{place}" if root_id else place
         run = hashlib.blake2b(run_id.encode(), digest_size=_RUN_BYTES).hexdigest()
-        return LocalLiveState(root, key, table, uri, directory, epoch_base, run)
+        return LocalLiveState(root, key, table, uri, directory, epoch_base, run, change_share)
 
     def load(
         self, plan: OperatorPlan, key_group: int, stored: bytes, batch_id: int | None
@@ -158,15 +174,27 @@ class LocalLiveState:
         marker = decode_marker(stored)
         if marker is None:  # a checkpoint written before live state moved to local disk
             return plan.state_codec.decode(stored)
-        marker_epoch, token = marker
-        path = self._file(plan, key_group, marker_epoch, token)
+        _READ.clear()
         try:
-            return _read(plan, path)
+            state, rows = read_chain(
+                plan, marker, lambda m: map_file(self._file(plan, key_group, m))
+            )
         except (OSError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
+        else:
+            _READ[(self.root_key, plan.name, key_group, stored)] = rows
+            return state
         epoch = self._epoch(plan, batch_id)
-        state = self._rebuild(plan, key_group, marker_epoch, epoch)
-        _guarded(plan, epoch, key_group, path, _create, _parts(plan, state, key_group, batch_id))
+        state = self._rebuild(plan, key_group, marker.epoch, epoch)
+        path = self._file(plan, key_group, marker)
+        _guarded(
+            plan, epoch, key_group, path, replace_file, _parts(plan, state, key_group, batch_id)
+        )
+        with contextlib.suppress(OSError):  # else the next save writes the whole state
+            identity = map_file(path)[1]
+            _READ[(self.root_key, plan.name, key_group, stored)] = ChainRows(
+                None, state.num_rows, identity
+            )
         return state
 
     def save(
@@ -176,15 +204,20 @@ class LocalLiveState:
         state: pa.Table,
         batch_id: int | None,
         replaced: bytes | None,
+        kept: BoolArray | None,
     ) -> bytes:
         """Write the key group's new state to a new file and return its marker.
 
-        Files older than the one replaced are stale: Spark never goes back past it, while a
-        retry of this micro-batch still reads it. One stale file that this run wrote becomes
-        the new file (renamed and overwritten: on ext4 that costs a tenth of creating a
-        file), the rest are deleted. A file another run wrote is never overwritten, only
-        deleted: a task of that run may still have it memory-mapped, and a deleted file's
-        pages stay with the reader, while an overwritten file's would change under it.
+        The file holds the changes to the state :meth:`load` read from ``replaced`` (in this
+        worker), on its chain, or the whole state
+        (see :mod:`~pyspark_abs.protocol.state_chain`). Files older than the chain replaced
+        are stale: Spark never goes back past it, while a retry of this micro-batch still
+        reads it. When the whole state is written, one stale file that this run wrote
+        becomes the new file (renamed and overwritten: on ext4 that costs a tenth of
+        creating a file); the rest are deleted. A file another run wrote is never
+        overwritten, only deleted: a task of that run may still have it memory-mapped, and
+        a deleted file's pages stay with the reader, while an overwritten file's would
+        change under it.
 
         The file is written in place, not through a temporary file: its name holds a fresh
         random token, and nothing reads it before Spark commits the marker naming it, which
@@ -197,18 +230,39 @@ class LocalLiveState:
         epoch = self._epoch(plan, batch_id)
         mark_used(operator_home(self.directory, self.root_key, plan.name))
         token = bytes.fromhex(self.run) + os.urandom(16 - _RUN_BYTES)
-        parts = _parts(plan, state, key_group, batch_id)
-        path = self._file(plan, key_group, epoch, token)
         previous = decode_marker(replaced) if replaced is not None else None
-        stale = self._stale(plan, key_group, previous[0]) if previous is not None else []
+        stale = self._stale(plan, key_group, previous.base_epoch) if previous else []
+        read = _READ.get((self.root_key, plan.name, key_group, replaced or b""))
+        chained = None
+        if previous and kept is not None and read and read.state_rows == len(kept):
+            parts = change_file(plan, previous, read, kept, state)
+            size = sum(len(part) for part in parts)
+            if extends_chain(previous, size, key_group, self.change_share):
+                plan.check_state_size(state.nbytes, state, key_group, batch_id)
+                chained = replace(
+                    previous,
+                    epoch=epoch,
+                    token=token,
+                    depth=previous.depth + 1,
+                    chain_bytes=previous.chain_bytes + size,
+                )
         ours = [p for p in stale if os.path.basename(p)[13:].startswith(self.run)]
+        recycled = ours[0] if ours and chained is None else None
         for extra in stale:
-            if not ours or extra != ours[0]:
+            if extra != recycled:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(extra)
-        if not (ours and _guarded(plan, epoch, key_group, path, _recycle(ours[0]), parts)):
-            _guarded(plan, epoch, key_group, path, _create, parts)
-        return encode_marker(epoch, token)
+        if chained is not None:
+            _guarded(
+                plan, epoch, key_group, self._file(plan, key_group, chained), create_file, parts
+            )
+            return encode_marker(chained)
+        parts = _parts(plan, state, key_group, batch_id)
+        written = Marker(epoch, token, epoch, base_bytes=sum(len(part) for part in parts))
+        path = self._file(plan, key_group, written)
+        if not (recycled and _guarded(plan, epoch, key_group, path, recycling(recycled), parts)):
+            _guarded(plan, epoch, key_group, path, create_file, parts)
+        return encode_marker(written)
 
     def _epoch(self, plan: OperatorPlan, batch_id: int | None) -> int:
         if batch_id is None:
@@ -221,9 +275,9 @@ class LocalLiveState:
     def _home(self, plan: OperatorPlan) -> Path:
         return Path(operator_home(self.directory, self.root_key, plan.name))
 
-    def _file(self, plan: OperatorPlan, key_group: int, epoch: int, token: bytes) -> str:
+    def _file(self, plan: OperatorPlan, key_group: int, marker: Marker) -> str:
         home = operator_home(self.directory, self.root_key, plan.name)
-        return f"{home}/kg-{key_group}/{epoch:012d}-{token.hex()}.abs"
+        return f"{home}/kg-{key_group}/{marker.epoch:012d}-{marker.token.hex()}.abs"
 
     def _stale(self, plan: OperatorPlan, key_group: int, kept_epoch: int) -> list[str]:
         """The key group's files older than ``kept_epoch``."""
@@ -287,10 +341,10 @@ class LocalLiveState:
         """The key group's state in ``snapshot``, split per key group once per executor."""
         home = self._home(plan)
         folder = home / f"base-{snapshot.table_versions[self.table]}"
-        with _locked(home / "base.lock", exclusive=False):
+        with locked(home / "base.lock", exclusive=False):
             if (folder / _COMPLETE).exists():
                 return _read_base(plan, folder, key_group)
-        with _locked(home / "base.lock", exclusive=True):
+        with locked(home / "base.lock", exclusive=True):
             if not (folder / _COMPLETE).exists():
                 self._split(plan, snapshot, folder)
             return _read_base(plan, folder, key_group)
@@ -321,7 +375,7 @@ class LocalLiveState:
             if end > start:
                 part = live.slice(int(start), int(end - start))
                 message = plan.state_codec.message(part)
-                _create(
+                create_file(
                     str(folder / f"kg-{groups[start]}.abs"),
                     plan.state_codec.frame_parts(message, compress=False),
                 )
@@ -329,6 +383,8 @@ class LocalLiveState:
 
 
 _MANIFESTS: dict[str, tuple[int, EpochLog]] = {}
+_READ: dict[tuple[str, str, int, bytes], ChainRows] = {}
+"""Where the rows of the state this worker read last sit in its chain, by marker."""
 
 
 def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:
@@ -340,8 +396,7 @@ def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:
 
 def _read(plan: OperatorPlan, path: str) -> pa.Table:
     """A state file, memory-mapped: the table shares the file's pages instead of a copy."""
-    with pa.memory_map(path) as mapped:
-        return plan.state_codec.decode(mapped.read_buffer())
+    return plan.state_codec.decode(map_file(path)[0])
 
 
 def _parts(
@@ -370,47 +425,3 @@ def _guarded(
             f"(spark.abs.localStateDir) a writable local directory with room for the "
             f"state; nothing of the epoch is committed, and restarting replays it"
         ) from None
-
-
-def _create(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
-    """Write a file, creating its folder if needed; True."""
-    try:
-        out = open(path, "wb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        out = open(path, "wb")  # noqa: SIM115
-    with out:
-        for part in parts:
-            out.write(part)
-    return True
-
-
-def _recycle(stale: str) -> Callable[[str, Sequence[bytes | pa.Buffer]], bool]:
-    """A writer that renames ``stale`` to its path and overwrites it.
-
-    The writer returns False if another task took the stale file first.
-    """
-
-    def write(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
-        try:
-            os.rename(stale, path)
-        except FileNotFoundError:
-            return False
-        with open(path, "r+b") as out:
-            for part in parts:
-                out.write(part)
-            out.truncate()
-        return True
-
-    return write
-
-
-@contextmanager
-def _locked(path: Path, *, exclusive: bool) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -6,17 +6,23 @@ whose root no run has used for :data:`UNUSED_SECONDS` (a deleted root, a root mo
 copied elsewhere, a folder of an older pyspark-abs) is removed by the first worker that
 uses the same directory afterwards. Removing a folder is always safe: a run that needs its
 files again rebuilds them from the snapshot root, and a task that has a file mapped keeps
-its pages.
+its pages. The writers of live-state files are here too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
 
 TOP = "pyspark-abs-state"
 """The folder under ``local_state_dir`` that holds every root's folder."""
@@ -76,3 +82,56 @@ def _sweep(top: str) -> None:
             used = entry.stat(follow_symlinks=False).st_mtime
         if used < limit:
             shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def create_file(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
+    """Write a file, creating its folder if needed; True."""
+    try:
+        out = open(path, "wb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        out = open(path, "wb")  # noqa: SIM115
+    with out:
+        for part in parts:
+            out.write(part)
+    return True
+
+
+def replace_file(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
+    """Write a file through a temporary one: a task still mapping the old file keeps it."""
+    temporary = f"{path}.{os.getpid()}"
+    create_file(temporary, parts)
+    os.replace(temporary, path)
+    return True
+
+
+def recycling(stale: str) -> Callable[[str, Sequence[bytes | pa.Buffer]], bool]:
+    """A writer that renames ``stale`` to its path and overwrites it.
+
+    The writer returns False if another task took the stale file first.
+    """
+
+    def write(path: str, parts: Sequence[bytes | pa.Buffer]) -> bool:
+        try:
+            os.rename(stale, path)
+        except FileNotFoundError:
+            return False
+        with open(path, "r+b") as out:
+            for part in parts:
+                out.write(part)
+            out.truncate()
+        return True
+
+    return write
+
+
+@contextmanager
+def locked(path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold a shared or exclusive lock on the file ``path`` (created if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

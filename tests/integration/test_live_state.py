@@ -9,6 +9,7 @@ input, as an uninterrupted run would give.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples.wordcount import word_count
 from pyspark_abs.manifest.table import manifest_root_id
-from pyspark_abs.operators.state_codec import encode_marker
+from pyspark_abs.operators.state_codec import MARKER_BYTES, Marker, decode_marker, encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState
+from pyspark_abs.protocol.state_chain import map_file, read_chain
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import running_counts, write_epochs
 from tests.support.pipelines import (
@@ -50,6 +52,7 @@ from tests.support.pipelines import (
     expected_state,
     word_pipeline,
 )
+from tests.support.readme import run_block
 
 EPOCHS = (
     "a b c a",
@@ -77,13 +80,18 @@ def assert_live_state_is_the_snapshot(
     snapshot = Snapshots(str(root)).state_table("word_count")
     compared = 0
     for value in stored_values(spark, root / "_checkpoint"):
-        epoch, token = value[4:12], value[12:]
-        name = f"{int.from_bytes(epoch, 'little'):012d}-{token.hex()}.abs"
-        found = list(local.rglob(f"kg-*/{name}"))
+        marker = decode_marker(value)
+        assert marker is not None
+        found = list(local.rglob(f"kg-*/{marker.epoch:012d}-{marker.token.hex()}.abs"))
         if not found:
             continue  # not read since its file was lost: rebuilt when the key group runs
-        live = pipeline.plan.state_codec.decode(found[0].read_bytes())
-        group = int(found[0].parent.name.removeprefix("kg-"))
+        folder = found[0].parent
+
+        def read(m: Marker, folder: Path = folder) -> tuple[pa.Buffer, bytes]:
+            return map_file(str(folder / f"{m.epoch:012d}-{m.token.hex()}.abs"))
+
+        live, _ = read_chain(pipeline.plan, marker, read)
+        group = int(folder.name.removeprefix("kg-"))
         mine = snapshot.filter(pc.equal(snapshot["_key_group"], pa.scalar(group, pa.int32())))
         expected = dict(zip(mine["word"].to_pylist(), mine["count"].to_pylist(), strict=True))
         assert dict(zip(live["word"].to_pylist(), live["count"].to_pylist(), strict=True)) == (
@@ -102,7 +110,7 @@ def test_spark_keeps_markers_and_lost_files_are_rebuilt_from_the_snapshots(
     word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
     values = stored_values(spark, root / "_checkpoint")
     assert values
-    assert {(v[:4], len(v)) for v in values} == {(b"ABSL", 28)}
+    assert {(v[:4], len(v)) for v in values} == {(b"ABSM", MARKER_BYTES)}
     assert list(local.rglob("kg-*/*.abs")), "the state is on local disk"
 
     shutil.rmtree(local)  # a new cluster: the executors' disks are empty
@@ -317,13 +325,14 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
         str(tmp_path / "worker"),
         0,
         "test",
+        AbsConfig().local_state_change_share,
     )
 
     def counts(state: pa.Table) -> dict[str, int]:
         return {str(r["word"]): int(r["count"]) for r in state.to_pylist()}
 
     def rebuilt(key_group: int, marker_epoch: int) -> dict[str, int]:
-        marker = encode_marker(marker_epoch, bytes(16))
+        marker = encode_marker(Marker(marker_epoch, bytes(16), marker_epoch))
         return counts(live.load(pipeline.plan, key_group, marker, 6))
 
     def counts_of(key_group: int, epoch: int) -> dict[str, int]:
@@ -347,3 +356,91 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
         if r["_epoch"] in (3, 4) and r["_key_group"] not in in_5
     )
     assert rebuilt(target, 4) == counts_of(target, 5)
+
+
+def chain_files(local: Path) -> list[Path]:
+    """The change files under ``local``, oldest first within each key group."""
+    return sorted(p for p in local.rglob("kg-*/*.abs") if p.read_bytes()[:4] == b"ABSD")
+
+
+CHAINED = (
+    " ".join(f"w{i}" for i in range(1500)),
+    *(" ".join(f"w{(37 * e + 11 * i) % 1600}" for i in range(12)) for e in range(1, 10)),
+)
+"""1,500 keys, then epochs that change 12 of them (some new): key groups go on chains."""
+
+
+def assert_uninterrupted(spark: SparkSession, root: Path, epochs: Sequence[str]) -> None:
+    """The state and the sink are those of an uninterrupted run over ``epochs``."""
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state("word_count"), expected_state(spark, epochs))
+    assert_same(snapshots.sink("output"), expected_sink(spark, epochs))
+
+
+def test_chains_of_change_files_survive_lost_links_a_crash_a_new_cluster_and_rollbacks(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Steady epochs write change files on chains; a lost link in the middle of a chain, a
+    crash after PREPARED, a new cluster and two rollbacks each leave the counts, the
+    snapshots and the sink those of the uninterrupted run."""
+    local = tmp_path / "local"
+    inputs = write_epochs(tmp_path / "in", CHAINED[:5])
+    root = tmp_path / "root"
+    settings: dict[str, Any] = {"key_groups": 2, "local_state_dir": str(local)}
+    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    links = chain_files(local)
+    assert len(links) >= 4, "steady epochs wrote change files"
+    largest = max(p.stat().st_size for p in local.rglob("kg-*/*.abs"))
+    assert all(p.stat().st_size * 10 < largest for p in links)
+    for lost in (links[0], links[-2]):  # the oldest link of one key group, one in the middle
+        lost.unlink()
+    write_epochs(tmp_path / "in", CHAINED[:8])
+    crash = (Fault(FaultStep.AFTER_PREPARED, 6),)
+    with pytest.raises(InjectedFault, match="'after_prepared' of epoch 6"):
+        word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings).run()
+    pipeline = word_pipeline(spark, inputs, root, bronze=True, **settings)
+    pipeline.run()
+    assert assert_live_state_is_the_snapshot(spark, pipeline, local, root) >= 1
+    assert_word_counts(spark, root, CHAINED[:8])
+
+    for epoch in (6, 3):  # rolled back twice, the second time past files still on chains
+        rollback(str(root), epoch)
+    write_epochs(tmp_path / "in", CHAINED[:9])
+    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    assert_uninterrupted(spark, root, CHAINED[:9])
+    shutil.rmtree(local)  # a new cluster
+    write_epochs(tmp_path / "in", CHAINED)
+    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    assert_uninterrupted(spark, root, CHAINED)
+    assert validate(str(root)) == []
+
+
+def test_the_readme_change_share_settings_chain_or_write_whole_files_with_equal_results(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The README's two settings: a share of one half writes change files, a share of 0
+    writes whole files only; both give the uninterrupted run's counts and sink."""
+    shares = {
+        "config = AbsConfig(local_state_change_share=0.5)": "chained = AbsConfig("
+        "local_state_change_share=0.5)",
+        "config = AbsConfig(local_state_change_share=0)": "whole = AbsConfig("
+        "local_state_change_share=0)",
+    }
+    ns: dict[str, object] = {}
+    run_block("config = AbsConfig(local_state_change_share=0.5)", ns, shares)
+    for name in ("chained", "whole"):
+        config = ns[name]
+        assert isinstance(config, AbsConfig)
+        local, root = tmp_path / name / "local", tmp_path / name / "root"
+        inputs = write_epochs(tmp_path / name / "in", CHAINED[:6])
+        word_pipeline(
+            spark,
+            inputs,
+            root,
+            bronze=True,
+            key_groups=2,
+            local_state_dir=str(local),
+            local_state_change_share=config.local_state_change_share,
+        ).run()
+        assert bool(chain_files(local)) == (name == "chained")
+        assert_uninterrupted(spark, root, CHAINED[:6])

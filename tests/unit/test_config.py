@@ -42,6 +42,8 @@ def test_from_mapping_converts_strings() -> None:
         ({"snapshot_interval": "often"}, "snapshot_interval: cannot read 'often' as int"),
         ({"local_state_dir": "state"}, "local_state_dir must be an absolute path .* got 'state'"),
         ({"local_state_dir": "s3://b/x"}, "local_state_dir must be an absolute path"),
+        ({"local_state_change_share": "-0.5"}, r"local_state_change_share must be a number >= 0"),
+        ({"local_state_change_share": "some"}, "cannot read 'some' as float"),
         ({"snapshot_interval": True}, "snapshot_interval must be a positive integer, got True"),
         (
             {"snapshot_interval": "3", "snapshots": "false"},

@@ -30,7 +30,7 @@ from pyspark_abs.operators.schema import STATELESS_COLUMN
 from pyspark_abs.operators.state_diff import KeyGroupOutcome, apply_changes
 from pyspark_abs.operators.task import epoch_changes
 from tests.support.inputs import arrow_schema
-from tests.support.key_groups import INPUT, OUTPUT, rows, sort, word_plan
+from tests.support.key_groups import INPUT, OUTPUT, assert_kept_rows, rows, sort, word_plan
 
 CLOCK = Clock(processing_time_ms=1_000, watermark_ms=None)
 LIMIT = 4
@@ -69,6 +69,7 @@ def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupO
     outcomes = []
     for epoch, frame in enumerate(epochs):
         outcome = run_key_group(plan, 7, frame, state, CLOCK, epoch)
+        assert_kept_rows(state, outcome)
         outcomes.append(outcome)
         state = outcome.state
     return outcomes

@@ -9,28 +9,38 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import StateEncodingError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.state_codec import decode_marker, encode_marker
+from pyspark_abs.operators.state_codec import Marker, decode_marker, encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
 from pyspark_abs.protocol.local_folders import mark_used, operator_home
+from pyspark_abs.protocol.state_chain import MAX_DEPTH, extends_chain
 from tests.support.key_groups import word_plan
 from tests.support.manifest import entry
 
 TABLE = "state/op"
+SHARE = AbsConfig().local_state_change_share
 
 
 def test_a_marker_names_its_epoch_and_token_and_a_blob_is_no_marker() -> None:
     token = bytes(range(16))
-    assert decode_marker(encode_marker(12_345_678_901, token)) == (12_345_678_901, token)
+    marker = Marker(12_345_678_901, token, 12_345_678_800, 7, 81_234, 9_876_543)
+    assert decode_marker(encode_marker(marker)) == marker
+    old = b"ABSL" + (41).to_bytes(8, "little") + token  # written before change files
+    assert decode_marker(old) == Marker(41, token, 41)
     assert decode_marker(b"ABS2" + bytes(40)) is None
     with pytest.raises(StateEncodingError, match=r"marker .* has 9 bytes, not 28"):
         decode_marker(b"ABSL" + bytes(5))
+    with pytest.raises(StateEncodingError, match=r"marker .* has 28 bytes, not 60"):
+        decode_marker(b"ABSM" + bytes(24))
 
 
 def history(rng: random.Random) -> tuple[EpochLog, int, set[int]]:
@@ -82,7 +92,9 @@ def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
     and stale files must not pile up."""
     rng = random.Random(seed)
     plan = word_plan(lambda rows, state, ctx: None)
-    live = LocalLiveState.for_root("/root", "r", "state/wc", "/root/state", str(tmp_path), 0, "run")
+    live = LocalLiveState.for_root(
+        "/root", "r", "state/wc", "/root/state", str(tmp_path), 0, "run", SHARE
+    )
     folder = tmp_path / "pyspark-abs-state" / live.root_key / "wc" / "kg-5"
     committed: list[bytes | None] = [None]  # the marker of each state-store version
     written: dict[bytes, tuple[dict[str, int], int]] = {}  # each marker's state and bytes
@@ -107,14 +119,14 @@ def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
                     "_timeout": [None] * len(counts),
                 }
             ).cast(plan.blob_schema)
-            marker = live.save(plan, 5, state, batch, previous)
+            marker = live.save(plan, 5, state, batch, previous, None)
             frame = plan.state_codec.frame_parts(plan.state_codec.message(state), compress=False)
             written[marker] = (counts, sum(len(part) for part in frame))
             attempts.append(marker)
         winner = rng.choice(attempts)
         committed.append(winner)
         files = {p.name: p.stat().st_size for p in folder.iterdir()}
-        assert files[f"{batch:012d}-{winner[12:].hex()}.abs"] == written[winner][1]
+        assert files[f"{batch:012d}-{winner[12:28].hex()}.abs"] == written[winner][1]
         kept = -1 if previous is None else int.from_bytes(previous[4:12], "little")
         assert all(int(name.split("-")[0]) >= kept for name in files), files
         assert len(files) <= 2 * 3, files  # this batch's attempts and the replaced one's
@@ -130,13 +142,15 @@ def test_a_root_copied_as_a_directory_never_shares_the_originals_files(tmp_path:
     """Same root id (the copy's manifest is the original's), other location, same host."""
     plan = word_plan(lambda rows, state, ctx: None)
     folder = str(tmp_path)
-    original = LocalLiveState.for_root("/d/prod", "id", "state/wc", "/d/prod/s", folder, 0, "a")
-    copy = LocalLiveState.for_root("/d/copy", "id", "state/wc", "/d/copy/s", folder, 0, "b")
+    original = LocalLiveState.for_root(
+        "/d/prod", "id", "state/wc", "/d/prod/s", folder, 0, "a", SHARE
+    )
+    copy = LocalLiveState.for_root("/d/copy", "id", "state/wc", "/d/copy/s", folder, 0, "b", SHARE)
     assert original.root_key != copy.root_key
-    marker = copy.save(plan, 5, word_state(plan, {"bee": 1}), 3, None)
+    marker = copy.save(plan, 5, word_state(plan, {"bee": 1}), 3, None, None)
     loaded = copy.load(plan, 5, marker, 4)  # memory-mapped
-    first = original.save(plan, 5, word_state(plan, {"ant": 7}), 7, None)
-    original.save(plan, 5, word_state(plan, {"ant": 8}), 8, first)
+    first = original.save(plan, 5, word_state(plan, {"ant": 7}), 7, None, None)
+    original.save(plan, 5, word_state(plan, {"ant": 8}), 8, first, None)
     assert loaded.to_pydict()["word"] == ["bee"]
     assert copy.load(plan, 5, marker, 4).to_pydict()["count"] == [1]
 
@@ -147,23 +161,25 @@ def test_a_save_overwrites_only_files_its_own_run_wrote(tmp_path: Path) -> None:
     plan = word_plan(lambda rows, state, ctx: None)
 
     def run(name: str) -> LocalLiveState:
-        return LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, name)
+        return LocalLiveState.for_root(
+            "/r", "id", "state/wc", "/r/s", str(tmp_path), 0, name, SHARE
+        )
 
     old, new = run("old"), run("new")
-    at3 = old.save(plan, 5, word_state(plan, {"a": 3}), 3, None)
-    at5 = old.save(plan, 5, word_state(plan, {"a": 5}), 5, at3)
+    at3 = old.save(plan, 5, word_state(plan, {"a": 3}), 3, None, None)
+    at5 = old.save(plan, 5, word_state(plan, {"a": 5}), 5, at3, None)
     mapped = old.load(plan, 5, at3, 4)
     folder = tmp_path / "pyspark-abs-state" / new.root_key / "wc" / "kg-5"
     stale = {p.name: p.stat().st_ino for p in folder.iterdir()}
-    at7 = new.save(plan, 5, word_state(plan, {"a": 7, "b": 1}), 7, at5)
+    at7 = new.save(plan, 5, word_state(plan, {"a": 7, "b": 1}), 7, at5, None)
     assert mapped.to_pydict() == {"word": ["a"], "count": [3], "_timeout": [None]}
     inodes = {p.name: p.stat().st_ino for p in folder.iterdir()}
     assert len(inodes) == 2
     assert not set(inodes.values()) & {stale[n] for n in stale if n[:12] < "000000000005"}
     # the new run's own stale file is the one recycled
-    at9 = new.save(plan, 5, word_state(plan, {"a": 9}), 9, at7)
+    at9 = new.save(plan, 5, word_state(plan, {"a": 9}), 9, at7, None)
     seventh = next(p.stat().st_ino for p in folder.iterdir() if p.name.startswith("000000000007"))
-    new.save(plan, 5, word_state(plan, {"a": 11}), 11, at9)
+    new.save(plan, 5, word_state(plan, {"a": 11}), 11, at9, None)
     eleventh = {p.stat().st_ino for p in folder.iterdir() if p.name.startswith("000000000011")}
     assert eleventh == {seventh}
     assert len(list(folder.iterdir())) == 2
@@ -185,3 +201,114 @@ def test_root_folders_nobody_used_for_a_week_are_removed(tmp_path: Path) -> None
     assert sorted(p.name for p in top.iterdir()) == ["fresh", "stamped"]
     mark_used(home)
     assert (top / "mine" / ".used").exists()
+
+
+def next_state(
+    plan: OperatorPlan, loaded: pa.Table, after: dict[str, int]
+) -> tuple[pa.Table, BoolArray]:
+    """The state ``after`` as an operator returns it: the rows of ``loaded`` it keeps, in
+    their order, then the new rows; and the mask of kept rows."""
+    words, counts = loaded["word"].to_pylist(), loaded["count"].to_pylist()
+    kept: BoolArray = np.array(
+        [after.get(str(w)) == c for w, c in zip(words, counts, strict=True)], dtype=bool
+    )
+    old = {w for w, k in zip(words, kept, strict=True) if k}
+    new = {w: c for w, c in after.items() if w not in old}
+    rows = loaded.filter(pa.array(kept)).to_pydict()
+    return word_state(plan, dict(zip(rows["word"], rows["count"], strict=True)) | new), kept
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_change_files_read_back_every_committed_state_through_retries_and_zombies(
+    seed: int, tmp_path: Path
+) -> None:
+    """As above, with the operator's kept rows given, so that saves go on chains of change
+    files: every committed marker reads back its state (a dict model), chains form and end,
+    a save that does not know which rows it kept writes the whole state, and no
+    file older than the chain replaced stays."""
+    rng = random.Random(seed)
+    plan = word_plan(lambda rows, state, ctx: None)
+    live = LocalLiveState.for_root(
+        "/root", "r", "state/wc", "/root/state", str(tmp_path), 0, "run", SHARE
+    )
+    folder = tmp_path / "pyspark-abs-state" / live.root_key / "wc" / "kg-5"
+    committed: list[bytes | None] = [None]
+    written: dict[bytes | None, dict[str, int]] = {None: {}}
+    loaded = word_state(plan, {})
+    for batch in range(rng.randint(3, 40)):
+        previous = committed[-1]
+        if rng.random() < 0.2:
+            committed.append(previous)
+            continue
+        attempts = []
+        for _attempt in range(rng.randint(1, 3)):
+            before = written[previous]
+            read = previous is not None and rng.random() < 0.85
+            if read:
+                assert previous is not None
+                loaded = live.load(plan, 5, previous, batch)
+                pairs = zip(loaded["word"].to_pylist(), loaded["count"].to_pylist(), strict=True)
+                assert dict(pairs) == before
+            after = dict(before) if before else {f"w{i}": i for i in range(rng.randint(400, 900))}
+            for _ in range(rng.randint(1, 12)):
+                word = f"w{rng.randint(0, 1000)}"
+                if word in after and rng.random() < 0.3:
+                    del after[word]
+                else:
+                    after[word] = rng.randint(1, 10**6)
+            state, kept = (
+                next_state(plan, loaded, after) if read else (word_state(plan, after), None)
+            )
+            marker = live.save(plan, 5, state, batch, previous, kept)
+            written[marker] = after
+            attempts.append(marker)
+            chain, new = decode_marker(previous or b""), decode_marker(marker)
+            assert new is not None
+            if read and chain is not None and chain.depth == 0 and chain.base_bytes > 6_000:
+                assert new.depth == 1, "a small change to a whole file read wrote it all again"
+        winner = rng.choice(attempts)
+        committed.append(winner)
+        replaced = decode_marker(previous or b"")
+        kept_from = replaced.base_epoch if replaced is not None else -1
+        assert all(int(p.name.split("-")[0]) >= kept_from for p in folder.iterdir())
+    final = committed[-1]
+    if final is not None:
+        assert len(live.load(plan, 5, final, 99)) == len(written[final])
+
+
+@pytest.mark.parametrize("share", [SHARE, 1.0])
+@pytest.mark.parametrize("change_bytes", [40, 1_000, 30_000, 200_000])
+def test_a_chain_bounds_the_bytes_written_per_change_and_the_bytes_read(
+    change_bytes: int, share: float
+) -> None:
+    """Saves of ``change_bytes`` each, every epoch, in 16 key groups of 3 MB: the bytes
+    written per save stay within (1/share + 2) change files or a whole file per
+    MAX_DEPTH - 7 saves, a read never sees more than ``share`` of the whole file in change
+    files, and key groups with long chains do not all write their whole state in one
+    epoch. Share 0 writes the whole state every time."""
+    base, saves, groups = 3_000_000, 1_000, 16
+    markers = [Marker(0, bytes(16), 0, base_bytes=base)] * groups
+    total, whole_per_epoch = 0, []
+    for epoch in range(1, saves + 1):
+        whole = 0
+        for group, marker in enumerate(markers):
+            assert not extends_chain(marker, change_bytes, group, 0.0)
+            if extends_chain(marker, change_bytes, group, share):
+                chain = marker.chain_bytes + change_bytes
+                marker = Marker(epoch, bytes(16), marker.base_epoch, marker.depth + 1, chain, base)
+                total += change_bytes
+            else:
+                marker = Marker(epoch, bytes(16), epoch, base_bytes=base)
+                total += base
+                whole += 1
+            assert marker.chain_bytes <= base * share
+            assert marker.depth <= MAX_DEPTH
+            markers[group] = marker
+        whole_per_epoch.append(whole)
+    per_save = total / saves / groups
+    bound = max(change_bytes * (1 / share + 2), change_bytes + base / (MAX_DEPTH - 7))
+    assert per_save <= bound * 1.05
+    if change_bytes > base * share:
+        assert per_save == base  # no chain pays: every save writes the whole state
+    elif base * share >= 20 * change_bytes:  # chains long enough to end apart
+        assert max(whole_per_epoch) < groups, "every key group wrote its whole state at once"

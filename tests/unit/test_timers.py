@@ -26,7 +26,7 @@ from pyspark_abs.operators.contract import Clock
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.timers import split_due, stored_timers
-from tests.support.key_groups import STATE, rows, sort, word_plan
+from tests.support.key_groups import STATE, assert_kept_rows, rows, sort, word_plan
 from tests.support.timers import remind
 
 TIMERS_STATE = STATE.append(pa.field("_timers", pa.list_(pa.int64())))
@@ -106,6 +106,7 @@ def test_random_schedules_fire_every_timer_once_as_the_model_does(seed: int) -> 
         ]
         frame = pd.DataFrame(events, columns=["word", "ts"]).astype({"ts": "int64"})
         outcome = run_key_group(plan, 0, frame, state, Clock(0, watermark), epoch)
+        assert_kept_rows(state, outcome)
         expected = model.epoch(events, watermark)
         fired = sorted((r["word"], r["count"]) for r in outcome.outputs[0].to_pylist())
         assert fired == expected, f"seed {seed}, epoch {epoch}"

@@ -23,7 +23,7 @@ from pyspark_abs import (
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan
-from tests.support.key_groups import rows, sort, word_plan
+from tests.support.key_groups import assert_kept_rows, rows, sort, word_plan
 
 TTL_MS = 10_000
 
@@ -59,6 +59,7 @@ def test_a_processing_time_ttl_removes_keys_not_written_for_longer() -> None:
         == 0
     )
     lapsed = run_key_group(plan, 0, rows()[:0], second.state, Clock(11_001, None), 3)
+    assert_kept_rows(second.state, lapsed)
     assert sort(lapsed.changes) == [
         {"word": "b", "count": None, "_timeout": None, "_deleted": True}
     ]
@@ -106,6 +107,7 @@ def test_a_function_that_removes_or_keeps_state_interacts_with_the_ttl() -> None
     # past 10 s both have lapsed: a by its TTL although it has rows, so the function's
     # removal of a finds nothing to remove, and b because nothing wrote it
     gone = run_key_group(plan, 0, rows("a"), first.state, Clock(10_001, None), 1)
+    assert_kept_rows(first.state, gone)
     assert sorted(r["word"] for r in gone.changes.to_pylist() if r["_deleted"]) == ["a", "b"]
     assert gone.state.num_rows == 0
 

@@ -136,6 +136,7 @@ def child_main(cluster: bool) -> int:
     parser.add_argument("--key-groups", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--compact-every", type=int, default=0)
+    parser.add_argument("--change-share", type=float, default=0.25)
     parser.add_argument("--silver", choices=["v1", "v2"], default="v1")
     parser.add_argument("--fault", help="STAGE:ACTION:STEP:EPOCH")
     parser.add_argument("--local", help="local_state_dir")
@@ -189,6 +190,7 @@ _DEFAULTS = {
     "commit_mode": "async",
     "key_groups": 4,
     "compact_every": 0,
+    "change_share": 0.25,
     "silver": "v1",
     "fault": None,
     "local": None,
@@ -215,6 +217,7 @@ def _job(spark: Any, inputs: str, root: str, args: argparse.Namespace) -> Any:
         "commit_mode": args.commit_mode,
         "key_groups": args.key_groups,
         "compaction_every_epochs": args.compact_every,
+        "local_state_change_share": args.change_share,
     }
     if args.local:
         settings["local_state_dir"] = args.local
@@ -363,12 +366,14 @@ class JobNemesis:
             self.ahead = None
 
     def run_args(self) -> list[str]:
-        """A random commit mode; new partition and key-group counts after a decision."""
+        """A random commit mode and change-file share (1000: every small key group goes on
+        chains of change files); new partition and key-group counts after a decision."""
         if self.fresh:
             self.key_groups = self.rng.choice((2, 4, 8))
             self.partitions = self.rng.choice((1, 2, 3))
             self.fresh = False
         extra = ["--commit-mode", self.rng.choice(("sync", "async"))]
+        extra += ["--change-share", self.rng.choice(("0", "0.25", "1000"))]
         if self.rng.random() < 0.3:
             extra += ["--compact-every", "1"]
         return extra

@@ -182,7 +182,7 @@ class LocalLiveState:
         except (OSError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
         else:
-            _READ[(self.root_key, plan.name, key_group, stored)] = rows
+            _READ[(self.root_key, plan.name, key_group, bytes(stored))] = rows
             return state
         epoch = self._epoch(plan, batch_id)
         state = self._rebuild(plan, key_group, marker.epoch, epoch)
@@ -192,7 +192,7 @@ class LocalLiveState:
         )
         with contextlib.suppress(OSError):  # else the next save writes the whole state
             identity = map_file(path)[1]
-            _READ[(self.root_key, plan.name, key_group, stored)] = ChainRows(
+            _READ[(self.root_key, plan.name, key_group, bytes(stored))] = ChainRows(
                 None, state.num_rows, identity
             )
         return state
@@ -232,7 +232,7 @@ class LocalLiveState:
         token = bytes.fromhex(self.run) + os.urandom(16 - _RUN_BYTES)
         previous = decode_marker(replaced) if replaced is not None else None
         stale = self._stale(plan, key_group, previous.base_epoch) if previous else []
-        read = _READ.get((self.root_key, plan.name, key_group, replaced or b""))
+        read = _READ.get((self.root_key, plan.name, key_group, bytes(replaced or b"")))
         chained = None
         if previous and kept is not None and read and read.state_rows == len(kept):
             parts = change_file(plan, previous, read, kept, state)

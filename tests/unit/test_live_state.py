@@ -312,3 +312,21 @@ def test_a_chain_bounds_the_bytes_written_per_change_and_the_bytes_read(
         assert per_save == base  # no chain pays: every save writes the whole state
     elif base * share >= 20 * change_bytes:  # chains long enough to end apart
         assert max(whole_per_epoch) < groups, "every key group wrote its whole state at once"
+
+
+def test_markers_handed_back_as_bytearrays_go_on_chains(tmp_path: Path) -> None:
+    """Spark 4.0's state store hands values back as bytearrays, not bytes."""
+    plan = word_plan(lambda rows, state, ctx: None)
+    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    counts = {f"w{i}": i for i in range(500)}
+    whole = bytearray(live.save(plan, 5, word_state(plan, counts), 1, None, None))
+    loaded = live.load(plan, 5, whole, 2)  # type: ignore[arg-type]
+    state, kept = next_state(plan, loaded, counts | {"w1": 99})
+    chained = live.save(plan, 5, state, 2, whole, kept)  # type: ignore[arg-type]
+    marker = decode_marker(chained)
+    assert marker is not None
+    assert marker.depth == 1
+    again = live.load(plan, 5, bytearray(chained), 3)  # type: ignore[arg-type]
+    assert dict(zip(again["word"].to_pylist(), again["count"].to_pylist(), strict=True)) == (
+        counts | {"w1": 99}
+    )

@@ -270,22 +270,23 @@ class OperatorPlan:
         """A key group's state as an Arrow IPC message, not framed yet.
 
         Raises:
-            StateTooLargeError: The state, as Arrow before compression (what a Python worker
-                holds in memory), is larger than ``max_state_bytes``.
+            StateTooLargeError: See :meth:`check_state_size`.
         """
         message = self.state_codec.message(state)
-        self.check_state_size(message.size, state, key_group, batch_id)
+        self.check_state_size(state, key_group, batch_id)
         return message
 
-    def check_state_size(
-        self, size: int, state: pa.Table, key_group: int, batch_id: int | None
-    ) -> None:
-        """Raise :class:`StateTooLargeError` if ``size``, the bytes of ``state``, is too large."""
-        bound = self.max_state_bytes
+    def check_state_size(self, state: pa.Table, key_group: int, batch_id: int | None) -> None:
+        """Raise :class:`StateTooLargeError` if ``state`` holds too many bytes of Arrow.
+
+        Every way of writing a state measures it alike, so whether an epoch fails does not
+        depend on how its state is written.
+        """
+        bound, size = self.max_state_bytes, state.nbytes
         if bound is not None and size > bound:
             raise StateTooLargeError(
                 f"operator {self.name!r}, epoch {batch_id}, key group {key_group}: the key "
-                f"group's state is {size:,} bytes encoded ({state.num_rows:,} keys), "
+                f"group's state holds {size:,} bytes of Arrow ({state.num_rows:,} keys), "
                 f"above max_key_group_state_bytes={bound:,}; the epoch is not committed. "
                 f"Spread the keys over more key groups (raise key_groups; on an existing "
                 f"checkpoint roll back to the latest epoch first) or raise "

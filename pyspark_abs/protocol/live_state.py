@@ -176,9 +176,7 @@ class LocalLiveState:
             return plan.state_codec.decode(stored)
         _READ.clear()
         try:
-            state, rows = read_chain(
-                plan, marker, lambda m: map_file(self._file(plan, key_group, m))
-            )
+            state, rows = read_chain(plan, marker, lambda m: self._file(plan, key_group, m))
         except (OSError, StateEncodingError):
             pass  # gone, or a torn file of a crashed host: rebuild it
         else:
@@ -234,11 +232,17 @@ class LocalLiveState:
         stale = self._stale(plan, key_group, previous.base_epoch) if previous else []
         read = _READ.get((self.root_key, plan.name, key_group, bytes(replaced or b"")))
         chained = None
-        if previous and kept is not None and read and read.state_rows == len(kept):
+        if (
+            previous
+            and kept is not None
+            and read
+            and read.state_rows == len(kept)
+            and extends_chain(previous, 0, key_group, self.change_share)
+        ):
             parts = change_file(plan, previous, read, kept, state)
             size = sum(len(part) for part in parts)
             if extends_chain(previous, size, key_group, self.change_share):
-                plan.check_state_size(state.nbytes, state, key_group, batch_id)
+                plan.check_state_size(state, key_group, batch_id)
                 chained = replace(
                     previous,
                     epoch=epoch,

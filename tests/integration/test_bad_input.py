@@ -275,8 +275,8 @@ def test_a_key_group_state_above_the_bound_fails_its_epoch_alone(
     bounded = json_pipeline(spark, inputs, root, vectorized(), max_key_group_state_bytes=1024)
     with pytest.raises(
         StateTooLargeError,
-        match=r"operator 'summing', epoch 1, key group \d+: the key group's state is [\d,]+ "
-        r"bytes encoded \([\d,]+ keys\), above max_key_group_state_bytes=1,024; the epoch is "
+        match=r"operator 'summing', epoch 1, key group \d+: the key group's state holds [\d,]+ "
+        r"bytes of Arrow \([\d,]+ keys\), above max_key_group_state_bytes=1,024; the epoch is "
         r"not committed. Spread the keys over more key groups \(raise key_groups",
     ):
         bounded.run()

@@ -41,7 +41,7 @@ from pyspark_abs.examples.wordcount import word_count
 from pyspark_abs.manifest.table import manifest_root_id
 from pyspark_abs.operators.state_codec import MARKER_BYTES, Marker, decode_marker, encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState
-from pyspark_abs.protocol.state_chain import map_file, read_chain
+from pyspark_abs.protocol.state_chain import read_chain
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import running_counts, write_epochs
 from tests.support.pipelines import (
@@ -87,10 +87,10 @@ def assert_live_state_is_the_snapshot(
             continue  # not read since its file was lost: rebuilt when the key group runs
         folder = found[0].parent
 
-        def read(m: Marker, folder: Path = folder) -> tuple[pa.Buffer, bytes]:
-            return map_file(str(folder / f"{m.epoch:012d}-{m.token.hex()}.abs"))
+        def path_of(m: Marker, folder: Path = folder) -> str:
+            return str(folder / f"{m.epoch:012d}-{m.token.hex()}.abs")
 
-        live, _ = read_chain(pipeline.plan, marker, read)
+        live, _ = read_chain(pipeline.plan, marker, path_of)
         group = int(folder.name.removeprefix("kg-"))
         mine = snapshot.filter(pc.equal(snapshot["_key_group"], pa.scalar(group, pa.int32())))
         expected = dict(zip(mine["word"].to_pylist(), mine["count"].to_pylist(), strict=True))

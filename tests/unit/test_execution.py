@@ -407,7 +407,7 @@ def test_a_key_group_state_above_the_bound_is_refused() -> None:
     with pytest.raises(StateTooLargeError) as raised:
         plan.encode_state(large.state, 3, 1)
     message = str(raised.value)
-    assert message.startswith("operator 'wc', epoch 1, key group 3: the key group's state is ")
+    assert message.startswith("operator 'wc', epoch 1, key group 3: the key group's state holds ")
     assert "(202 keys), above max_key_group_state_bytes=600" in message
     assert "raise key_groups" in message
     assert "raise max_key_group_state_bytes" in message

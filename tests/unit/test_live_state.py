@@ -4,6 +4,7 @@ replays)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_abs.config import AbsConfig
-from pyspark_abs.errors import StateEncodingError
+from pyspark_abs.errors import StateEncodingError, StateTooLargeError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.keys import BoolArray
@@ -22,7 +23,7 @@ from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_codec import Marker, decode_marker, encode_marker
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
 from pyspark_abs.protocol.local_folders import mark_used, operator_home
-from pyspark_abs.protocol.state_chain import MAX_DEPTH, extends_chain
+from pyspark_abs.protocol.state_chain import MAX_DEPTH, extends_chain, read_chain
 from tests.support.key_groups import word_plan
 from tests.support.manifest import entry
 
@@ -330,3 +331,63 @@ def test_markers_handed_back_as_bytearrays_go_on_chains(tmp_path: Path) -> None:
     assert dict(zip(again["word"].to_pylist(), again["count"].to_pylist(), strict=True)) == (
         counts | {"w1": 99}
     )
+
+
+@pytest.mark.parametrize("lose", ["deleted", "written again"])
+def test_a_change_file_this_worker_parsed_before_is_still_checked_on_disk(
+    lose: str, tmp_path: Path
+) -> None:
+    """A worker keeps the change files it parsed, but a chain read again still sees a
+    change file that was lost or written again since, and refuses the chain."""
+    plan = word_plan(lambda rows, state, ctx: None)
+    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    counts = {f"w{i}": i for i in range(500)}
+    markers = [live.save(plan, 5, word_state(plan, counts), 1, None, None)]
+    for batch in range(2, 5):
+        loaded = live.load(plan, 5, markers[-1], batch)
+        counts |= {f"w{batch}": -batch}
+        state, kept = next_state(plan, loaded, counts)
+        markers.append(live.save(plan, 5, state, batch, markers[-1], kept))
+    newest = decode_marker(markers[-1])
+    assert newest is not None
+    assert newest.depth == 3
+
+    def path_of(m: Marker) -> str:
+        return live._file(plan, 5, m)
+
+    read, _ = read_chain(plan, newest, path_of)
+    assert dict(zip(read["word"].to_pylist(), read["count"].to_pylist(), strict=True)) == counts
+    middle = decode_marker(markers[2])
+    assert middle is not None
+    if lose == "deleted":
+        os.unlink(path_of(middle))
+        with pytest.raises(FileNotFoundError):
+            read_chain(plan, newest, path_of)
+    else:
+        data = Path(path_of(middle)).read_bytes()
+        os.unlink(path_of(middle))
+        Path(path_of(middle)).write_bytes(data)
+        with pytest.raises(StateEncodingError, match="written again"):
+            read_chain(plan, newest, path_of)
+
+
+@pytest.mark.parametrize("slack", [-1, 0])
+def test_a_state_is_measured_alike_whether_written_whole_or_on_a_chain(
+    slack: int, tmp_path: Path
+) -> None:
+    """A state at the bound passes and one byte over it fails, written whole and on a
+    chain alike: whether an epoch fails must not depend on how a retry writes it."""
+    plan = word_plan(lambda rows, state, ctx: None)
+    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    counts = {f"w{i}": i for i in range(500)}
+    first = live.save(plan, 5, word_state(plan, counts), 1, None, None)
+    state, kept = next_state(plan, live.load(plan, 5, first, 2), counts | {"w1": 99})
+    bounded = dataclasses.replace(plan, max_state_bytes=state.nbytes + slack)
+    for known in (None, kept):  # whole, then on the chain
+        if slack < 0:
+            with pytest.raises(StateTooLargeError, match="above max_key_group_state_bytes"):
+                live.save(bounded, 5, state, 2, first, known)
+        else:
+            depth = decode_marker(live.save(bounded, 5, state, 2, first, known))
+            assert depth is not None
+            assert depth.depth == (0 if known is None else 1)

@@ -13,7 +13,9 @@ and for pyspark-abs the background commit), so each steady epoch is measured alo
   Parquet output is): the sizes of files created or grown during the epoch;
 * peak resident memory per process kind over the whole run (load included).
 
-Variants: ``abs_async`` (snapshots every epoch, asynchronous commit), ``abs_off``
+Variants: ``abs_async`` (snapshots every epoch, asynchronous commit), ``abs_whole`` (the
+same, its live-state files written whole at every change: ``local_state_change_share=0``),
+``abs_off``
 (``snapshots=False``), ``builtin_rocksdb`` (RocksDB state store with changelog
 checkpointing), ``builtin_default`` (Spark's default HDFS-backed store). Variants are
 interleaved (the order rotates each repeat) and the figures are medians (times) and means
@@ -57,6 +59,7 @@ _bench.pickle_by_value(__name__)
 DEFAULT_KEYS = (500_000, 2_000_000, 8_000_000, 32_000_000)
 ABS: dict[str, dict[str, Any]] = {
     "abs_async": {"commit_mode": "async"},
+    "abs_whole": {"commit_mode": "async", "local_state_change_share": 0.0},
     "abs_off": {"snapshots": False},
 }
 BUILTIN: dict[str, dict[str, str]] = {

@@ -155,14 +155,22 @@ def test_state_scale(spark: SparkSession, tmp_path: Path) -> None:
     figures = bench_state_scale.main(argv)
     results = figures["results"]
     assert {v: set(r) for v, r in results.items()} == {
-        v: {"2000", "4000"} for v in ("abs_async", "abs_off", "builtin_rocksdb", "builtin_default")
+        v: {"2000", "4000"} for v in bench_state_scale.VARIANTS
+    }
+    assert set(results) == {
+        "abs_async",
+        "abs_whole",
+        "abs_off",
+        "builtin_rocksdb",
+        "builtin_default",
     }
     for variant, by_keys in results.items():
         for figure in by_keys.values():
             assert figure["epoch_s"] > 0
             assert figure["checkpoint_bytes"] > 0
-            assert (figure["delta_bytes"] > 0) == (variant == "abs_async")
-            assert (figure["local_bytes"] > 0) == (variant == "abs_async")
+            snapshotted = variant in ("abs_async", "abs_whole")
+            assert (figure["delta_bytes"] > 0) == snapshotted
+            assert (figure["local_bytes"] > 0) == snapshotted
     assert plot.exists()
     assert plot.with_name("scale_bytes.png").exists()
 

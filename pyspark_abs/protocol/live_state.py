@@ -1,11 +1,13 @@
 """Live state on the executors' local disks, rebuilt from the snapshot root when missing.
 
-With snapshots on, a key group's live state between epochs is a file on the local disk of
-the executor that ran it, not a value in Spark's state store. Spark's state store keeps only
-a *marker* per key group: the epoch that last changed the key group and a random token
-naming the file written then. A steady epoch therefore adds to Spark's checkpoint a few
-dozen bytes per changed key group, and to the snapshot (the Delta state table) only the
-changed keys: bytes follow the change, not the size of the state.
+With snapshots on, a key group's live state between epochs is on the local disk of the
+executor that ran it, not a value in Spark's state store: a whole file, or a whole file and
+a chain of change files after it (see :mod:`~pyspark_abs.protocol.state_chain`). Spark's
+state store keeps only a *marker* per key group: the epoch that last changed the key group,
+a random token naming the file written then, and where that file sits in its chain. A steady
+epoch therefore adds to Spark's checkpoint a few dozen bytes per changed key group, and to
+the snapshot (the Delta state table) only the changed keys: bytes follow the change, not the
+size of the state.
 
 The marker is what makes the file trustworthy: it reaches Spark's state store only if the
 task that wrote the file succeeded, and its token names exactly that file, so a retried or
@@ -62,6 +64,7 @@ from pyspark_abs.protocol.state_chain import (
     ChainRows,
     change_file,
     extends_chain,
+    file_identity,
     map_file,
     read_chain,
 )
@@ -189,7 +192,7 @@ class LocalLiveState:
             plan, epoch, key_group, path, replace_file, _parts(plan, state, key_group, batch_id)
         )
         with contextlib.suppress(OSError):  # else the next save writes the whole state
-            identity = map_file(path)[1]
+            identity = file_identity(path)
             _READ[(self.root_key, plan.name, key_group, bytes(stored))] = ChainRows(
                 None, state.num_rows, identity
             )
@@ -237,7 +240,7 @@ class LocalLiveState:
             and kept is not None
             and read
             and read.state_rows == len(kept)
-            and extends_chain(previous, 0, key_group, self.change_share)
+            and extends_chain(previous, 1, key_group, self.change_share)
         ):
             parts = change_file(plan, previous, read, kept, state)
             size = sum(len(part) for part in parts)

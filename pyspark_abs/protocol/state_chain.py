@@ -123,17 +123,20 @@ def read_chain(
     at, expected, top = marker, None, b""
     for _ in range(MAX_DEPTH + 1):
         path = path_of(at)
-        identity = _identity(os.stat(path))
-        link = _LINKS.get((path, identity))
-        if link is None or not link.new_rows.schema.equals(plan.blob_schema):
+        link, identity = _LINKS.get(path), b""
+        if link is not None:
+            identity = file_identity(path)
+            if identity != link.identity or not link.new_rows.schema.equals(plan.blob_schema):
+                link = None
+        if link is None:
             data, identity = map_file(path)
             if data[: len(_CHANGE_FILE)].to_pybytes() != _CHANGE_FILE:
                 base = plan.state_codec.decode(data)
                 _check_identity(plan, at, identity, expected)
                 top = top or identity
                 break
-            link = _link(plan, at, data)
-            _LINKS.add((path, identity), link)
+            link = _link(plan, at, data, identity)
+            _LINKS.add(path, link)
         _check_identity(plan, at, identity, expected)
         top = top or identity
         at, expected = link.parent, link.parent_identity
@@ -147,7 +150,7 @@ def read_chain(
         return base, ChainRows(None, base.num_rows, top)
     total, added = base.num_rows, []
     drops = []
-    for _, _, extends, dropped, new_rows in reversed(links):
+    for *_, extends, dropped, new_rows in reversed(links):
         if extends != total or (len(dropped) and int(dropped.max()) >= total):
             raise StateEncodingError(
                 f"operator {plan.name!r}: a change file of the chain ending at epoch "
@@ -201,6 +204,15 @@ def map_file(path: str) -> tuple[pa.Buffer, bytes]:
     return data, _identity(info)
 
 
+def file_identity(path: str) -> bytes:
+    """The identity of the file at ``path`` (see :func:`map_file`).
+
+    Raises:
+        OSError: The file is gone.
+    """
+    return _identity(os.stat(path))
+
+
 def _identity(info: os.stat_result) -> bytes:
     return info.st_ino.to_bytes(8, "little") + info.st_mtime_ns.to_bytes(8, "little")
 
@@ -219,6 +231,8 @@ def _check_identity(
 class _Link(NamedTuple):
     """A parsed change file."""
 
+    identity: bytes
+    """Its own identity, as parsed."""
     parent: Marker
     """The marker of the file it applies to."""
     parent_identity: bytes
@@ -230,7 +244,7 @@ class _Link(NamedTuple):
 
 
 class _ParsedLinks:
-    """Change files this worker parsed, by path and identity, up to ``limit`` bytes.
+    """Change files this worker parsed, by path, up to ``limit`` bytes.
 
     The oldest are forgotten first.
     """
@@ -238,20 +252,21 @@ class _ParsedLinks:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        self.links: dict[tuple[str, bytes], _Link] = {}
+        self.links: dict[str, _Link] = {}
 
-    def get(self, key: tuple[str, bytes]) -> _Link | None:
-        return self.links.get(key)
+    def get(self, path: str) -> _Link | None:
+        return self.links.get(path)
 
-    def add(self, key: tuple[str, bytes], link: _Link) -> None:
-        self.links[key] = link
+    def add(self, path: str, link: _Link) -> None:
+        self.held -= _size(self.links.pop(path)) if path in self.links else 0
+        self.links[path] = link
         self.held += _size(link)
         while self.held > self.limit:
             self.held -= _size(self.links.pop(next(iter(self.links))))
 
 
 def _size(link: _Link) -> int:
-    return int(link.new_rows.nbytes + link.dropped.nbytes)
+    return int(link.new_rows.get_total_buffer_size() + link.dropped.nbytes)
 
 
 CACHED_CHANGE_BYTES = 64 << 20
@@ -259,8 +274,8 @@ CACHED_CHANGE_BYTES = 64 << 20
 _LINKS = _ParsedLinks(CACHED_CHANGE_BYTES)
 
 
-def _link(plan: OperatorPlan, at: Marker, data: pa.Buffer) -> _Link:
-    """Parse the change file ``at`` names."""
+def _link(plan: OperatorPlan, at: Marker, data: pa.Buffer, own: bytes) -> _Link:
+    """Parse the change file ``at`` names, whose identity is ``own``."""
     start = len(_CHANGE_FILE)
     parent = decode_marker(data[start : start + MARKER_BYTES].to_pybytes())
     if parent is None or parent.epoch >= at.epoch:
@@ -280,4 +295,4 @@ def _link(plan: OperatorPlan, at: Marker, data: pa.Buffer) -> _Link:
         raise StateEncodingError(
             f"operator {plan.name!r}: the change file of epoch {at.epoch} is torn"
         )
-    return _Link(parent, identity, extends, dropped, plan.state_codec.decode(data[end:]))
+    return _Link(own, parent, identity, extends, dropped, plan.state_codec.decode(data[end:]))

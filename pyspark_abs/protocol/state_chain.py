@@ -165,7 +165,10 @@ def read_chain(
         _filter(base, keep[: base.num_rows]),
         _filter(pa.concat_tables(added), keep[base.num_rows :]),
     ]
-    return pa.concat_tables(parts), ChainRows(np.flatnonzero(keep), total, top)
+    # One chunk, as a whole file gives: Arrow gathers rows from a chunked column by
+    # concatenating its chunks first, which the operator's diff would pay every epoch.
+    state = pa.concat_tables(parts).combine_chunks()
+    return state, ChainRows(np.flatnonzero(keep), total, top)
 
 
 def _filter(table: pa.Table, mask: BoolArray) -> pa.Table:

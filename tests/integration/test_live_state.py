@@ -444,3 +444,22 @@ def test_the_readme_change_share_settings_chain_or_write_whole_files_with_equal_
         ).run()
         assert bool(chain_files(local)) == (name == "chained")
         assert_uninterrupted(spark, root, CHAINED[:6])
+
+
+def test_restarts_that_switch_the_change_share_keep_the_uninterrupted_results(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Chains written with one share are read after a restart with share 0, which writes
+    whole files from then on, and chains start again after a restart with a share: every
+    run gives the uninterrupted run's state and sink."""
+    local, root = tmp_path / "local", tmp_path / "root"
+    settings: dict[str, Any] = {"key_groups": 2, "local_state_dir": str(local)}
+    for upto, share in ((4, 0.5), (6, 0.0), (9, 0.25)):
+        inputs = write_epochs(tmp_path / "in", CHAINED[:upto])
+        before = set(chain_files(local))
+        pipeline = word_pipeline(
+            spark, inputs, root, bronze=True, local_state_change_share=share, **settings
+        )
+        pipeline.run()
+        assert bool(set(chain_files(local)) - before) == (share > 0), share
+        assert_uninterrupted(spark, root, CHAINED[:upto])

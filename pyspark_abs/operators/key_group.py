@@ -53,6 +53,9 @@ def run_key_group(
         InvalidTimeoutError: A returned timeout is not allowed.
     """
     where = place(plan.name, epoch, key_group)
+    # Arrow gathers rows from a chunked column by concatenating its chunks first, on every
+    # gather: one chunk here (a chain read or a rebuild gives several) saves each a copy.
+    state = state.combine_chunks()
     gone = lapsed(plan, state, clock)
     expired_state = state.filter(gone) if gone.any() else None
     if expired_state is not None:

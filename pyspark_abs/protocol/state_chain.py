@@ -123,22 +123,19 @@ def read_chain(
     at, expected, top = marker, None, b""
     for _ in range(MAX_DEPTH + 1):
         path = path_of(at)
-        link, identity = _LINKS.get(path), b""
-        if link is not None:
-            identity = file_identity(path)
-            if identity != link.identity or not link.new_rows.schema.equals(plan.blob_schema):
-                link = None
+        link = _LINKS.fresh(path, plan.blob_schema)
         if link is None:
             data, identity = map_file(path)
-            if data[: len(_CHANGE_FILE)].to_pybytes() != _CHANGE_FILE:
-                base = plan.state_codec.decode(data)
-                _check_identity(plan, at, identity, expected)
-                top = top or identity
-                break
-            link = _link(plan, at, data, identity)
-            _LINKS.add(path, link)
+            if data[: len(_CHANGE_FILE)].to_pybytes() == _CHANGE_FILE:
+                link = _link(plan, at, data, identity)
+                _LINKS.add(path, link)
+        else:
+            identity = link.identity
         _check_identity(plan, at, identity, expected)
         top = top or identity
+        if link is None:
+            base = plan.state_codec.decode(data)
+            break
         at, expected = link.parent, link.parent_identity
         links.append(link)
     else:
@@ -165,10 +162,7 @@ def read_chain(
         _filter(base, keep[: base.num_rows]),
         _filter(pa.concat_tables(added), keep[base.num_rows :]),
     ]
-    # One chunk, as a whole file gives: Arrow gathers rows from a chunked column by
-    # concatenating its chunks first, which the operator's diff would pay every epoch.
-    state = pa.concat_tables(parts).combine_chunks()
-    return state, ChainRows(np.flatnonzero(keep), total, top)
+    return pa.concat_tables(parts), ChainRows(np.flatnonzero(keep), total, top)
 
 
 def _filter(table: pa.Table, mask: BoolArray) -> pa.Table:
@@ -257,8 +251,18 @@ class _ParsedLinks:
         self.held = 0
         self.links: dict[str, _Link] = {}
 
-    def get(self, path: str) -> _Link | None:
-        return self.links.get(path)
+    def fresh(self, path: str, schema: pa.Schema) -> _Link | None:
+        """The change file parsed from ``path``, while the file on disk is the one parsed.
+
+        None if this worker holds no such file, or its rows do not have ``schema``.
+
+        Raises:
+            OSError: The file is gone.
+        """
+        link = self.links.get(path)
+        if link is None or not link.new_rows.schema.equals(schema):
+            return None
+        return link if file_identity(path) == link.identity else None
 
     def add(self, path: str, link: _Link) -> None:
         self.held -= _size(self.links.pop(path)) if path in self.links else 0

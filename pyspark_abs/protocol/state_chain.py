@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -243,13 +244,16 @@ class _Link(NamedTuple):
 class _ParsedLinks:
     """Change files this worker parsed, by path, up to ``limit`` bytes.
 
-    The oldest are forgotten first.
+    When full, one at random is forgotten. A worker reads its chains in the same cyclic
+    order every epoch, and a working set larger than ``limit`` would make oldest-first
+    forget each file just before it is read again: no read would find one.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
         self.links: dict[str, _Link] = {}
+        self._victims = random.Random(0)
 
     def fresh(self, path: str, schema: pa.Schema) -> _Link | None:
         """The change file parsed from ``path``, while the file on disk is the one parsed.
@@ -266,10 +270,14 @@ class _ParsedLinks:
 
     def add(self, path: str, link: _Link) -> None:
         self.held -= _size(self.links.pop(path)) if path in self.links else 0
+        size = _size(link)
+        if size > self.limit:
+            return
+        while self.held + size > self.limit:
+            victim = self._victims.choice(tuple(self.links))
+            self.held -= _size(self.links.pop(victim))
         self.links[path] = link
-        self.held += _size(link)
-        while self.held > self.limit:
-            self.held -= _size(self.links.pop(next(iter(self.links))))
+        self.held += size
 
 
 def _size(link: _Link) -> int:

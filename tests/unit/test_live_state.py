@@ -5,10 +5,12 @@ replays)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +23,7 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_codec import Marker, decode_marker, encode_marker
+from pyspark_abs.protocol import state_chain
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
 from pyspark_abs.protocol.local_folders import mark_used, operator_home
 from pyspark_abs.protocol.state_chain import MAX_DEPTH, extends_chain, read_chain
@@ -369,6 +372,52 @@ def test_a_change_file_this_worker_parsed_before_is_still_checked_on_disk(
         Path(path_of(middle)).write_bytes(data)
         with pytest.raises(StateEncodingError, match="written again"):
             read_chain(plan, newest, path_of)
+
+
+def test_chains_read_in_a_cycle_larger_than_the_cache_still_find_parsed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker reads its key groups' chains in the same order every epoch. With parsed
+    change files of twice the cache's bytes, forgetting the oldest first would parse every
+    file again on every read; the cache must keep serving some, and stay within its bytes."""
+    plan = word_plan(lambda rows, state, ctx: None)
+    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    newest = {}
+    for key_group in range(12):
+        counts = {f"w{i}": i for i in range(400)}
+        marker = live.save(plan, key_group, word_state(plan, counts), 1, None, None)
+        for batch in range(2, 5):
+            loaded = live.load(plan, key_group, marker, batch)
+            counts |= {f"w{batch}": -batch, f"n{key_group}-{batch}": batch}
+            state, kept = next_state(plan, loaded, counts)
+            marker = live.save(plan, key_group, state, batch, marker, kept)
+        newest[key_group] = decode_marker(marker)
+    parsed: list[int] = []
+    parse = state_chain._link
+
+    def counted(plan: OperatorPlan, at: Marker, data: pa.Buffer, own: bytes) -> Any:
+        parsed.append(at.epoch)
+        return parse(plan, at, data, own)
+
+    def read_all() -> None:
+        for key_group, marker in newest.items():
+            assert marker is not None
+            assert marker.depth == 3
+            read_chain(plan, marker, functools.partial(live._file, plan, key_group))
+
+    monkeypatch.setattr(state_chain, "_link", counted)
+    unbounded = state_chain._ParsedLinks(1 << 40)
+    monkeypatch.setattr(state_chain, "_LINKS", unbounded)
+    read_all()
+    files = len(parsed)
+    assert files == 3 * len(newest)
+    cache = state_chain._ParsedLinks(unbounded.held // 2)
+    monkeypatch.setattr(state_chain, "_LINKS", cache)
+    parsed.clear()
+    for _ in range(4):
+        read_all()
+        assert cache.held <= cache.limit
+    assert len(parsed) < 4 * files * 0.9, f"{len(parsed)} of {4 * files} reads parsed again"
 
 
 @pytest.mark.parametrize("slack", [-1, 0])

@@ -59,7 +59,13 @@ def duplicate_changes(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
 
 
 def _key_codes(table: pa.Table, columns: Sequence[str]) -> np.ndarray[Any, np.dtype[np.int64]]:
-    """One integer per row, equal for rows with equal values in ``columns`` (nulls too)."""
+    """One integer per row, equal for rows with equal values in ``columns`` (nulls too).
+
+    Integer keys without nulls are their own codes (uint64 wraps, which keeps them
+    distinct): hashing tens of millions of them costs more than sorting them.
+    """
     (keys,) = key_arrays([table], columns)
+    if pa.types.is_integer(keys.type) and not keys.null_count:
+        return np.asarray(keys.to_numpy()).astype(np.int64)
     encoded: Any = pc.dictionary_encode(keys, null_encoding="encode")
     return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)

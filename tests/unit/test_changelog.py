@@ -1,4 +1,7 @@
+import random
+
 import pyarrow as pa
+import pytest
 
 from pyspark_abs.operators.changelog import duplicate_changes, latest_per_key
 
@@ -58,3 +61,59 @@ def test_duplicate_changes_finds_a_key_changed_twice_in_one_epoch() -> None:
     found = duplicate_changes(doubled, ["k"])
     assert found["k"].to_pylist() == ["a", "a"]
     assert found["_epoch"].to_pylist() == [1, 1]
+
+
+KEY_TYPES: dict[str, tuple[pa.DataType, list[object]]] = {
+    "string": (pa.string(), ["a", "b", "c", "d"]),
+    "int64": (pa.int64(), [-(2**63), -1, 0, 7, 2**63 - 1]),
+    "uint64": (pa.uint64(), [0, 1, 2**63, 2**64 - 1]),
+    "int8": (pa.int8(), [-128, 0, 127]),
+}
+
+
+@pytest.mark.parametrize("with_nulls", [False, True])
+@pytest.mark.parametrize("key_type", sorted(KEY_TYPES))
+@pytest.mark.parametrize("seed", range(25))
+def test_random_changelogs_give_the_latest_change_of_each_key_as_a_model_does(
+    seed: int, key_type: str, with_nulls: bool
+) -> None:
+    """Keys of one column and of two, each epoch changing a key at most once, in any row
+    order; the model keeps, per key, the row of the highest epoch up to the one asked."""
+    rng = random.Random(seed)
+    arrow_type, values = KEY_TYPES[key_type]
+
+    def key() -> object:
+        return None if with_nulls and rng.random() < 0.2 else rng.choice(values)
+
+    for keys in (["k"], ["k", "j"]):
+        rows: dict[tuple[object, str, int], tuple[int, bool]] = {}
+        seen = set()
+        for epoch in range(rng.randint(0, 6)):
+            for _ in range(rng.randint(0, 6)):
+                k, j = key(), rng.choice("xy")
+                name = (k,) if keys == ["k"] else (k, j)
+                if (name, epoch) not in seen:  # a key changes at most once per epoch
+                    seen.add((name, epoch))
+                    rows[(k, j, epoch)] = (rng.randint(0, 99), rng.random() < 0.3)
+        order = list(rows)
+        rng.shuffle(order)
+        table = pa.table(
+            {
+                "k": pa.array([k for k, _, _ in order], arrow_type),
+                "j": pa.array([j for _, j, _ in order], pa.string()),
+                "v": pa.array([rows[r][0] for r in order], pa.int64()),
+                "_epoch": pa.array([e for _, _, e in order], pa.int64()),
+                "_deleted": pa.array([rows[r][1] for r in order], pa.bool_()),
+            }
+        )
+        for as_of in (None, *range(-1, 7)):
+            model: dict[tuple[object, ...], tuple[int, int, bool]] = {}
+            for (k, j, epoch), (value, deleted) in rows.items():
+                name = (k,) if keys == ["k"] else (k, j)
+                if (as_of is None or epoch <= as_of) and epoch >= model.get(name, (-1,))[0]:
+                    model[name] = (epoch, value, deleted)
+            want = {name: v for name, (_, v, deleted) in model.items() if not deleted}
+            latest = latest_per_key(table, keys, as_of)
+            got = {tuple(row[c] for c in keys): row["v"] for row in latest.to_pylist()}
+            assert len(got) == latest.num_rows
+            assert got == want, (keys, as_of)

@@ -45,7 +45,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
-from pyspark_abs.operators.changelog import latest_per_key
+from pyspark_abs.operators.changelog import latest_rows
 from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
@@ -371,12 +371,14 @@ class LocalLiveState:
                 f"snapshot root, roll back to the newest intact snapshot it names, and start "
                 f"again"
             ) from None
-        live = latest_per_key(changes, plan.key_columns, snapshot.epoch)
-        groups = np.asarray(live[KEY_GROUP].to_numpy(zero_copy_only=False), dtype=np.int64)
+        rows = latest_rows(changes, plan.key_columns, snapshot.epoch)
+        groups = np.asarray(
+            changes[KEY_GROUP].take(rows).to_numpy(zero_copy_only=False), dtype=np.int64
+        )
         # numpy sorts 16-bit integers stably by radix: one pass over tens of millions of rows
         narrow = len(groups) and groups.min() >= 0 and groups.max() < 1 << 16
         order = np.argsort(groups.astype(np.uint16) if narrow else groups, kind="stable")
-        live = live.take(order).select(plan.blob_schema.names).cast(plan.blob_schema)
+        live = changes.take(rows[order]).select(plan.blob_schema.names).cast(plan.blob_schema)
         groups = groups[order]
         bounds = np.flatnonzero(np.diff(groups)) + 1
         folder.mkdir(parents=True, exist_ok=True)

@@ -496,7 +496,9 @@ class JobNemesis:
         if self.silver == "v2":
             return self.op_run()
         self.silver = "v2"
-        self.fresh = True
+        # a job decision, after which the counts may change, only if there is a job
+        # snapshot to migrate from; otherwise a plain run on the checkpoints as they are
+        self.fresh = self.fresh or bool(self.job_snapshots(self.current))
         self.expect_ok(self.spawn("run", self.current, *self.run_args()), "migrating run")
         return "migrated"
 

@@ -43,11 +43,12 @@ def latest_rows(
     if not changes.num_rows:
         return np.zeros(0, dtype=np.int64)
     epochs = np.asarray(changes[EPOCH].to_numpy(zero_copy_only=False), dtype=np.int64)
-    code = _key_codes(changes, keys)
     rows = None
     if epoch is not None and int(epochs.max()) > epoch:
         rows = np.flatnonzero(epochs <= epoch)
-        epochs, code = epochs[rows], code[rows]
+        epochs = epochs[rows]
+    key_columns = changes.select(list(keys))
+    code = _key_codes(key_columns if rows is None else key_columns.take(rows), keys)
     order = np.lexsort((epochs, code))
     last = np.ones(len(order), dtype=bool)
     last[:-1] = code[order][1:] != code[order][:-1]

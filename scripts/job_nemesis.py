@@ -405,8 +405,12 @@ class JobNemesis:
             return []
 
     def stage_fault(self, action: str) -> str:
+        """A fault at an epoch the next run reaches: bronze lands one file per epoch, so a
+        stage one file behind reaches only its next epoch (a later one never comes)."""
         stage = self.rng.choice(STAGES)
-        epoch = self.newest_epoch(self.current, stage) + self.rng.randint(1, 2)
+        newest = self.newest_epoch(self.current, stage)
+        behind = len(self.inputs) - 1 - newest
+        epoch = newest + (self.rng.randint(1, 2) if behind > 1 else 1)
         return f"{stage}:{action}:{self.rng.choice(DRIVER_STEPS)}:{epoch}"
 
     # -- operations

@@ -27,6 +27,8 @@ def test_a_short_job_schedule_loses_doubles_and_resurrects_nothing(tmp_path: Pat
     report = nemesis.report(SEED, 0.0)
     assert sum(report["ops"].values()) == OPS
     assert set(report["ops"]) == set(KINDS), report["ops"]
+    killed = [o for o in report["outcomes"] if o.startswith("kill:") and o.endswith(":killed")]
+    assert killed, f"the kill never killed a run: {report['outcomes']}"
     counts = {name: report[name] for name in job_nemesis.COUNTS}
     assert counts == dict.fromkeys(job_nemesis.COUNTS, 0), report
     assert job_nemesis.sound(report)

@@ -49,10 +49,7 @@ def latest_rows(
         epochs = epochs[rows]
     key_columns = changes.select(list(keys))
     code = _key_codes(key_columns if rows is None else key_columns.take(rows), keys)
-    order = np.lexsort((epochs, code))
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = code[order][1:] != code[order][:-1]
-    latest = np.sort(order[last])
+    latest = _last_of_each(code, epochs)
     if rows is not None:
         latest = rows[latest]
     if keep_deleted:
@@ -61,6 +58,43 @@ def latest_rows(
     deleted: Any = pc.fill_null(tombstones, False)  # null counts as live
     live: BoolArray = ~np.asarray(deleted.to_numpy(zero_copy_only=False), dtype=np.bool_)
     return latest[live]
+
+
+def stable_order(values: IntArray) -> IntArray:
+    """``np.argsort(values, kind="stable")``, faster for integers of a narrow span.
+
+    A span below 2**16 is sorted as 16-bit integers (numpy sorts those by radix, in one
+    pass); a span that leaves room for the row numbers in 63 bits is sorted as values and
+    row numbers packed into one integer (unique, so numpy's vectorized sort needs no
+    stability); a wider span falls back to the stable argsort.
+    """
+    if len(values) < 2:
+        return np.arange(len(values), dtype=np.int64)
+    low, high = int(values.min()), int(values.max())
+    if high - low < 1 << 16:
+        return np.argsort((values - low).astype(np.uint16), kind="stable").astype(np.int64)
+    row_bits = int(len(values) - 1).bit_length()
+    if (high - low) >> (63 - row_bits):
+        return np.argsort(values, kind="stable").astype(np.int64)
+    packed = ((values - low) << row_bits) | np.arange(len(values), dtype=np.int64)
+    packed.sort()
+    packed &= (1 << row_bits) - 1
+    return packed
+
+
+def _last_of_each(code: IntArray, epochs: IntArray) -> IntArray:
+    """Ascending positions of the row of the highest epoch (then the last one) per code."""
+    by_epoch = None
+    if (np.diff(epochs) < 0).any():
+        by_epoch = stable_order(epochs)
+        code = code[by_epoch]
+    order = stable_order(code)
+    ordered = code[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    keep = np.zeros(len(order), dtype=bool)
+    keep[order[last] if by_epoch is None else by_epoch[order[last]]] = True
+    return np.flatnonzero(keep)
 
 
 def duplicate_changes(changes: pa.Table, keys: Sequence[str]) -> pa.Table:

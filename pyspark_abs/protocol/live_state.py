@@ -45,7 +45,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
-from pyspark_abs.operators.changelog import latest_rows
+from pyspark_abs.operators.changelog import latest_rows, stable_order
 from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
@@ -375,10 +375,8 @@ class LocalLiveState:
         groups = np.asarray(
             changes[KEY_GROUP].take(rows).to_numpy(zero_copy_only=False), dtype=np.int64
         )
-        # numpy sorts 16-bit integers stably by radix: one pass over tens of millions of rows
-        narrow = len(groups) and groups.min() >= 0 and groups.max() < 1 << 16
-        order = np.argsort(groups.astype(np.uint16) if narrow else groups, kind="stable")
-        live = changes.take(rows[order]).select(plan.blob_schema.names).cast(plan.blob_schema)
+        order = stable_order(groups)
+        live = changes.select(plan.blob_schema.names).take(rows[order]).cast(plan.blob_schema)
         groups = groups[order]
         bounds = np.flatnonzero(np.diff(groups)) + 1
         folder.mkdir(parents=True, exist_ok=True)

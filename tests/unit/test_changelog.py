@@ -1,9 +1,10 @@
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from pyspark_abs.operators.changelog import duplicate_changes, latest_per_key
+from pyspark_abs.operators.changelog import duplicate_changes, latest_per_key, stable_order
 
 
 def changelog(rows: list[tuple[str | None, int, int, bool]]) -> pa.Table:
@@ -68,6 +69,7 @@ KEY_TYPES: dict[str, tuple[pa.DataType, list[object]]] = {
     "int64": (pa.int64(), [-(2**63), -1, 0, 7, 2**63 - 1]),
     "uint64": (pa.uint64(), [0, 1, 2**63, 2**64 - 1]),
     "int8": (pa.int8(), [-128, 0, 127]),
+    "int64_wide": (pa.int64(), [-(10**9), 0, 70_000, 10**12]),
 }
 
 
@@ -78,7 +80,7 @@ def test_random_changelogs_give_the_latest_change_of_each_key_as_a_model_does(
     seed: int, key_type: str, with_nulls: bool
 ) -> None:
     """Keys of one column and of two, each epoch changing a key at most once, in any row
-    order; the model keeps, per key, the row of the highest epoch up to the one asked."""
+    order or in epoch order; the model keeps, per key, the row of the highest epoch up to the one asked."""
     rng = random.Random(seed)
     arrow_type, values = KEY_TYPES[key_type]
 
@@ -96,7 +98,8 @@ def test_random_changelogs_give_the_latest_change_of_each_key_as_a_model_does(
                     seen.add((name, epoch))
                     rows[(k, j, epoch)] = (rng.randint(0, 99), rng.random() < 0.3)
         order = list(rows)
-        rng.shuffle(order)
+        if rng.random() < 0.7:  # else in epoch order, as most tables read
+            rng.shuffle(order)
         table = pa.table(
             {
                 "k": pa.array([k for k, _, _ in order], arrow_type),
@@ -117,3 +120,15 @@ def test_random_changelogs_give_the_latest_change_of_each_key_as_a_model_does(
             got = {tuple(row[c] for c in keys): row["v"] for row in latest.to_pylist()}
             assert len(got) == latest.num_rows
             assert got == want, (keys, as_of)
+
+
+@pytest.mark.parametrize("span", [1, 3, 2**16 - 1, 2**16, 2**20, 2**40, 2**62, 2**64 - 1])
+@pytest.mark.parametrize("seed", range(5))
+def test_stable_order_sorts_as_a_stable_argsort_at_every_span(seed: int, span: int) -> None:
+    """Each of its three ways (16-bit radix, values packed with row numbers, the plain
+    stable argsort) must give numpy's stable order, duplicates in row order."""
+    rng = random.Random(seed)
+    low = rng.randint(-(2**63), 2**63 - 1 - span)
+    picks = [low + rng.randint(0, span) for _ in range(rng.randint(0, 40))]
+    values = np.array([*picks, *rng.choices(picks, k=len(picks))], dtype=np.int64)
+    assert stable_order(values).tolist() == np.argsort(values, kind="stable").tolist()

@@ -71,12 +71,16 @@ def stable_order(values: IntArray) -> IntArray:
     if len(values) < 2:
         return np.arange(len(values), dtype=np.int64)
     low, high = int(values.min()), int(values.max())
-    if high - low < 1 << 16:
-        return np.argsort((values - low).astype(np.uint16), kind="stable").astype(np.int64)
+    if high - low < 1 << 16:  # subtracting modulo 2**16 keeps the order of such a span
+        narrow = values.astype(np.uint16)
+        narrow -= np.uint16(low % (1 << 16))
+        return np.argsort(narrow, kind="stable").astype(np.int64, copy=False)
     row_bits = int(len(values) - 1).bit_length()
     if (high - low) >> (63 - row_bits):
-        return np.argsort(values, kind="stable").astype(np.int64)
-    packed = ((values - low) << row_bits) | np.arange(len(values), dtype=np.int64)
+        return np.argsort(values, kind="stable").astype(np.int64, copy=False)
+    packed = values - low  # each step in place: fresh pages of a large array cost
+    packed <<= row_bits
+    packed |= np.arange(len(values), dtype=np.int64)
     packed.sort()
     packed &= (1 << row_bits) - 1
     return packed
@@ -85,7 +89,7 @@ def stable_order(values: IntArray) -> IntArray:
 def _last_of_each(code: IntArray, epochs: IntArray) -> IntArray:
     """Ascending positions of the row of the highest epoch (then the last one) per code."""
     by_epoch = None
-    if (np.diff(epochs) < 0).any():
+    if (epochs[1:] < epochs[:-1]).any():
         by_epoch = stable_order(epochs)
         code = code[by_epoch]
     order = stable_order(code)
@@ -116,6 +120,6 @@ def _key_codes(table: pa.Table, columns: Sequence[str]) -> np.ndarray[Any, np.dt
     """
     (keys,) = key_arrays([table], columns)
     if pa.types.is_integer(keys.type) and not keys.null_count:
-        return np.asarray(keys.to_numpy()).astype(np.int64)
+        return np.asarray(keys.to_numpy()).astype(np.int64, copy=False)
     encoded: Any = pc.dictionary_encode(keys, null_encoding="encode")
     return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -353,7 +353,8 @@ class LocalLiveState:
                 return _read_base(plan, folder, key_group)
         with locked(home / "base.lock", exclusive=True):
             if not (folder / _COMPLETE).exists():
-                self._split(plan, snapshot, folder)
+                with _every_core():
+                    self._split(plan, snapshot, folder)
             return _read_base(plan, folder, key_group)
 
     def _split(self, plan: OperatorPlan, snapshot: ManifestEntry, folder: Path) -> None:
@@ -394,6 +395,17 @@ class LocalLiveState:
 _MANIFESTS: dict[str, tuple[int, EpochLog]] = {}
 _READ: dict[tuple[str, str, int, bytes], ChainRows] = {}
 """Where the rows of the state this worker read last sit in its chain, by marker."""
+
+
+@contextlib.contextmanager
+def _every_core() -> Iterator[None]:
+    """Arrow's threads on every core while the split runs (other tasks wait for its files)."""
+    previous = pa.cpu_count()  # PySpark caps a worker's at spark.task.cpus (OMP_NUM_THREADS)
+    pa.set_cpu_count(max(previous, len(os.sched_getaffinity(0))))
+    try:
+        yield
+    finally:
+        pa.set_cpu_count(previous)
 
 
 def _read_base(plan: OperatorPlan, folder: Path, key_group: int) -> pa.Table:

@@ -23,7 +23,7 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.keys import BoolArray
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.state_codec import Marker, decode_marker, encode_marker
-from pyspark_abs.protocol import state_chain
+from pyspark_abs.protocol import live_state, state_chain
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
 from pyspark_abs.protocol.local_folders import mark_used, operator_home
 from pyspark_abs.protocol.state_chain import MAX_DEPTH, extends_chain, read_chain
@@ -440,3 +440,19 @@ def test_a_state_is_measured_alike_whether_written_whole_or_on_a_chain(
             depth = decode_marker(live.save(bounded, 5, state, 2, first, known))
             assert depth is not None
             assert depth.depth == (0 if known is None else 1)
+
+
+def test_the_split_uses_every_core_for_arrow_and_gives_the_worker_its_cap_back() -> None:
+    """PySpark caps a worker's Arrow threads at spark.task.cpus; the split lifts the cap while
+    it runs, and puts it back also when the split fails."""
+    previous = pa.cpu_count()
+    pa.set_cpu_count(1)
+    try:
+        with live_state._every_core():
+            assert pa.cpu_count() == len(os.sched_getaffinity(0))
+        assert pa.cpu_count() == 1
+        with pytest.raises(OSError, match="disk full"), live_state._every_core():
+            raise OSError("disk full")
+        assert pa.cpu_count() == 1
+    finally:
+        pa.set_cpu_count(previous)

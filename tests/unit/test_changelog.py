@@ -132,3 +132,11 @@ def test_stable_order_sorts_as_a_stable_argsort_at_every_span(seed: int, span: i
     picks = [low + rng.randint(0, span) for _ in range(rng.randint(0, 40))]
     values = np.array([*picks, *rng.choices(picks, k=len(picks))], dtype=np.int64)
     assert stable_order(values).tolist() == np.argsort(values, kind="stable").tolist()
+
+
+def test_stable_order_of_an_array_sorted_in_two_halves() -> None:
+    """From a million rows the packed sort runs on two threads and merges their halves."""
+    rng = np.random.default_rng(7)
+    values = rng.integers(-(2**30), 2**30, (1 << 20) + 3) * 1009
+    values[::5] = values[1::5][: len(values[::5])]  # duplicates, for the stability
+    assert np.array_equal(stable_order(values), np.argsort(values, kind="stable"))

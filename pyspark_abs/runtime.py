@@ -32,6 +32,12 @@ DATABRICKS = {(4, 0): "17.3 LTS", (4, 1): "18 LTS", (4, 2): "19"}
 """The Databricks Runtime built on each Spark version, as users know them."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 def _release(version: str) -> tuple[int, int] | None:
     found = re.match(r"(\d+)\.(\d+)", version)
     return None if found is None else (int(found[1]), int(found[2]))

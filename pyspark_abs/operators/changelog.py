@@ -8,7 +8,6 @@ validation compute it here, with Arrow and without Spark.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,6 +18,7 @@ import pyarrow.compute as pc
 
 from pyspark_abs.operators.keys import BoolArray, IntArray, key_arrays
 from pyspark_abs.operators.schema import DELETED, EPOCH
+from pyspark_abs.runtime import usable_cores
 
 
 def latest_per_key(
@@ -94,7 +94,7 @@ def _sort_on_two_cores(values: IntArray) -> None:
     numpy's stable sort of 64-bit integers is a timsort, which merges two sorted runs in one
     pass.
     """
-    if len(values) < _TWO_CORES_FROM or len(os.sched_getaffinity(0)) < 2:
+    if len(values) < _TWO_CORES_FROM or usable_cores() < 2:
         values.sort()
         return
     half = len(values) // 2

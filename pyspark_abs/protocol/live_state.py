@@ -68,6 +68,7 @@ from pyspark_abs.protocol.state_chain import (
     map_file,
     read_chain,
 )
+from pyspark_abs.runtime import usable_cores
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, brief_error
 
@@ -401,7 +402,7 @@ _READ: dict[tuple[str, str, int, bytes], ChainRows] = {}
 def _every_core() -> Iterator[None]:
     """Arrow's threads on every core while the split runs (other tasks wait for its files)."""
     previous = pa.cpu_count()  # PySpark caps a worker's at spark.task.cpus (OMP_NUM_THREADS)
-    pa.set_cpu_count(max(previous, len(os.sched_getaffinity(0))))
+    pa.set_cpu_count(max(previous, usable_cores()))
     try:
         yield
     finally:

@@ -1,8 +1,10 @@
 """Which PySpark pyspark-abs accepts, and which features need Spark 4.2."""
 
+import os
+
 import pytest
 
-from pyspark_abs.runtime import pyspark_problem, python_source_problem
+from pyspark_abs.runtime import pyspark_problem, python_source_problem, usable_cores
 
 
 @pytest.mark.parametrize("version", ["4.0.0", "4.1.4", "4.2.0", "4.3.0", "4.10.1.dev0", "5.0.0"])
@@ -39,3 +41,16 @@ def test_python_sources_on_older_spark_name_the_feature_the_version_and_what_to_
         f"FileSource needs Spark 4.2 (Databricks Runtime 19 or newer); this session runs "
         f"Spark {version}. Use spark.readStream."
     )
+
+
+def test_usable_cores_follow_the_affinity_and_fall_back_to_the_count_without_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """macOS and Windows have no CPU affinity call: the machine's count stands in for it."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert usable_cores() == 3
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert usable_cores() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cores() == 1

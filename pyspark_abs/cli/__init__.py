@@ -14,17 +14,17 @@ start would refuse, 3 when ``check`` finds state a start would migrate, 2 on bad
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark_abs.admin.compaction import compact
 from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.savepoints import restore, rollback, write_state
+from pyspark_abs.admin.savepoints import restore, rollback
 from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.admin.validation import validate
+from pyspark_abs.cli.definitions import add_definition_commands
 from pyspark_abs.cli.jobs import add_job_commands
 from pyspark_abs.cli.output import (
     cell,
@@ -34,20 +34,14 @@ from pyspark_abs.cli.output import (
     or_dash,
     print_json,
     print_table,
+    progress,
     rounded,
     size,
 )
-from pyspark_abs.errors import AbsError, ConfigError
+from pyspark_abs.errors import AbsError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
-from pyspark_abs.operators.contract import Operator
-from pyspark_abs.pipeline.check import check
-from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.snapshots.reading import Snapshots
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, SnapshotRoot, state_table
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from pyspark_abs.storage.root import BACKEDGE_PREFIX
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -99,29 +93,6 @@ def _parser() -> argparse.ArgumentParser:
     copy = command("restore", "copy a snapshot into a new root, to continue there", _restore)
     copy.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
     copy.add_argument("--into", required=True, metavar="NEW_ROOT", help="the new snapshot root")
-    edit = command(
-        "write-state", "write an operator's state from a file as a new snapshot", _write_state
-    )
-    edit.add_argument(
-        "--operator",
-        required=True,
-        metavar="MODULE:NAME",
-        help="the pyspark_abs Operator the state is for, e.g. my_job.operators:sessions",
-    )
-    edit.add_argument(
-        "--from",
-        dest="path",
-        required=True,
-        metavar="PATH",
-        help="the state: a Delta table, Parquet, or CSV with a header",
-    )
-    edit.add_argument(
-        "--format", choices=FORMATS, help="the format of PATH (default: from PATH's name)"
-    )
-    edit.add_argument("--pipeline", help="the pipeline a new root belongs to")
-    edit.add_argument(
-        "--clear-timeouts", action="store_true", help="write without _timeout: drop every timer"
-    )
     name = command("tag", "name a snapshot: a savepoint that retention keeps", _tag)
     name.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
     name.add_argument("name", metavar="NAME", help="the savepoint's name (starts with a letter)")
@@ -129,15 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     command("untag", "take a savepoint's name away", _untag).add_argument(
         "name", metavar="NAME", help="the savepoint's name"
     )
-    upgrade = command(
-        "check", "report what starting a new pipeline definition on ROOT would do", _check
-    )
-    upgrade.add_argument(
-        "--pipeline",
-        required=True,
-        metavar="MODULE:NAME",
-        help="a pyspark_abs Pipeline, or a function of no arguments returning one",
-    )
+    add_definition_commands(command)
     add_job_commands(command)
     command("compact", "rewrite each state table's latest row per key", _compact)
     clean = command("vacuum", "apply retention and delete unreferenced files", _vacuum)
@@ -163,10 +126,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
-
-
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _snapshots(args: argparse.Namespace) -> int:
@@ -274,7 +233,7 @@ def _untag(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    problems = validate(args.root, progress=_progress)
+    problems = validate(args.root, progress=progress)
     if args.json:
         print_json({"ok": not problems, "problems": [asdict(p) for p in problems]})
     elif problems:
@@ -311,124 +270,8 @@ def _restore(args: argparse.Namespace) -> int:
     return 0
 
 
-FORMATS = ("delta", "parquet", "csv")
-
-
-def _write_state(args: argparse.Namespace) -> int:
-    operator = _operator(args.operator)
-    root = normalize_uri(args.root)
-    from pyspark_abs.session import local_session
-
-    spark = local_session("pyspark-abs write-state")
-    _progress(f"reading the state of operator {operator.name!r} from {args.path}")
-    state = _read_state(spark, args.path, args.format or _format_of(args.path), root, operator)
-    _progress(f"writing it into {root}")
-    info = write_state(
-        state, root, operator, pipeline=args.pipeline, clear_timeouts=args.clear_timeouts
-    )
-    if args.json:
-        print_json(info.to_dict())
-    else:
-        print(
-            f"epoch {info.epoch} RESTORED with the state of operator {operator.name!r} from "
-            f"{args.path} ({info.state_keys} keys); the next start continues from it"
-        )
-    return 0
-
-
-def _operator(reference: str) -> Operator:
-    value = _load(reference, "--operator", "a pyspark_abs Operator")
-    if not isinstance(value, Operator):
-        raise ConfigError(
-            f"--operator {reference!r} is not a pyspark_abs Operator; give MODULE:NAME of one "
-            f"built with @operator or @vectorized_operator"
-        )
-    return value
-
-
-def _check(args: argparse.Namespace) -> int:
-    value = _load(args.pipeline, "--pipeline", "a pyspark_abs Pipeline")
-    if callable(value) and not isinstance(value, Pipeline):
-        value = value()
-    if not isinstance(value, Pipeline):
-        raise ConfigError(
-            f"--pipeline {args.pipeline!r} is neither a pyspark_abs Pipeline nor a function "
-            f"returning one, got {type(value).__name__}"
-        )
-    report = check(value, args.root)
-    if args.json:
-        items = [{**asdict(i), "verdict": i.verdict.value} for i in report.items]
-        print_json({"exit_code": report.exit_code, "items": items})
-        return report.exit_code
-    rows = []
-    for item in report.items:
-        details = item.details or ("",)
-        rows.append([item.kind, item.name, item.verdict.value, details[0]])
-        rows += [["", "", "", line] for line in details[1:]]
-    print_table(["KIND", "NAME", "VERDICT", "DETAILS"], rows)
-    return report.exit_code
-
-
-def _load(reference: str, option: str, what: str) -> Any:
-    """The object ``MODULE:NAME`` names."""
-    module_name, _, attribute = reference.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attribute) if attribute else None
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(
-            f"{option} {reference!r} cannot be loaded ({err}); give MODULE:NAME of {what} "
-            f"importable from here (check PYTHONPATH)"
-        ) from None
-
-
-def _format_of(path: str) -> str:
-    name = path.lower().rstrip("/")
-    if name.endswith((".csv", ".parquet")):
-        return name.rsplit(".", 1)[1]
-    return "delta" if _is_delta(path) else "parquet"
-
-
-def _is_delta(path: str) -> bool:
-    try:
-        return DeltaStore().exists(path)
-    except OSError:  # e.g. a file, not a directory
-        return False
-
-
-def _read_state(
-    spark: SparkSession, path: str, fmt: str, root: str, operator: Operator
-) -> DataFrame:
-    """The state at ``path``; CSV columns are cast to the types of the root's state table."""
-    from pyspark.errors import AnalysisException
-
-    from pyspark_abs.storage.spark import load_dataframe
-
-    try:
-        if fmt == "delta":
-            if not _is_delta(path):
-                raise ConfigError(f"--from {path!r} is not a Delta table")
-            return load_dataframe(spark, path, DeltaStore().open(path).version())
-        if fmt == "parquet":
-            return spark.read.parquet(path)
-        frame = spark.read.option("header", True).option("inferSchema", True).csv(path)
-    except AnalysisException as err:
-        raise ConfigError(f"--from {path!r} cannot be read as {fmt}: {err}") from None
-    table = SnapshotRoot(root).table_uri(state_table(operator.name))
-    if not DeltaStore().exists(table):
-        return frame
-    from pyspark.sql import functions as F
-
-    from pyspark_abs.operators.schema import to_spark
-    from pyspark_abs.storage.schemas import arrow_schema
-
-    types = {f.name: f.dataType for f in to_spark(arrow_schema(DeltaStore().open(table))).fields}
-    return frame.select(
-        *(F.col(c).cast(types[c]).alias(c) if c in types else F.col(c) for c in frame.columns)
-    )
-
-
 def _compact(args: argparse.Namespace) -> int:
-    results = compact(args.root, progress=_progress)
+    results = compact(args.root, progress=progress)
     if args.json:
         print_json([asdict(r) for r in results])
         return 0
@@ -457,7 +300,7 @@ def _vacuum(args: argparse.Namespace) -> int:
         keep_last=args.keep_last,
         min_age_seconds=args.min_age,
         dry_run=args.dry_run,
-        progress=_progress,
+        progress=progress,
     )
     if args.json:
         print_json(asdict(report))

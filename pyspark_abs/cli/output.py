@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,3 +76,8 @@ def size(value: int) -> str:
 def epoch_or_name(text: str) -> int | str:
     """An epoch number, or a savepoint's name (names start with a letter)."""
     return int(text) if text.isdigit() else text
+
+
+def progress(line: str) -> None:
+    """Report the progress of a long operation on standard error."""
+    print(line, file=sys.stderr, flush=True)

@@ -3,8 +3,9 @@
 ``python -m tests.integration.s3_run BUCKET OUT`` keeps everything under ``BUCKET`` (an
 ``s3://`` URI): the landing directory, the snapshot root, its sinks, Spark's checkpoint, and
 a restored copy. It lands one file per run and crashes after PREPARED of epoch 1, restarts,
-names epoch 1 ``two``, compacts, rolls back to ``two``, restores ``two`` into another root
-that runs at other partition and key-group counts, then vacuums and validates both roots.
+names epoch 1 ``two``, compacts, rolls back to ``two``, runs on empty local disks (as a new
+cluster would), restores ``two`` into another root that runs at other partition and
+key-group counts, then vacuums and validates both roots.
 It writes the final state and sink of each root as Parquet under the local directory ``OUT``
 and prints one JSON line. Its own program, because Spark's S3 settings (``--jars`` and
 ``--conf`` in ``PYSPARK_SUBMIT_ARGS``) and the credentials its Python workers inherit must be
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from pyspark_abs import (
     AbsConfig,
@@ -36,7 +38,14 @@ from pyspark_abs.session import local_session
 from tests.support.s3 import land
 
 
-def pipeline(bucket: str, root: str, *, key_groups: int = 8, crash: int | None = None) -> Pipeline:
+def pipeline(
+    bucket: str,
+    root: str,
+    *,
+    key_groups: int = 8,
+    crash: int | None = None,
+    local_state_dir: str = "",
+) -> Pipeline:
     """The word count over the bucket's landing directory, its sink beside its root."""
     faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
     return Pipeline(
@@ -45,7 +54,12 @@ def pipeline(bucket: str, root: str, *, key_groups: int = 8, crash: int | None =
         wordcount.word_count,
         root=root,
         sinks={"output": f"{root}/sinks/word_counts"},
-        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
+        config=AbsConfig(
+            key_groups=key_groups,
+            commit_mode="sync",
+            faults=faults,
+            local_state_dir=local_state_dir,
+        ),
         transform=wordcount.words_of,
     )
 
@@ -67,7 +81,10 @@ def main(bucket: str, out: str) -> None:
     pipeline(bucket, root).run()
     compacted = [(c.table, c.as_of_epoch) for c in compact(root) if c.version is not None]
     rollback(root, "two")
-    pipeline(bucket, root).run()
+    # as on a new cluster: empty local disks, the live state rebuilt from the tables on S3
+    new_cluster = Path(out) / "new_cluster_live_state"
+    pipeline(bucket, root, local_state_dir=str(new_cluster)).run()
+    rebuilt = sum(1 for p in new_cluster.rglob("*") if p.is_file())
     land(bucket, 3)
     pipeline(bucket, root).run()
 
@@ -86,6 +103,7 @@ def main(bucket: str, out: str) -> None:
         "expired": vacuumed.expired,
         "deleted": sum(len(files) for files in vacuumed.deleted.values()),
         "newest": Snapshots(root).list()[-1].epoch,
+        "rebuilt_files": rebuilt,
     }
     print(json.dumps({**report, "problems": problems}))
 

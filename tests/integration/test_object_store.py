@@ -96,9 +96,9 @@ def test_a_pipeline_with_everything_on_s3_lives_through_its_lifecycle_as_an_unin
     spark: SparkSession, endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Landing files, root, sinks, Spark's checkpoint and a restored copy on S3: a crash after
-    PREPARED, a named savepoint, compaction, a rollback to the savepoint, a restore at other
-    partition and key-group counts, vacuum and validate (tests/integration/s3_run.py); then
-    the command line reads the root."""
+    PREPARED, a named savepoint, compaction, a rollback to the savepoint, a run on empty local
+    disks (the live state rebuilt from S3), a restore at other partition and key-group counts,
+    vacuum and validate (tests/integration/s3_run.py); then the command line reads the root."""
     out, bucket = tmp_path / "out", f"s3://{BUCKET}/lifecycle"
     run = subprocess.run(
         [sys.executable, "-m", "tests.integration.s3_run", bucket, str(out)],
@@ -115,6 +115,7 @@ def test_a_pipeline_with_everything_on_s3_lives_through_its_lifecycle_as_an_unin
     assert report["expired"]
     assert {1, report["newest"]}.isdisjoint(report["expired"])
     assert report["deleted"] > 0
+    assert report["rebuilt_files"] > 0
 
     clean, landing = tmp_path / "clean", tmp_path / "landing"
     for i in range(len(EPOCHS[:4])):

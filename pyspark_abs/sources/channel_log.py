@@ -17,7 +17,8 @@ from pyspark_abs.errors import ExternalChangeError
 from pyspark_abs.manifest.entries import MANIFEST_SCHEMA, EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.sources.channel_plan import Upstream, UpstreamEpoch
-from pyspark_abs.sources.delta_log import DeltaFilePartition, DeltaLog, ReadSchema, read_slice
+from pyspark_abs.sources.delta_files import DeltaFilePartition, read_slice
+from pyspark_abs.sources.delta_log import DeltaLog, ReadSchema
 from pyspark_abs.storage.commits import Commit, commits_between
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.root import SnapshotRoot

@@ -38,7 +38,7 @@ from pyspark_abs.sources.channel_plan import (
     frontier_of,
     next_epoch,
 )
-from pyspark_abs.sources.delta_log import DeltaFilePartition, read_slice, read_whole
+from pyspark_abs.sources.delta_files import DeltaFilePartition, read_slice, read_whole
 from pyspark_abs.storage.files import file_sizes
 from pyspark_abs.storage.store import DeltaStore
 

@@ -17,13 +17,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, SourceError
-from pyspark_abs.sources.delta_log import (
-    ChangeMode,
-    DeltaFilePartition,
-    DeltaLog,
-    ReadSchema,
-    read_slice,
-)
+from pyspark_abs.sources.delta_files import DeltaFilePartition, read_slice
+from pyspark_abs.sources.delta_log import ChangeMode, DeltaLog, ReadSchema
 from pyspark_abs.sources.delta_offsets import (
     SOURCE_NAME,
     Offset,

@@ -12,7 +12,7 @@ import pytest
 
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.sources.delta_log import partition_array
+from pyspark_abs.sources.delta_files import partition_array
 from pyspark_abs.sources.delta_offsets import (
     Offset,
     Planned,

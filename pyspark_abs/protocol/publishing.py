@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +120,7 @@ class KafkaPublisher:
         target = self.target
         try:
             _ensure_marker_topic(kafka, target)
-            producer = kafka.Producer(
+            self._producer = kafka.Producer(
                 {
                     "bootstrap.servers": target.servers,
                     "transactional.id": target.transactional_id,
@@ -128,11 +129,12 @@ class KafkaPublisher:
                     **target.options,
                 }
             )
-            producer.init_transactions(TIMEOUT_SECONDS)
+            self._producer.init_transactions(TIMEOUT_SECONDS)
             self._published = _last_marker(kafka, target)
         except kafka.KafkaException as err:
+            self.close()
+            _release_clients(err)
             raise self._error("could not start publishing", None, err) from err
-        self._producer = producer
         log.info(
             "sink %r publishes to topic %r as %r; its topic holds snapshot %s",
             target.output,
@@ -142,8 +144,10 @@ class KafkaPublisher:
         )
 
     def _send(self, publication: Publication) -> None:
+        # The producer is only reached through self: an error the caller keeps (PySpark keeps
+        # a batch's) holds this frame, and close() must be able to free the producer.
         kafka = _client()
-        target, producer = self.target, self._producer
+        target = self.target
         commit = read_commit(target.uri, publication.version)
         if commit is None:
             raise PublishError(
@@ -164,13 +168,13 @@ class KafkaPublisher:
         headers = [(EPOCH_HEADER, str(publication.epoch).encode())]
         marker = json.dumps({"epoch": publication.epoch, "version": publication.version})
         try:
-            producer.begin_transaction()
+            self._producer.begin_transaction()
             for key, value in records(rows, target.key, target.value):
-                _produce(producer, target.topic, key, value, headers)
-            _produce(producer, target.marker_topic, target.transactional_id, marker, headers)
-            producer.flush(TIMEOUT_SECONDS)
+                self._produce(target.topic, key, value, headers)
+            self._produce(target.marker_topic, target.transactional_id, marker, headers)
+            self._producer.flush(TIMEOUT_SECONDS)
             self.faults.at(FaultStep.DURING_PUBLISH, publication.epoch)
-            producer.commit_transaction(TIMEOUT_SECONDS)
+            self._producer.commit_transaction(TIMEOUT_SECONDS)
         except kafka.KafkaException as err:
             error = err.args[0] if err.args else None
             if error is not None and error.fatal():
@@ -179,7 +183,7 @@ class KafkaPublisher:
                     f"{publication.epoch} (transactional id {target.transactional_id!r}): "
                     f"another run of this root publishes now. Stop this one"
                 ) from err
-            producer.abort_transaction(TIMEOUT_SECONDS)
+            self._producer.abort_transaction(TIMEOUT_SECONDS)
             raise self._error("could not publish", publication.epoch, err) from err
         log.info(
             "sink %r: snapshot %d published to topic %r (%d records)",
@@ -188,6 +192,14 @@ class KafkaPublisher:
             target.topic,
             rows.num_rows,
         )
+
+    def _produce(self, topic: str, key: str | None, value: object, headers: Any) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=headers)
+                return
+            except BufferError:
+                self._producer.poll(1.0)
 
     def _error(self, what: str, epoch: int | None, err: BaseException) -> PublishError:
         target = self.target
@@ -215,13 +227,14 @@ def _json(value: object) -> str:
     return str(value)
 
 
-def _produce(producer: Any, topic: str, key: str | None, value: object, headers: Any) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, headers=headers)
-            return
-        except BufferError:
-            producer.poll(1.0)
+def _release_clients(err: BaseException) -> None:
+    """Drop the locals of the finished frames that ``err`` passed through.
+
+    Such a local may be a Kafka client of the call that failed. The error may be kept long
+    after (PySpark keeps a batch's), and a client lives, retrying its brokers, as long as
+    something holds it.
+    """
+    traceback.clear_frames(err.__traceback__)
 
 
 def _client() -> Any:

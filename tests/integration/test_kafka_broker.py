@@ -28,12 +28,14 @@ from pyspark_abs import (
     KafkaSource,
     OperatorDefinitionError,
     Pipeline,
+    PublishError,
     Snapshots,
     restore,
     rollback,
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.protocol import publishing
 from pyspark_abs.protocol.lease import break_lease
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS
@@ -44,12 +46,14 @@ from tests.support.kafka import (
     committed_records,
     grow_topic,
     kafka_broker,
+    live_kafka_clients,
     produce,
     produce_to,
 )
 from tests.support.kafka_words import from_kafka, words_of_records
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
 from tests.support.readme import run_block
+from tests.support.servers import free_port
 from tests.support.versions import shuffle_partitions
 
 REPO = Path(__file__).parents[2]
@@ -163,8 +167,10 @@ def test_a_kafka_sink_publishes_each_committed_row_once_whatever_step_fails(
             root, servers, source, faults=faults, publish_to=out, snapshot_interval=interval
         ).run()
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedFault) as failed:
         run(failing)
+    assert failed.value.__traceback__ is not None  # held, as PySpark holds a batch's error
+    assert live_kafka_clients() == []
     run()
     sink = Snapshots(str(root), spark).sink("output")
     final = sink.groupBy("word").agg(F.max("count").alias("count"))
@@ -172,6 +178,26 @@ def test_a_kafka_sink_publishes_each_committed_row_once_whatever_step_fails(
     assert_same(published(spark, servers, out), sink)
     snapshots = [s.epoch for s in Snapshots(str(root), spark).list()]
     assert {epoch for _, _, epoch in committed_records(servers, out)} <= set(snapshots)
+
+
+def test_a_kafka_sink_whose_broker_is_unreachable_fails_clearly_and_publishes_later(
+    spark: SparkSession, servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose sink cannot reach its brokers stops with an error that names the sink and
+    the address, keeps no Kafka client that would retry them, and leaves the root so that the
+    next run publishes every snapshot once."""
+    root, out = tmp_path / "root", "unreachable-out"
+    produce(spark, servers, "unreachable", LINES[:4])
+    nobody = f"127.0.0.1:{free_port()}"
+    monkeypatch.setattr(publishing, "TIMEOUT_SECONDS", 2.0)
+    with pytest.raises(PublishError, match=f"sink 'output'.*{nobody}.*once Kafka is reachable"):
+        from_kafka(root, servers, "unreachable", publish_to=out, publish_servers=nobody).run()
+    assert live_kafka_clients() == []
+    monkeypatch.undo()
+    from_kafka(root, servers, "unreachable", publish_to=out).run()
+    sink = Snapshots(str(root), spark).sink("output")
+    assert_same(published(spark, servers, out), sink)
+    assert_same(*last_counts(sink, counts_df(spark, LINES[:4])))
 
 
 def test_a_kafka_sink_fences_a_paused_run_that_held_its_transaction_open(

@@ -4,6 +4,7 @@ started and stopped within bounded times; and records written to it through Spar
 from __future__ import annotations
 
 import base64
+import gc
 import os
 import shutil
 import subprocess
@@ -147,3 +148,14 @@ def committed_records(servers: str, topic: str) -> list[tuple[str | None, str, i
         return found
     finally:
         consumer.close()
+
+
+def live_kafka_clients() -> list[str]:
+    """The confluent-kafka producers, consumers and admin clients this process still holds
+    after a garbage collection. Each keeps threads that reconnect to its brokers until it is
+    freed, so a client a failed run left behind retries a stopped broker forever."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+
+    gc.collect()
+    return [repr(o) for o in gc.get_objects() if isinstance(o, (Producer, Consumer, AdminClient))]

@@ -42,9 +42,11 @@ def from_kafka(
     faults: tuple[Fault, ...] = (),
     publish_to: str | None = None,
     snapshot_interval: int = 1,
+    publish_servers: str | None = None,
 ) -> Pipeline:
     """The word count over a topic, at most two records per micro-batch; with ``publish_to``,
-    its sink publishes to that topic as well, keyed by word."""
+    its sink publishes to that topic as well (on ``publish_servers``, or on ``servers``),
+    keyed by word."""
     options = {
         "kafka.bootstrap.servers": servers,
         "subscribe": topic,
@@ -57,7 +59,9 @@ def from_kafka(
         wordcount.word_count,
         root=str(root),
         sinks={
-            "output": sink_of(root) if publish_to is None else published(root, servers, publish_to)
+            "output": sink_of(root)
+            if publish_to is None
+            else published(root, publish_servers or servers, publish_to)
         },
         config=AbsConfig(
             key_groups=key_groups,

@@ -131,10 +131,12 @@ class KafkaPublisher:
             )
             self._producer.init_transactions(TIMEOUT_SECONDS)
             self._published = _last_marker(kafka, target)
-        except kafka.KafkaException as err:
+        except BaseException as err:
             self.close()
             _release_clients(err)
-            raise self._error("could not start publishing", None, err) from err
+            if isinstance(err, kafka.KafkaException):
+                raise self._error("could not start publishing", None, err) from err
+            raise
         log.info(
             "sink %r publishes to topic %r as %r; its topic holds snapshot %s",
             target.output,

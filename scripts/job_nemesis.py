@@ -405,12 +405,14 @@ class JobNemesis:
             return []
 
     def stage_fault(self, action: str) -> str:
-        """A fault at an epoch the next run reaches: bronze lands one file per epoch, so a
-        stage one file behind reaches only its next epoch (a later one never comes)."""
+        """A fault at an epoch the next run reaches. Bronze lands one file per epoch, so it
+        reaches its epoch after next only when it is two files behind; a downstream stage may
+        read several upstream epochs in one, so only its next epoch is sure to come."""
         stage = self.rng.choice(STAGES)
         newest = self.newest_epoch(self.current, stage)
         behind = len(self.inputs) - 1 - newest
-        epoch = newest + (self.rng.randint(1, 2) if behind > 1 else 1)
+        ahead = self.rng.randint(1, 2) if behind > 1 else 1
+        epoch = newest + (ahead if stage == "bronze" else 1)
         return f"{stage}:{action}:{self.rng.choice(DRIVER_STEPS)}:{epoch}"
 
     # -- operations

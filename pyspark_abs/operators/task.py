@@ -42,6 +42,7 @@ from pyspark_abs.operators.state_diff import (
     apply_changes_keeping,
     earliest_timeout,
 )
+from pyspark_abs.runtime import settle_worker_heap
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.state import GroupState
@@ -66,6 +67,7 @@ class KeyGroupTask:
         self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], group_state: GroupState
     ) -> Iterator[pd.DataFrame]:
         """Run the key group and yield its envelope rows."""
+        settle_worker_heap()
         plan = self.plan
         key_group = int(key[0])
         batch_id = current_epoch()

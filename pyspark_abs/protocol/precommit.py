@@ -32,6 +32,7 @@ from pyspark_abs.operators.envelope import Kind
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP
 from pyspark_abs.operators.state_codec import BatchCodec
 from pyspark_abs.protocol.barrier import BarrierMarker
+from pyspark_abs.runtime import settle_worker_heap
 from pyspark_abs.storage.files import FileEntry
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -102,6 +103,7 @@ class PrecommitTask:
         """Write the partition's envelope rows and yield exactly one barrier marker."""
         from pyspark import TaskContext
 
+        settle_worker_heap()
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0

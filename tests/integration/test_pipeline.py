@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -14,6 +17,7 @@ from pyspark_abs import (
     AbsConfig,
     ConfigError,
     EpochStatus,
+    KeyState,
     Pipeline,
     Snapshots,
     operator,
@@ -26,8 +30,10 @@ from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import (
     assert_same,
     assert_word_counts,
+    expected_history,
     expected_sink,
     expected_state,
+    state_history,
     word_count_per_key,
     word_pipeline,
 )
@@ -66,6 +72,36 @@ def test_both_operator_forms_write_the_same_snapshot(spark: SparkSession, tmp_pa
         tables.append(load_dataframe(spark, uri, store.open(uri).version()))
     assert_same(tables[0], tables[1])
     assert_word_counts(spark, tmp_path / "key", EPOCHS)
+
+
+@operator(
+    key="word",
+    state_schema="count long",
+    output_schema="word string, count long, frozen long",
+    name="word_count",
+)
+def word_count_seeing_the_heap(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    count = state.get({"count": 0})["count"] + len(rows)
+    state.update({"count": count})
+    return {"word": key[0], "count": count, "frozen": gc.get_freeze_count()}
+
+
+def test_python_workers_collect_garbage_without_walking_what_they_imported(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A reused PySpark worker runs a full garbage collection after every task; the
+    operator's worker has frozen its loaded modules, so those collections skip them, and
+    the driver's heap is left alone."""
+    frozen_in_driver = gc.get_freeze_count()
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    word_pipeline(spark, inputs, tmp_path / "root", op=word_count_seeing_the_heap).run()
+
+    snapshots = Snapshots(str(tmp_path / "root"), spark)
+    assert_same(state_history(snapshots), expected_history(spark, EPOCHS))
+    sink = snapshots.sink("output")
+    assert_same(sink.drop("frozen"), expected_sink(spark, EPOCHS))
+    assert min(row.frozen for row in sink.collect()) > 10_000
+    assert gc.get_freeze_count() == frozen_in_driver
 
 
 def test_restart_continues_where_it_stopped(spark: SparkSession, tmp_path: Path) -> None:

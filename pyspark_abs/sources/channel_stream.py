@@ -23,6 +23,7 @@ from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, ExternalChangeError, SourceError
 from pyspark_abs.manifest.log import EpochLog
+from pyspark_abs.runtime import settle_worker_heap
 from pyspark_abs.sources.channel_log import (
     CHANNEL_COLUMN,
     Channel,
@@ -244,6 +245,7 @@ class ChannelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The partition's rows, with the stream's schema."""
         from pyspark_abs.operators.schema import to_arrow
 
+        settle_worker_heap()
         if not isinstance(partition, ChannelPartition):
             raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
         schema = to_arrow(self._schema)

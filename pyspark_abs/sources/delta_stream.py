@@ -17,6 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.runtime import settle_worker_heap
 from pyspark_abs.sources.delta_files import DeltaFilePartition, read_slice
 from pyspark_abs.sources.delta_log import ChangeMode, DeltaLog, ReadSchema
 from pyspark_abs.sources.delta_offsets import (
@@ -243,6 +244,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The partition's rows as record batches with the stream's Arrow schema."""
         from pyspark_abs.operators.schema import to_arrow
 
+        settle_worker_heap()
         if not isinstance(partition, DeltaFilePartition):
             raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
         return read_slice(partition, to_arrow(self._schema))

@@ -16,6 +16,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.types import StructType
 
 from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.runtime import settle_worker_heap
 from pyspark_abs.sources.files import (
     FORMATS,
     NOTHING,
@@ -161,6 +162,7 @@ class FileStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The file's rows as record batches with the stream's Arrow schema."""
         from pyspark_abs.operators.schema import to_arrow
 
+        settle_worker_heap()
         if not isinstance(partition, _FilePartition):
             raise SourceError(f"unexpected partition {partition!r} for {SOURCE_NAME}")
         schema = to_arrow(self._settings.schema, nullable=True)

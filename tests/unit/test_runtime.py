@@ -1,10 +1,16 @@
 """Which PySpark pyspark-abs accepts, and which features need Spark 4.2."""
 
+import gc
 import os
 
 import pytest
 
-from pyspark_abs.runtime import pyspark_problem, python_source_problem, usable_cores
+from pyspark_abs.runtime import (
+    pyspark_problem,
+    python_source_problem,
+    settle_worker_heap,
+    usable_cores,
+)
 
 
 @pytest.mark.parametrize("version", ["4.0.0", "4.1.4", "4.2.0", "4.3.0", "4.10.1.dev0", "5.0.0"])
@@ -54,3 +60,13 @@ def test_usable_cores_follow_the_affinity_and_fall_back_to_the_count_without_one
     assert usable_cores() == 6
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert usable_cores() == 1
+
+
+def test_the_heap_is_frozen_only_inside_a_spark_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a task (a driver, a test calling a task itself) the heap is left alone, even
+    where Spark reuses workers; the freezing itself is proved in a worker by
+    tests/integration/test_pipeline.py."""
+    frozen = gc.get_freeze_count()
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    settle_worker_heap()
+    assert gc.get_freeze_count() == frozen

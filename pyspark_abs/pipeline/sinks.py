@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from math import inf
 
 import pyarrow as pa
 
@@ -52,6 +53,9 @@ class KafkaSink(DeltaSink):
         key: The column whose text is each record's key (None: records have no key).
         value: A string or binary column sent as each record's value (None: the row as JSON).
         options: More client settings (librdkafka names), e.g. ``security.protocol``.
+        timeout_s: How long each Kafka call of a publication (start, flush, commit) may wait
+            before the run stops with a ``PublishError``; the epoch stays committed and the
+            next start publishes it.
     """
 
     topic: str
@@ -59,6 +63,7 @@ class KafkaSink(DeltaSink):
     key: str | None = None
     value: str | None = None
     options: Mapping[str, str] = field(default_factory=dict, hash=False)
+    timeout_s: float = 60.0
 
 
 SinkLike = str | DeltaSink
@@ -127,6 +132,12 @@ def _check_kafka(name: str, output: str, schema: pa.Schema, sink: KafkaSink) -> 
         )
     if not sink.bootstrap_servers:
         raise OperatorDefinitionError(f"{where} needs bootstrap_servers, e.g. 'broker:9092'")
+    timeout = sink.timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < inf:
+        raise OperatorDefinitionError(
+            f"{where} has timeout_s={timeout!r}; give the seconds a Kafka call may wait, a "
+            f"number above 0 such as 60"
+        )
     for role, column in (("key", sink.key), ("value", sink.value)):
         if column is not None and column not in schema.names:
             raise OperatorDefinitionError(
@@ -198,6 +209,7 @@ def kafka_publishers(
                 key=sink.key,
                 value=sink.value,
                 options=dict(sink.options),
+                timeout_s=float(sink.timeout_s),
                 transactional_id=f"pyspark-abs.{root_id}.{output}",
                 schema=schemas[output],
             ),

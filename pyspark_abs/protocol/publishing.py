@@ -36,7 +36,6 @@ log = logger(__name__)
 
 EPOCH_HEADER = "pyspark-abs-epoch"
 """Header of every published record: the snapshot (epoch) that committed it."""
-TIMEOUT_SECONDS = 60.0
 _TAIL = 64
 
 
@@ -53,6 +52,7 @@ class KafkaTarget:
         key: The column whose text is each record's key (None: no key).
         value: A string or binary column that is each record's value (None: the row as JSON).
         options: More producer settings (security, compression, ...).
+        timeout_s: How long each Kafka call may wait.
         transactional_id: Bound to the root and the output; a second run with the same id
             fences the first.
         schema: The sink's columns.
@@ -66,6 +66,7 @@ class KafkaTarget:
     key: str | None
     value: str | None
     options: Mapping[str, str]
+    timeout_s: float
     transactional_id: str
     schema: pa.Schema = field(compare=False)
 
@@ -129,7 +130,7 @@ class KafkaPublisher:
                     **target.options,
                 }
             )
-            self._producer.init_transactions(TIMEOUT_SECONDS)
+            self._producer.init_transactions(target.timeout_s)
             self._published = _last_marker(kafka, target)
         except BaseException as err:
             self.close()
@@ -174,9 +175,9 @@ class KafkaPublisher:
             for key, value in records(rows, target.key, target.value):
                 self._produce(target.topic, key, value, headers)
             self._produce(target.marker_topic, target.transactional_id, marker, headers)
-            self._producer.flush(TIMEOUT_SECONDS)
+            self._producer.flush(target.timeout_s)
             self.faults.at(FaultStep.DURING_PUBLISH, publication.epoch)
-            self._producer.commit_transaction(TIMEOUT_SECONDS)
+            self._producer.commit_transaction(target.timeout_s)
         except kafka.KafkaException as err:
             error = err.args[0] if err.args else None
             if error is not None and error.fatal():
@@ -185,7 +186,7 @@ class KafkaPublisher:
                     f"{publication.epoch} (transactional id {target.transactional_id!r}): "
                     f"another run of this root publishes now. Stop this one"
                 ) from err
-            self._producer.abort_transaction(TIMEOUT_SECONDS)
+            self._producer.abort_transaction(target.timeout_s)
             raise self._error("could not publish", publication.epoch, err) from err
         log.info(
             "sink %r: snapshot %d published to topic %r (%d records)",
@@ -208,9 +209,10 @@ class KafkaPublisher:
         snapshot = "" if epoch is None else f" snapshot {epoch} of"
         return PublishError(
             f"sink {target.output!r}: {what}{snapshot} to topic {target.topic!r} at "
-            f"{target.servers}: {err}. The snapshot is committed in {target.uri} and stays "
-            f"owed to the topic: start the pipeline again once Kafka is reachable, and it is "
-            f"sent exactly once"
+            f"{target.servers}, each call waiting up to {target.timeout_s:g} s: {err}. The "
+            f"snapshot is committed in {target.uri} and stays owed to the topic: start the "
+            f"pipeline again once Kafka is reachable (a slow Kafka: a larger "
+            f"KafkaSink(timeout_s=...)), and it is sent exactly once"
         )
 
 
@@ -252,28 +254,29 @@ def _client() -> Any:
 
 def _ensure_marker_topic(kafka: Any, target: KafkaTarget) -> None:
     admin = kafka.admin.AdminClient({"bootstrap.servers": target.servers, **target.options})
-    if target.marker_topic in admin.list_topics(timeout=TIMEOUT_SECONDS).topics:
+    if target.marker_topic in admin.list_topics(timeout=target.timeout_s).topics:
         return
     config = {"cleanup.policy": "compact", "segment.ms": "3600000"}
     topic = kafka.admin.NewTopic(target.marker_topic, num_partitions=1, config=config)
     try:
-        admin.create_topics([topic])[target.marker_topic].result(TIMEOUT_SECONDS)
+        admin.create_topics([topic])[target.marker_topic].result(target.timeout_s)
     except kafka.KafkaException as err:
         if err.args[0].code() != kafka.KafkaError.TOPIC_ALREADY_EXISTS:
             raise
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    while not _has_leader(admin, target.marker_topic):  # a new topic's leader comes later
+    deadline = time.monotonic() + target.timeout_s
+    while not _has_leader(admin, target):  # a new topic's leader comes later
         if time.monotonic() > deadline:
             raise PublishError(
                 f"sink {target.output!r}: marker topic {target.marker_topic!r} at "
-                f"{target.servers} has no leader {TIMEOUT_SECONDS:.0f} s after its creation. "
+                f"{target.servers} has no leader {target.timeout_s:g} s after its creation. "
                 f"Check the broker"
             )
         time.sleep(0.05)
 
 
-def _has_leader(admin: Any, topic: str) -> bool:
-    found = admin.list_topics(topic, timeout=TIMEOUT_SECONDS).topics.get(topic)
+def _has_leader(admin: Any, target: KafkaTarget) -> bool:
+    topic = target.marker_topic
+    found = admin.list_topics(topic, timeout=target.timeout_s).topics.get(topic)
     partition = None if found is None or found.error else found.partitions.get(0)
     return partition is not None and partition.leader >= 0
 
@@ -293,7 +296,7 @@ def _last_marker(kafka: Any, target: KafkaTarget) -> Publication | None:
     )
     try:
         partition = kafka.TopicPartition(target.marker_topic, 0)
-        low, high = consumer.get_watermark_offsets(partition, TIMEOUT_SECONDS, cached=False)
+        low, high = consumer.get_watermark_offsets(partition, target.timeout_s, cached=False)
         for start in dict.fromkeys((max(low, high - _TAIL), low)):
             found = _read_markers(kafka, consumer, target, start)
             if found is not None or high == low:
@@ -307,11 +310,11 @@ def _read_markers(kafka: Any, consumer: Any, target: KafkaTarget, start: int) ->
     consumer.assign([kafka.TopicPartition(target.marker_topic, 0, start)])
     last = None
     while True:
-        message = consumer.poll(TIMEOUT_SECONDS)
+        message = consumer.poll(target.timeout_s)
         if message is None:
             raise PublishError(
                 f"sink {target.output!r}: reading marker topic {target.marker_topic!r} at "
-                f"{target.servers} timed out after {TIMEOUT_SECONDS:.0f} s. Check the broker"
+                f"{target.servers} timed out after {target.timeout_s:g} s. Check the broker"
             )
         if message.error():
             if message.error().code() == kafka.KafkaError._PARTITION_EOF:

@@ -35,7 +35,6 @@ from pyspark_abs import (
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE
-from pyspark_abs.protocol import publishing
 from pyspark_abs.protocol.lease import break_lease
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS
@@ -181,19 +180,21 @@ def test_a_kafka_sink_publishes_each_committed_row_once_whatever_step_fails(
 
 
 def test_a_kafka_sink_whose_broker_is_unreachable_fails_clearly_and_publishes_later(
-    spark: SparkSession, servers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, servers: str, tmp_path: Path
 ) -> None:
-    """A run whose sink cannot reach its brokers stops with an error that names the sink and
-    the address, keeps no Kafka client that would retry them, and leaves the root so that the
-    next run publishes every snapshot once."""
+    """A run whose sink cannot reach its brokers stops after the sink's timeout with an error
+    that names the sink, the address and the timeout, keeps no Kafka client that would retry
+    them, and leaves the root so that the next run publishes every snapshot once."""
     root, out = tmp_path / "root", "unreachable-out"
     produce(spark, servers, "unreachable", LINES[:4])
     nobody = f"127.0.0.1:{free_port()}"
-    monkeypatch.setattr(publishing, "TIMEOUT_SECONDS", 2.0)
-    with pytest.raises(PublishError, match=f"sink 'output'.*{nobody}.*once Kafka is reachable"):
-        from_kafka(root, servers, "unreachable", publish_to=out, publish_servers=nobody).run()
+    unreachable = from_kafka(
+        root, servers, "unreachable", publish_to=out, publish_servers=nobody, publish_timeout_s=2
+    )
+    expected = f"sink 'output'.*{nobody}, each call waiting up to 2 s.*once Kafka is reachable"
+    with pytest.raises(PublishError, match=expected):
+        unreachable.run()
     assert live_kafka_clients() == []
-    monkeypatch.undo()
     from_kafka(root, servers, "unreachable", publish_to=out).run()
     sink = Snapshots(str(root), spark).sink("output")
     assert_same(published(spark, servers, out), sink)
@@ -280,6 +281,9 @@ def test_a_kafka_sink_refuses_what_it_cannot_publish(
         pipeline(sink(key="user"))
     with pytest.raises(OperatorDefinitionError, match="of type int64 as record values"):
         pipeline(sink(value="count"))
+    for timeout in (0, -1.0, float("nan"), float("inf"), "60", True):
+        with pytest.raises(OperatorDefinitionError, match=f"timeout_s={timeout!r}; give the"):
+            pipeline(sink(timeout_s=timeout))
     with pytest.raises(OperatorDefinitionError, match="with snapshots off"):
         pipeline(sink(), AbsConfig(snapshots=False)).run()
 

@@ -43,10 +43,11 @@ def from_kafka(
     publish_to: str | None = None,
     snapshot_interval: int = 1,
     publish_servers: str | None = None,
+    publish_timeout_s: float = 60.0,
 ) -> Pipeline:
     """The word count over a topic, at most two records per micro-batch; with ``publish_to``,
-    its sink publishes to that topic as well (on ``publish_servers``, or on ``servers``),
-    keyed by word."""
+    its sink publishes to that topic as well (on ``publish_servers``, or on ``servers``,
+    waiting up to ``publish_timeout_s`` for each Kafka call), keyed by word."""
     options = {
         "kafka.bootstrap.servers": servers,
         "subscribe": topic,
@@ -61,7 +62,7 @@ def from_kafka(
         sinks={
             "output": sink_of(root)
             if publish_to is None
-            else published(root, publish_servers or servers, publish_to)
+            else published(root, publish_servers or servers, publish_to, publish_timeout_s)
         },
         config=AbsConfig(
             key_groups=key_groups,
@@ -73,9 +74,11 @@ def from_kafka(
     )
 
 
-def published(root: Path, servers: str, topic: str) -> KafkaSink:
+def published(root: Path, servers: str, topic: str, timeout_s: float = 60.0) -> KafkaSink:
     """The word count's sink at ``root``, published to ``topic`` keyed by word."""
-    return KafkaSink(sink_of(root), topic=topic, bootstrap_servers=servers, key="word")
+    return KafkaSink(
+        sink_of(root), topic=topic, bootstrap_servers=servers, key="word", timeout_s=timeout_s
+    )
 
 
 def main(servers: str, topic: str, root: str, crash: str, publish_to: str | None = None) -> None:

@@ -1,10 +1,11 @@
-"""The Spark pyspark-abs runs on: the runtime's own, 4.0 or newer, and what needs 4.2.
+"""The Spark pyspark-abs runs on: the runtime's own, 4.0 or newer, what needs 4.2, and its workers.
 
 PySpark is an optional dependency (``pyspark-abs[spark]``) so that installing the package on
 Databricks or another Spark platform never replaces the runtime's PySpark. The operators,
 snapshots, savepoints and Spark's own sources (Delta, files, Kafka) run on Spark 4.0 and
 newer; the package's own streaming sources are Python data sources that plan micro-batches
 with read limits and ``availableNow``, which Spark's Python data source API has since 4.2.
+The module also settles a Python worker's heap as a task starts (:func:`settle_worker_heap`).
 """
 
 from __future__ import annotations
@@ -145,8 +146,9 @@ def require_workers_import(spark: SparkSession, feature: str) -> None:
         )
 
 
-_frozen_with: list[int] = [0]
-"""How many modules the process had loaded when it last froze its heap."""
+class _Heap:
+    modules_at_freeze = 0
+    """How many modules the process had loaded when it last froze its heap."""
 
 
 def settle_worker_heap() -> None:
@@ -161,7 +163,7 @@ def settle_worker_heap() -> None:
     outside a Spark task (a driver, a test calling a task itself) and in a worker Spark
     does not reuse, which runs no such collections.
     """
-    if len(sys.modules) == _frozen_with[0] or not os.environ.get("SPARK_REUSE_WORKER"):
+    if len(sys.modules) == _Heap.modules_at_freeze or not os.environ.get("SPARK_REUSE_WORKER"):
         return
     from pyspark import TaskContext
 
@@ -169,4 +171,4 @@ def settle_worker_heap() -> None:
         return
     gc.collect()
     gc.freeze()
-    _frozen_with[0] = len(sys.modules)
+    _Heap.modules_at_freeze = len(sys.modules)

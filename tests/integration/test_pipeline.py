@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -17,7 +17,6 @@ from pyspark_abs import (
     AbsConfig,
     ConfigError,
     EpochStatus,
-    KeyState,
     Pipeline,
     Snapshots,
     operator,
@@ -35,6 +34,7 @@ from tests.support.pipelines import (
     expected_state,
     state_history,
     word_count_per_key,
+    word_count_seeing_the_heap,
     word_pipeline,
 )
 
@@ -74,18 +74,6 @@ def test_both_operator_forms_write_the_same_snapshot(spark: SparkSession, tmp_pa
     assert_word_counts(spark, tmp_path / "key", EPOCHS)
 
 
-@operator(
-    key="word",
-    state_schema="count long",
-    output_schema="word string, count long, frozen long",
-    name="word_count",
-)
-def word_count_seeing_the_heap(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
-    count = state.get({"count": 0})["count"] + len(rows)
-    state.update({"count": count})
-    return {"word": key[0], "count": count, "frozen": gc.get_freeze_count()}
-
-
 def test_python_workers_collect_garbage_without_walking_what_they_imported(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -102,6 +90,34 @@ def test_python_workers_collect_garbage_without_walking_what_they_imported(
     assert_same(sink.drop("frozen"), expected_sink(spark, EPOCHS))
     assert min(row.frozen for row in sink.collect()) > 10_000
     assert gc.get_freeze_count() == frozen_in_driver
+
+
+def test_workers_spark_does_not_reuse_leave_their_heap_and_a_restart_with_reuse_continues(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """With ``spark.python.worker.reuse=false`` every task has a fresh worker that PySpark
+    never collects after: nothing is frozen there. The same root restarted by a session
+    that reuses its workers continues exactly once, as the uninterrupted run."""
+    inputs, root = tmp_path / "in", tmp_path / "root"
+    write_epochs(inputs, EPOCHS[:2])
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.support.unreused_workers", str(inputs), str(root)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        capture_output=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr.decode()[-3000:]
+    write_epochs(inputs, EPOCHS)
+    word_pipeline(spark, inputs, root, op=word_count_seeing_the_heap).run()
+
+    snapshots = Snapshots(str(root), spark)
+    assert_same(state_history(snapshots), expected_history(spark, EPOCHS))
+    sink = snapshots.sink("output")
+    assert_same(sink.drop("frozen"), expected_sink(spark, EPOCHS))
+    unreused = snapshots.sink("output", 1)
+    assert_same(unreused.drop("frozen"), expected_sink(spark, EPOCHS[:2]))
+    assert {row.frozen for row in unreused.collect()} == {0}
+    assert min(row.frozen for row in sink.subtract(unreused).collect()) > 10_000
 
 
 def test_restart_continues_where_it_stopped(spark: SparkSession, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Sequence
 from functools import reduce
@@ -41,6 +42,19 @@ def word_count_per_key(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState
     count = state.get({"count": 0})["count"] + len(rows)
     state.update({"count": count})
     return {"word": key[0], "count": count}
+
+
+@operator(
+    key="word",
+    state_schema="count long",
+    output_schema=f"{STATE_DDL}, frozen long",
+    name="word_count",
+)
+def word_count_seeing_the_heap(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    """The word count, each output row with the objects its worker's heap had frozen."""
+    count = state.get({"count": 0})["count"] + len(rows)
+    state.update({"count": count})
+    return {"word": key[0], "count": count, "frozen": gc.get_freeze_count()}
 
 
 def word_pipeline(

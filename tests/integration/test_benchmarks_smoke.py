@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 
 import bench_builtin
 import bench_intervals
+import bench_job_latency
 import bench_kafka
 import bench_latency
 import bench_multistage
@@ -103,6 +104,21 @@ def test_latency(spark: SparkSession, tmp_path: Path) -> None:
         "abs_async_vs_abs_baseline",
         "abs_async_vs_abs_sync",
     }
+
+
+def test_job_latency(spark: SparkSession, tmp_path: Path) -> None:
+    argv = ["--files", "2", "--interval", "0.1", "--repeats", "1", "--no-warm-up"]
+    argv += ["--key-groups", "4", "--partitions", "2", "--workdir", str(tmp_path)]
+    figures = bench_job_latency.main(argv)
+    variants = figures["variants"]
+    assert set(variants) == {"job_async", "job_sync"}
+    for variant, f in variants.items():
+        assert f["files"] == 2, (variant, f)
+        for stage in bench_job_latency.STAGES:
+            assert 0 < f["latency_ms_p50"][stage] <= f["latency_ms_p99"][stage], (variant, f)
+        assert positive(f["epoch_ms_median"]), (variant, f)
+        ratio = f["latency_ms_p50"]["last"] / sum(f["epoch_ms_median"].values())
+        assert f["last_p50_vs_epoch_sum"] == pytest.approx(ratio, rel=0.01)
 
 
 def test_builtin(spark: SparkSession, tmp_path: Path) -> None:

@@ -1,0 +1,238 @@
+"""End-to-end latency through a three-stage job on a trickle, against its stages' epoch times.
+
+The trickle of ``bench_latency.py`` (one small Parquet file of random keys lands every
+INTERVAL seconds, one file per micro-batch) feeds a :class:`~pyspark_abs.Job` of three
+stages joined by channels:
+
+* ``count``: workload W's keyed count of the landed files (``_bench.keyed_count``);
+* ``relay`` and ``last``: each reads the stage before's channel and passes on every key's
+  count when it grew (state: the newest count per key).
+
+Every stage's sink holds ``(key, count)`` rows, so a file is visible at a stage once a
+version of that stage's sink counts every record up to the file (see
+``bench_latency.visible_times_from_delta``, which reads the sinks with deltalake). Latency is
+a file's landing to that commit, at each stage; epoch time is each stage's median Spark
+``triggerExecution`` of the micro-batches that read input. The target of a pipelined job is
+a p50 latency at the last stage of at most 1.5x the sum of the stages' epoch times. The job
+first runs once over one file with ``availableNow``; then it starts, and a second file starts
+the stages after the first (each starts once it has an upstream epoch to read). Neither file
+is measured. Variants (the
+stages' commit mode) are interleaved; the last line printed is one JSON object.
+
+    python scripts/bench_job_latency.py [--files N] [--interval S] [--records-per-file N]
+        [--keys N] [--key-groups K] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import _bench
+import bench_latency
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_abs import AbsConfig, Job, KeyGroupContext, KeyGroupResult, Pipeline
+from pyspark_abs import vectorized_operator as vectorized
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_bench.pickle_by_value(__name__)
+
+STAGES = ["count", "relay", "last"]
+VARIANTS: dict[str, Literal["sync", "async"]] = {"job_async": "async", "job_sync": "sync"}
+UNMEASURED = 2
+"""Files landed before the measured ones: one for a first run, one to start every stage."""
+TARGET = 1.5
+"""The last stage's p50 latency at most this many times the sum of the stages' epoch times."""
+
+
+@vectorized(key="key", state_schema="count long", output_schema="key long, count long")
+def newest_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """Pass on each key's newest count when it is above the count the state holds."""
+    keys = rows["key"].to_numpy()
+    counts = rows["count"].to_numpy()
+    order = np.lexsort((counts, keys))
+    last = np.r_[keys[order][1:] != keys[order][:-1], True]
+    keys, counts = keys[order][last], counts[order][last]
+    slot = pc.index_in(pa.array(state["key"].to_numpy()), value_set=pa.array(keys))
+    at = np.asarray(pc.fill_null(slot, -1).to_numpy(), dtype=np.int64)
+    known = np.flatnonzero(at >= 0)
+    held = np.full(len(keys), -1, dtype=np.int64)
+    held[at[known]] = state["count"].to_numpy()[known]
+    grown = pd.DataFrame({"key": keys, "count": counts})[counts > held]
+    return KeyGroupResult(state=grown, output=grown)
+
+
+def job_over(spark: SparkSession, work: Path, landing: Path, config: AbsConfig) -> Job:
+    """The three stages over ``landing``, roots and sinks under ``work``."""
+    count = Pipeline(
+        "count",
+        _bench.parquet_source(spark, landing),
+        _bench.keyed_count,
+        root=str(work / "count"),
+        sinks=str(work / "sinks" / "count"),
+        config=config,
+    )
+    relay = Pipeline(
+        "relay",
+        count.channel(),
+        newest_count,
+        root=str(work / "relay"),
+        sinks=str(work / "sinks" / "relay"),
+        config=config,
+    )
+    last = Pipeline(
+        "last",
+        relay.channel(),
+        newest_count,
+        root=str(work / "last"),
+        sinks=str(work / "sinks" / "last"),
+        config=config,
+    )
+    return Job("latency", str(work / "job"), [count, relay, last])
+
+
+def run_job(
+    spark: SparkSession,
+    work: Path,
+    trickle: bench_latency.Trickle,
+    interval: float,
+    config: AbsConfig,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Run the job over the trickle: each stage's epoch times, and when each measured file
+    became visible at each stage."""
+
+    def land_one() -> None:
+        first = sorted(trickle.staged.iterdir())[0]
+        first.rename(trickle.landing / first.name)
+
+    sinks = {stage: str(work / "sinks" / stage) for stage in STAGES}
+    land_one()
+    job_over(spark, work, trickle.landing, config).run()
+    query = job_over(spark, work, trickle.landing, config).start()
+    try:
+        land_one()  # a stage after the first starts once it has an epoch to read
+        bench_latency.wait_until(
+            lambda: (
+                not query.waiting and bench_latency.shown_total(sinks["last"]) >= trickle.totals[1]
+            ),
+            "every stage's start",
+        )
+        for stage in STAGES:
+            bench_latency.waiting_for_data(query.stages[stage].query)
+        trickle.land_all(interval)
+        bench_latency.wait_until(
+            lambda: bench_latency.shown_total(sinks["last"]) >= trickle.totals[-1],
+            "the last file at the last stage",
+        )
+    finally:
+        query.stop()
+    for stage, sink in sinks.items():
+        shown = bench_latency.shown_total(sink)
+        if shown != trickle.totals[-1]:
+            raise SystemExit(
+                f"stage {stage}'s sink counts {shown} records, but {trickle.totals[-1]} landed"
+            )
+    epochs = {s: bench_latency.epoch_ms(query.stages[s].query) for s in STAGES}
+    visible = {s: bench_latency.visible_times_from_delta(sinks[s], trickle.totals) for s in STAGES}
+    return epochs, {s: times[UNMEASURED:] for s, times in visible.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the job over a trickle in each commit mode; print a table and a JSON line."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--files", type=int, default=30)
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between files")
+    parser.add_argument("--records-per-file", type=int, default=200)
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--key-groups", type=int, default=256)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument("--workdir", type=Path, help="directory for tables (default: temporary)")
+    args = parser.parse_args(argv)
+    spark = _bench.session(args.partitions)
+    epochs: dict[str, dict[str, list[float]]] = {v: {s: [] for s in STAGES} for v in VARIANTS}
+    latencies: dict[str, dict[str, list[float]]] = {v: {s: [] for s in STAGES} for v in VARIANTS}
+    with _bench.workdir(args.workdir) as work:
+        runs = 0
+
+        def run(variant: str, keep: bool) -> float:
+            nonlocal runs
+            runs += 1
+            scratch = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=work))
+            files = args.files + UNMEASURED
+            trickle = bench_latency.Trickle(scratch, files, args.records_per_file, args.keys, runs)
+            config = AbsConfig(key_groups=args.key_groups, commit_mode=VARIANTS[variant])
+            started = time.perf_counter()
+            stage_epochs, visible = run_job(spark, scratch, trickle, args.interval, config)
+            seconds = time.perf_counter() - started
+            if keep:
+                for stage in STAGES:
+                    epochs[variant][stage] += stage_epochs[stage]
+                    latencies[variant][stage] += [
+                        1000 * (v - t)
+                        for v, t in zip(visible[stage], trickle.landed_at, strict=True)
+                    ]
+            shutil.rmtree(scratch, ignore_errors=True)
+            return seconds
+
+        if args.warm_up:
+            for variant in VARIANTS:
+                print(f"warm-up  {variant:<10} {run(variant, False):7.1f} s")
+        _bench.interleave(list(VARIANTS), args.repeats, lambda v: run(v, True), warm_up=False)
+
+    figures_by_variant: dict[str, Any] = {}
+    for variant in VARIANTS:
+        medians = {s: round(statistics.median(epochs[variant][s]), 1) for s in STAGES}
+        p50 = {s: bench_latency.percentile(latencies[variant][s], 50) for s in STAGES}
+        p99 = {s: bench_latency.percentile(latencies[variant][s], 99) for s in STAGES}
+        summed = round(sum(medians.values()), 1)
+        figures_by_variant[variant] = {
+            "epoch_ms_median": medians,
+            "epoch_ms_sum": summed,
+            "latency_ms_p50": p50,
+            "latency_ms_p99": p99,
+            "last_p50_vs_epoch_sum": round(p50["last"] / summed, 3),
+            "files": len(latencies[variant]["last"]),
+        }
+    header = " ".join(f"{s + ' ms':>10}" for s in STAGES)
+    print(f"\n{'variant':<10} epoch {header}  | latency p50 {header}  | p50 / sum")
+    for variant, f in figures_by_variant.items():
+        stage_epochs = " ".join(f"{f['epoch_ms_median'][s]:>10.1f}" for s in STAGES)
+        stage_p50 = " ".join(f"{f['latency_ms_p50'][s]:>10.1f}" for s in STAGES)
+        ratio = f["last_p50_vs_epoch_sum"]
+        verdict = "meets" if ratio <= TARGET else "MISSES"
+        print(
+            f"{variant:<10}       {stage_epochs}  |             {stage_p50}  | {ratio:.3f} "
+            f"{verdict} <= {TARGET}"
+        )
+    figures = {
+        "files": args.files,
+        "interval_s": args.interval,
+        "records_per_file": args.records_per_file,
+        "keys": args.keys,
+        "key_groups": args.key_groups,
+        "partitions": args.partitions,
+        "repeats": args.repeats,
+        "variants": figures_by_variant,
+        "target_last_p50_vs_epoch_sum": TARGET,
+        "targets_met": figures_by_variant["job_async"]["last_p50_vs_epoch_sum"] <= TARGET,
+    }
+    _bench.emit(figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -76,31 +76,28 @@ def newest_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) 
 
 def job_over(spark: SparkSession, work: Path, landing: Path, config: AbsConfig) -> Job:
     """The three stages over ``landing``, roots and sinks under ``work``."""
-    count = Pipeline(
-        "count",
-        _bench.parquet_source(spark, landing),
-        _bench.keyed_count,
-        root=str(work / "count"),
-        sinks=str(work / "sinks" / "count"),
-        config=config,
-    )
-    relay = Pipeline(
-        "relay",
-        count.channel(),
-        newest_count,
-        root=str(work / "relay"),
-        sinks=str(work / "sinks" / "relay"),
-        config=config,
-    )
-    last = Pipeline(
-        "last",
-        relay.channel(),
-        newest_count,
-        root=str(work / "last"),
-        sinks=str(work / "sinks" / "last"),
-        config=config,
-    )
-    return Job("latency", str(work / "job"), [count, relay, last])
+    stages = [
+        Pipeline(
+            "count",
+            _bench.parquet_source(spark, landing),
+            _bench.keyed_count,
+            root=str(work / "count"),
+            sinks=str(work / "sinks" / "count"),
+            config=config,
+        )
+    ]
+    for name in STAGES[1:]:
+        stages.append(
+            Pipeline(
+                name,
+                stages[-1].channel(),
+                newest_count,
+                root=str(work / name),
+                sinks=str(work / "sinks" / name),
+                config=config,
+            )
+        )
+    return Job("latency", str(work / "job"), stages)
 
 
 def run_job(
@@ -152,15 +149,7 @@ def run_job(
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the job over a trickle in each commit mode; print a table and a JSON line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--files", type=int, default=30)
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between files")
-    parser.add_argument("--records-per-file", type=int, default=200)
-    parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--key-groups", type=int, default=256)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
-    parser.add_argument("--workdir", type=Path, help="directory for tables (default: temporary)")
+    bench_latency.add_trickle_arguments(parser, interval=2.0)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
     epochs: dict[str, dict[str, list[float]]] = {v: {s: [] for s in STAGES} for v in VARIANTS}
@@ -219,13 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{verdict} <= {TARGET}"
         )
     figures = {
-        "files": args.files,
-        "interval_s": args.interval,
-        "records_per_file": args.records_per_file,
-        "keys": args.keys,
-        "key_groups": args.key_groups,
-        "partitions": args.partitions,
-        "repeats": args.repeats,
+        **bench_latency.trickle_settings(args),
         "variants": figures_by_variant,
         "target_last_p50_vs_epoch_sum": TARGET,
         "targets_met": figures_by_variant["job_async"]["last_p50_vs_epoch_sum"] <= TARGET,

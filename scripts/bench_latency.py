@@ -184,11 +184,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     return round(float(np.percentile(np.asarray(values), q)), 1)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the trickle four ways, print a table and a JSON line; return the figures."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def add_trickle_arguments(parser: argparse.ArgumentParser, *, interval: float) -> None:
+    """The options of a trickle benchmark; ``interval`` is the default seconds between files."""
     parser.add_argument("--files", type=int, default=30)
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between files")
+    parser.add_argument("--interval", type=float, default=interval, help="seconds between files")
     parser.add_argument("--records-per-file", type=int, default=200)
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--key-groups", type=int, default=256)
@@ -196,6 +195,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument("--workdir", type=Path, help="directory for tables (default: temporary)")
+
+
+def trickle_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`add_trickle_arguments` as the figures report them."""
+    return {
+        "files": args.files,
+        "interval_s": args.interval,
+        "records_per_file": args.records_per_file,
+        "keys": args.keys,
+        "key_groups": args.key_groups,
+        "partitions": args.partitions,
+        "repeats": args.repeats,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the trickle four ways, print a table and a JSON line; return the figures."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    add_trickle_arguments(parser, interval=1.0)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
     latencies: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -262,13 +280,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{verdict} <= {target}"
         )
     figures = {
-        "files": args.files,
-        "interval_s": args.interval,
-        "records_per_file": args.records_per_file,
-        "keys": args.keys,
-        "key_groups": args.key_groups,
-        "partitions": args.partitions,
-        "repeats": args.repeats,
+        **trickle_settings(args),
         "variants": figures_by_variant,
         "ratios": ratios,
         "targets": {f"abs_async_vs_{v}": t for v, t in TARGETS.items()},

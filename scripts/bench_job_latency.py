@@ -38,8 +38,6 @@ import _bench
 import bench_latency
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from pyspark_abs import AbsConfig, Job, KeyGroupContext, KeyGroupResult, Pipeline
 from pyspark_abs import vectorized_operator as vectorized
@@ -65,11 +63,7 @@ def newest_count(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) 
     order = np.lexsort((counts, keys))
     last = np.r_[keys[order][1:] != keys[order][:-1], True]
     keys, counts = keys[order][last], counts[order][last]
-    slot = pc.index_in(pa.array(state["key"].to_numpy()), value_set=pa.array(keys))
-    at = np.asarray(pc.fill_null(slot, -1).to_numpy(), dtype=np.int64)
-    known = np.flatnonzero(at >= 0)
-    held = np.full(len(keys), -1, dtype=np.int64)
-    held[at[known]] = state["count"].to_numpy()[known]
+    held = _bench.held_counts(keys, state, missing=-1)
     grown = pd.DataFrame({"key": keys, "count": counts})[counts > held]
     return KeyGroupResult(state=grown, output=grown)
 

@@ -1,9 +1,9 @@
 """The run handle of a started job: one pipeline query per stage.
 
-A stage whose upstream stages have not committed the epoch it reads first cannot start
-yet (see :class:`~pyspark_abs.errors.UpstreamNotReadyError`). The run starts it as soon as
-they have: the handle's starter thread looks every quarter of a second, so a downstream
-stage runs alongside its upstream stages instead of after them.
+A stage on a fresh checkpoint whose upstream stages have not committed the epoch it reads
+first cannot start yet (see :class:`~pyspark_abs.errors.UpstreamNotReadyError`). The run
+starts it as soon as they have: the handle's starter thread looks every quarter of a
+second, so a downstream stage runs alongside its upstream stages instead of after them.
 """
 
 from __future__ import annotations
@@ -32,12 +32,17 @@ log = logger(__name__)
 _POLL_SECONDS = 0.25
 
 
-def _may_start(stage: Pipeline) -> bool:
-    """Whether the upstream stages have committed the epoch ``stage`` reads next.
+def _may_start(stage: Pipeline, *, streaming: bool) -> bool:
+    """Whether ``stage`` can start now: whether it has an upstream epoch to read, or may wait.
 
     A cheap look at the manifests before a start, which acquires the stage's lease and
     recovers its root; the start itself checks again, exactly. A stage with epochs left
-    PREPARED may always start: its start commits them.
+    PREPARED may always start: its start commits them. A streaming run also starts at once
+    a stage that continues its Spark checkpoint (its newest decided epoch is its own, not a
+    restore): its query waits for the next upstream epoch, so that epoch does not wait for
+    the stage's start-up. A stage on a fresh checkpoint cannot wait so (see
+    :class:`~pyspark_abs.errors.UpstreamNotReadyError`), nor can a stage of a run with
+    ``available_now``, which would read nothing and end.
     """
     source = stage.source
     if not isinstance(source, ChannelSource):
@@ -50,6 +55,8 @@ def _may_start(stage: Pipeline) -> bool:
     decided = epochs.latest_decided()
     if epochs.pending() or decided is None:
         return decided is not None or not source.waiting_for(source.starting_epoch)
+    if streaming and not decided.is_restore:
+        return True
     return not source.waiting_for(decided.epoch + 1)
 
 
@@ -99,7 +106,9 @@ class JobQuery:
                 if self._stopping.is_set():
                     return
                 head = not self.job.upstreams[name]
-                if not head and not _may_start(self.job.stages[name]):
+                if not head and not _may_start(
+                    self.job.stages[name], streaming=not self._available_now
+                ):
                     continue
                 try:
                     query = self.job.stages[name].start(

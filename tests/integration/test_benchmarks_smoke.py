@@ -119,6 +119,7 @@ def test_job_latency(spark: SparkSession, tmp_path: Path) -> None:
         assert positive(f["epoch_ms_median"]), (variant, f)
         ratio = f["latency_ms_p50"]["last"] / sum(f["epoch_ms_median"].values())
         assert f["last_p50_vs_epoch_sum"] == pytest.approx(ratio, rel=0.01)
+        assert f["first_file_at_last_ms_median"] > 0, (variant, f)
 
 
 def test_builtin(spark: SparkSession, tmp_path: Path) -> None:

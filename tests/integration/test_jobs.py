@@ -151,6 +151,29 @@ def test_grouped_and_asynchronous_commits_keep_the_cut(spark: SparkSession, tmp_
     assert_job_matches(spark, job, {n: n for n in sorted(common)})
 
 
+def test_a_started_job_runs_at_once_every_stage_that_continues_its_checkpoint(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    medallion.write_events(tmp_path / "in", FILES[:2])
+    job = job_of(spark, tmp_path)
+    job.run()
+    running = job.start()
+    try:
+        assert running.waiting == [], "each stage waits in its query, not for its start-up"
+        medallion.write_events(tmp_path / "in", FILES[2:3])
+        running.process_all_available()
+    finally:
+        running.stop()
+    job.rollback(1)  # restore epoch 3: every stage starts a fresh checkpoint, which must wait
+    running = job.start()
+    try:
+        medallion.write_events(tmp_path / "in", FILES[3:4])
+        running.process_all_available()
+    finally:
+        running.stop()
+    assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 3: 1, 4: 2, 5: 3})
+
+
 def test_a_job_rollback_gives_what_the_uninterrupted_job_gives_also_twice(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

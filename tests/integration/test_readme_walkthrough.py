@@ -168,8 +168,10 @@ def test_the_job_blocks_run_as_one_story(spark: SparkSession, tmp_path: Path) ->
     limited = f'FileSource({str(landing)!r}, "json", EVENT_DDL, max_files_per_trigger=1)'
     places = {
         'FileSource("/landing/events", "json", EVENT_DDL)': limited,
-        # stopped at once, before the downstream stages could start: the run has ended
-        "query.await_termination(timeout=60)": "query.stop()\nassert query.await_termination(5)",
+        # every stage ran before, so every stage starts at once; stopped, the run has ended
+        "query.await_termination(timeout=60)": (
+            "assert query.waiting == []\nquery.stop()\nassert query.await_termination(5)"
+        ),
         **{f"{call}3": f"{call}1" for call in ("epoch=", "create_views(", "rollback(")},
         "restore_from(root, 3)": "restore_from(root, 1)",
     }

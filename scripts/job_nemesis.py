@@ -8,8 +8,9 @@ together) goes through a seeded random schedule. Every run is a child process in
 session, so that a kill is a real SIGKILL of the application (children are started while
 the operation before runs, so their Spark start is out of the way):
 
-- ``run``: the job with availableNow (sync or async commit, other key-group and partition
-  counts after a decision, sometimes compacting every epoch in the background);
+- ``run``: the job with availableNow, or started as streaming queries, caught up and
+  stopped (sync or async commit, other key-group and partition counts after a decision,
+  sometimes compacting every epoch in the background);
 - ``kill``: a run SIGKILLed after a random delay, or exactly at a protocol step of one
   random stage (a PAUSE fault), or a moment after it;
 - ``fault``: one stage fails at a protocol step (the job stops every stage);
@@ -140,6 +141,7 @@ def child_main(cluster: bool) -> int:
     parser.add_argument("--silver", choices=["v1", "v2"], default="v1")
     parser.add_argument("--fault", help="STAGE:ACTION:STEP:EPOCH")
     parser.add_argument("--local", help="local_state_dir")
+    parser.add_argument("--streaming", action="store_true", help="run: start, catch up, stop")
     parser.add_argument("--epoch", type=int, help="rollback: the job snapshot")
     parser.add_argument("--forget", help="write_state: event ids, comma-separated")
     args = parser.parse_args(argv)
@@ -246,7 +248,13 @@ def _job(spark: Any, inputs: str, root: str, args: argparse.Namespace) -> Any:
 
 
 def _run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
-    _job(spark, args.inputs, args.job, args).run()
+    job = _job(spark, args.inputs, args.job, args)
+    if args.streaming:
+        query = job.start()
+        query.process_all_available()
+        query.stop()
+    else:
+        job.run()
     return {"done": True}
 
 
@@ -302,6 +310,8 @@ class JobNemesis:
         self.workdir = workdir
         self.schedule = random.Random(seed)
         self.rng = random.Random(seed + 1_000_003)
+        # a stream of its own, so that a seed's other draws stay as they were before it
+        self.streaming = random.Random(seed + 2_000_003)
         self.kinds = list(kinds)
         self.inputs_dir = workdir / "in"
         self.local = workdir / "local"
@@ -376,6 +386,8 @@ class JobNemesis:
         extra += ["--change-share", self.rng.choice(("0", "0.25", "1000"))]
         if self.rng.random() < 0.3:
             extra += ["--compact-every", "1"]
+        if self.streaming.random() < 0.5:
+            extra += ["--streaming"]
         return extra
 
     def expect_ok(self, child: Child, what: str) -> dict[str, Any]:

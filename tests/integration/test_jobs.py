@@ -43,7 +43,7 @@ from pyspark_abs.cli import main as cli
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.storage.store import DeltaStore
-from tests.support.jobs import FILES, assert_job_matches, job_of
+from tests.support.jobs import FILES, assert_job_matches, job_of, run_streaming
 from tests.support.pipelines import assert_same
 
 ALL = {n: n for n in range(len(FILES))}
@@ -224,7 +224,7 @@ def test_a_job_restored_into_a_new_root_with_other_counts_continues_as_the_origi
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
-        copy.run()
+        run_streaming(copy)  # fresh checkpoints: each stage waits for its first epoch
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     assert_job_matches(spark, copy, {2: 2, 3: 3, 4: 4})

@@ -72,6 +72,15 @@ def job_of(
     )
 
 
+def run_streaming(job: Job) -> None:
+    """Start ``job`` streaming, catch every stage up with its input so far, and stop it."""
+    query = job.start()
+    try:
+        query.process_all_available()
+    finally:
+        query.stop()
+
+
 def model(
     files: Sequence[Sequence[Event] | Forget], through: int
 ) -> dict[str, list[tuple[Any, ...]]]:

@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         1000 * (v - t)
                         for v, t in zip(visible[stage], trickle.landed_at, strict=True)
                     ]
-                first_files[variant].append(latencies[variant]["last"][-args.files])
+                first_files[variant].append(1000 * (visible["last"][0] - trickle.landed_at[0]))
             shutil.rmtree(scratch, ignore_errors=True)
             return seconds
 

@@ -14,12 +14,16 @@ from typing import TYPE_CHECKING
 
 from pyspark_abs.admin.job_tags import stages_named
 from pyspark_abs.admin.tags import check_name
-from pyspark_abs.errors import ConfigError, UpstreamNotReadyError
+from pyspark_abs.errors import AbsError, ConfigError, UpstreamNotReadyError
 from pyspark_abs.logs import logger
 from pyspark_abs.manifest.job_cut import JobSnapshot
+from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.pipeline.declaration import Pipeline
+from pyspark_abs.pipeline.launch import first_upstream_epoch
 from pyspark_abs.pipeline.query import PipelineQuery
+from pyspark_abs.protocol.lineage import read_lineage
+from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
@@ -35,29 +39,33 @@ _POLL_SECONDS = 0.25
 def _may_start(stage: Pipeline, *, streaming: bool) -> bool:
     """Whether ``stage`` can start now: whether it has an upstream epoch to read, or may wait.
 
-    A cheap look at the manifests before a start, which acquires the stage's lease and
-    recovers its root; the start itself checks again, exactly. A stage with epochs left
-    PREPARED may always start: its start commits them. A streaming run also starts at once
-    a stage that continues its Spark checkpoint (its newest decided epoch is its own, not a
-    restore): its query waits for the next upstream epoch, so that epoch does not wait for
-    the stage's start-up. A stage on a fresh checkpoint cannot wait so (see
-    :class:`~pyspark_abs.errors.UpstreamNotReadyError`), nor can a stage of a run with
-    ``available_now``, which would read nothing and end.
+    A look at the manifest and the checkpoint without side effects (the start itself, which
+    acquires the stage's lease and recovers its root, checks the same again). A stage with
+    epochs left PREPARED after a decided one may start: its start commits them. A stage on a
+    fresh checkpoint cannot wait for its first epoch (see
+    :class:`~pyspark_abs.errors.UpstreamNotReadyError`). A streaming run starts at once a
+    stage that continues its checkpoint: its query waits for the next upstream epoch, so that
+    epoch does not wait for the stage's start-up. A run with ``available_now`` starts such a
+    stage only once it has an epoch to read, or it would read nothing and end.
     """
     source = stage.source
     if not isinstance(source, ChannelSource):
         return True
     store = DeltaStore()
     uri = SnapshotRoot(stage.root).manifest_uri
-    if not store.exists(uri):
-        return not source.waiting_for(source.starting_epoch)
-    epochs = load_epoch_log(store, uri)
+    epochs = load_epoch_log(store, uri) if store.exists(uri) else EpochLog()
     decided = epochs.latest_decided()
-    if epochs.pending() or decided is None:
+    if epochs.pending():
         return decided is not None or not source.waiting_for(source.starting_epoch)
-    if streaming and not decided.is_restore:
-        return True
-    return not source.waiting_for(decided.epoch + 1)
+    checkpoint = CheckpointReader.for_session(stage.spark, stage.checkpoint)
+    try:
+        lineage = read_lineage(epochs, checkpoint, stage.root)
+    except AbsError:
+        return True  # the start raises it, saying what to do
+    if lineage.fresh:
+        return not source.waiting_for(first_upstream_epoch(source, lineage))
+    assert decided is not None  # a checkpoint continues only the root's decided epochs
+    return streaming or not source.waiting_for(decided.epoch + 1)
 
 
 class JobQuery:

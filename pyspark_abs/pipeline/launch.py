@@ -41,10 +41,7 @@ def require_upstream_ready(
     """
     if not isinstance(source, ChannelSource):
         return
-    first = source.starting_epoch
-    restored = channel_offsets(lineage.restore.source_offsets if lineage.restore else None)
-    if restored:
-        first = restored[0].epoch
+    first = first_upstream_epoch(source, lineage)
     waiting = source.waiting_for(first)
     if waiting:
         raise UpstreamNotReadyError(
@@ -53,6 +50,12 @@ def require_upstream_ready(
             f"reads. Start the upstream stages first, or run the stages together as a "
             f"Job, which starts each stage once its upstream stages are ahead"
         )
+
+
+def first_upstream_epoch(source: ChannelSource, lineage: Lineage) -> int:
+    """The upstream epoch a fresh checkpoint's first micro-batch reads on ``source``."""
+    restored = channel_offsets(lineage.restore.source_offsets if lineage.restore else None)
+    return restored[0].epoch if restored else source.starting_epoch
 
 
 def require_same_key_groups(name: str, checkpoint: str, lineage: Lineage, key_groups: int) -> None:

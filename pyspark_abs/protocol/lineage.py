@@ -9,7 +9,7 @@ replays the micro-batches it had not committed; the coordinator discards replays
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark_abs.errors import PipelineMismatchError
 from pyspark_abs.logs import logger
@@ -125,12 +125,15 @@ class Lineage:
             to the operator in the checkpoint's first micro-batch.
         fresh: Whether the checkpoint has not committed a micro-batch yet.
         key_groups: Key groups of the checkpoint's state, None when it is fresh.
+        superseded: Whether the checkpoint on disk began before ``restore`` (a rollback):
+            it is moved aside, and the run starts a fresh one at the same location.
     """
 
     epoch_base: int = 0
     restore: ManifestEntry | None = None
     fresh: bool = True
     key_groups: int | None = None
+    superseded: bool = False
 
 
 def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> Lineage:
@@ -142,6 +145,29 @@ def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -
     Raises:
         PipelineMismatchError: The root holds epochs of another checkpoint, or the
             checkpoint has committed micro-batches the root knows nothing about.
+    """
+    lineage = read_lineage(epochs, checkpoint, root)
+    if lineage.superseded and lineage.restore is not None:
+        # Its planned micro-batches would replay the source offsets and restore rows
+        # it began with, not the newer restore epoch's.
+        moved = checkpoint.move_aside(f"{SUPERSEDED}{lineage.restore.epoch}")
+        log.warning(
+            "checkpoint %s was superseded by restore epoch %d (%s); moved it to %s",
+            checkpoint.location,
+            lineage.restore.epoch,
+            lineage.restore.origin,
+            moved,
+        )
+    return lineage
+
+
+def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> Lineage:
+    """:func:`resolve_lineage` without its side effect: a superseded checkpoint stays.
+
+    What a look before a start asks (is the checkpoint fresh, or does it continue?).
+
+    Raises:
+        PipelineMismatchError: As :func:`resolve_lineage`.
     """
     decided = epochs.latest_decided()
     query_id = checkpoint.query_id()
@@ -161,17 +187,7 @@ def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -
             else bool(checkpoint.planned_batches()) and not checkpoint.committed_batches()
         )
         if superseded:
-            # Its planned micro-batches would replay the source offsets and restore rows
-            # it began with, not the newer restore epoch's.
-            moved = checkpoint.move_aside(f"{SUPERSEDED}{decided.epoch}")
-            log.warning(
-                "checkpoint %s was superseded by restore epoch %d (%s); moved it to %s",
-                checkpoint.location,
-                decided.epoch,
-                decided.origin,
-                moved,
-            )
-            return _start_from(decided)
+            return replace(_start_from(decided), superseded=True)
     if mine and decided is not None:
         last = mine[-1]
         assert last.batch_id is not None

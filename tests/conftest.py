@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +19,24 @@ DELTA_JARS = "ABS_DELTA_JARS"
 """Comma-separated Delta Lake jars for the session (set by scripts/test_spark_versions)."""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One temporary directory for the run, removed after it: the default
+    ``local_state_dir`` is the executor's, so the live state of every test's roots goes there.
+
+    Set before the session starts, so that its Python workers and the tests' child
+    programs inherit it.
+    """
+    folder = tmp_path_factory.mktemp("tmpdir")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TMPDIR", str(folder))
+        env.setattr(tempfile, "tempdir", None)
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(temporary_directory: Path) -> Iterator[SparkSession]:
     """A local session with task retries (``local[2,3]``), shared by all Spark tests.
 
     With ``ABS_DELTA_JARS``, Delta Lake's jars, SQL extension and catalog are configured;

@@ -1,4 +1,5 @@
-"""Pipelines through Spark Connect: pyspark's own Connect server, a crash, rollback, restore."""
+"""Pipelines and jobs through Spark Connect: pyspark's own Connect server, a crash, rollback,
+restore, and a job started streaming."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark_abs import FencingError, Snapshots
 from pyspark_abs.protocol.lease import Lease, read_lease
 from tests.support.inputs import EPOCHS
+from tests.support.jobs import FILES, assert_job_matches, job_of
 from tests.support.pipelines import assert_same, expected_state
 
 REPO = Path(__file__).parents[2]
@@ -111,6 +113,25 @@ def test_crash_rollback_and_restore_through_spark_connect(
         snapshots = Snapshots(str(tmp_path / root), spark)
         assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
         assert_same(snapshots.state("word_count", 1), expected_state(spark, EPOCHS[:2]))
+
+
+def test_a_job_started_streaming_and_rolled_back_through_spark_connect_gives_the_model(
+    spark: SparkSession, connect_url: str, tmp_path: Path
+) -> None:
+    """Every stage of a job that ran before starts at once; after a job rollback every stage
+    waits for its first epoch; the job snapshots are those the input files give."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "tests.integration.connect_job", connect_url, str(tmp_path)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-5000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["session"] == "pyspark.sql.connect.session"
+    assert report["waiting_at_start"] == []
+    assert report["restore_epoch"] == len(FILES)
+    # job snapshot n has read files 0..n; restore epoch 5 holds job snapshot 1, and epochs
+    # 6, 7 and 8 read files 2, 3 and 4 again
+    expected = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 1, 6: 2, 7: 3, 8: 4}
+    assert_job_matches(spark, job_of(spark, tmp_path), expected)
 
 
 @pytest.mark.compat

@@ -1,12 +1,12 @@
 """The medallion job through a Spark Connect session, run as its own program.
 
 ``python -m tests.integration.connect_job URL WORKDIR`` connects to the Spark Connect server
-at ``URL``, runs the job over three event files, lands two more and starts it streaming
-(every stage continues its checkpoint), then rolls the job back to job snapshot 1 and
-starts it streaming again (every stage on a fresh checkpoint). A client process of its own,
-because a Connect session switches pyspark into Connect mode for the whole process. The
-last line printed is a JSON object; the test checks the job snapshots it left with a
-classic session.
+at ``URL`` and starts the job streaming over three event files (every stage on a fresh
+checkpoint: the later stages wait for their first epoch), then lands two more files and
+starts it streaming again (every stage continues its checkpoint and starts at once). A
+client process of its own, because a Connect session switches pyspark into Connect mode for
+the whole process. The last line printed is a JSON object; the test checks the job
+snapshots it left with a classic session.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import AbsConfig
 from pyspark_abs.examples import medallion
-from tests.support.jobs import FILES, run_streaming
+from tests.support.jobs import FILES
 
 
 def main(url: str, workdir: str) -> int:
@@ -28,20 +28,23 @@ def main(url: str, workdir: str) -> int:
     medallion.write_events(base / "in", FILES[:3])
     config = AbsConfig(key_groups=4, commit_mode="sync")
     job = medallion.build(spark, str(base / "in"), str(base / "job"), config=config)
-    job.run()
-    medallion.write_events(base / "in", FILES[3:])
-    query = job.start()
-    waiting = query.waiting
+    first = job.start()
+    waiting_first = first.waiting
     try:
-        query.process_all_available()
+        first.process_all_available()
     finally:
-        query.stop()
-    rollback = job.rollback(1)
-    run_streaming(job)
+        first.stop()
+    medallion.write_events(base / "in", FILES[3:])
+    again = job.start()
+    waiting_again = again.waiting
+    try:
+        again.process_all_available()
+    finally:
+        again.stop()
     report = {
         "session": type(spark).__module__,
-        "waiting_at_start": waiting,
-        "restore_epoch": rollback.restore_epoch,
+        "waiting_at_first_start": waiting_first,
+        "waiting_at_second_start": waiting_again,
     }
     print(json.dumps(report))
     return 0

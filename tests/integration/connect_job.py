@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import AbsConfig
 from pyspark_abs.examples import medallion
-from tests.support.jobs import FILES
+from tests.support.jobs import FILES, run_streaming
 
 
 def main(url: str, workdir: str) -> int:
@@ -28,19 +28,9 @@ def main(url: str, workdir: str) -> int:
     medallion.write_events(base / "in", FILES[:3])
     config = AbsConfig(key_groups=4, commit_mode="sync")
     job = medallion.build(spark, str(base / "in"), str(base / "job"), config=config)
-    first = job.start()
-    waiting_first = first.waiting
-    try:
-        first.process_all_available()
-    finally:
-        first.stop()
+    waiting_first = run_streaming(job)
     medallion.write_events(base / "in", FILES[3:])
-    again = job.start()
-    waiting_again = again.waiting
-    try:
-        again.process_all_available()
-    finally:
-        again.stop()
+    waiting_again = run_streaming(job)
     report = {
         "session": type(spark).__module__,
         "waiting_at_first_start": waiting_first,

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyspark
@@ -91,15 +92,23 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.wait(timeout=60)
 
 
+def client_report(module: str, connect_url: str, workdir: Path) -> dict[str, Any]:
+    """Run the client program ``tests.integration.<module>`` against the server, in a process
+    of its own (a Connect session switches pyspark into Connect mode for the whole process),
+    and return the JSON object it printed last, which says it ran over Connect."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", f"tests.integration.{module}", connect_url, str(workdir)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-5000:]
+    report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["session"] == "pyspark.sql.connect.session"
+    return report
+
+
 def test_crash_rollback_and_restore_through_spark_connect(
     spark: SparkSession, connect_url: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "tests.integration.connect_run", connect_url, str(tmp_path)]
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-5000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert report["session"] == "pyspark.sql.connect.session"
+    report = client_report("connect_run", connect_url, tmp_path)
     assert "commit_mode='sync'" in report["async_refused"]
     assert "cannot run over Spark Connect" in report["kafka_sink_refused"]
     assert report["crash"] == "InjectedFault"
@@ -121,12 +130,7 @@ def test_a_job_started_streaming_through_spark_connect_gives_the_model(
     """On fresh checkpoints the later stages wait for their first epoch; once every stage
     continues its checkpoint, every stage starts at once; the job snapshots are those the
     input files give."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "tests.integration.connect_job", connect_url, str(tmp_path)]
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-5000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert report["session"] == "pyspark.sql.connect.session"
+    report = client_report("connect_job", connect_url, tmp_path)
     assert "gold" in report["waiting_at_first_start"]  # its upstream has committed nothing
     assert report["waiting_at_second_start"] == []
     assert_job_matches(spark, job_of(spark, tmp_path), {n: n for n in range(len(FILES))})

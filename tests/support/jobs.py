@@ -72,13 +72,18 @@ def job_of(
     )
 
 
-def run_streaming(job: Job) -> None:
-    """Start ``job`` streaming, catch every stage up with its input so far, and stop it."""
+def run_streaming(job: Job) -> list[str]:
+    """Start ``job`` streaming, catch every stage up with its input so far, and stop it.
+
+    Returns the stages that waited to start, as the start left them.
+    """
     query = job.start()
+    waiting = query.waiting
     try:
         query.process_all_available()
     finally:
         query.stop()
+    return waiting
 
 
 def model(

@@ -28,6 +28,7 @@ import bench_recovery
 import bench_scaling
 import bench_state_scale
 import bench_windows
+import probe_call_floor
 import probe_map_state
 
 from tests.support.kafka import BROKER, KAFKA_JARS
@@ -209,6 +210,15 @@ def test_map_state_probe(spark: SparkSession) -> None:
     figures = probe_map_state.main([*argv, "--partitions", "2"])
     assert figures["epoch_s"] > 0
     assert figures["checkpoint_bytes"] > 0
+
+
+def test_call_floor_probe(spark: SparkSession) -> None:
+    argv = ["--files", "2", "--records-per-file", "50", "--keys", "40", "--key-groups", "8"]
+    figures = probe_call_floor.main([*argv, "--partitions", "2", "--repeats", "1", "--no-warm-up"])
+    assert set(figures["variants"]) == set(probe_call_floor.VARIANTS)
+    for found in figures["variants"].values():
+        assert found["epoch_ms_median"] > 0
+        assert found["jvm_cpu_ms_per_epoch"] > 0
 
 
 def test_kafka(spark: SparkSession, tmp_path: Path) -> None:

@@ -1,0 +1,239 @@
+"""Probe for the operator's execution path: the per-epoch floor of each way to call Python.
+
+On a trickle (a small file per micro-batch) an epoch of pyspark-abs costs more than Spark's
+own aggregation, and the cost is per call of the Python operator, not per snapshot. This
+probe measures how much of that any per-key-group call costs, whoever makes it, by counting
+records per key five ways on the same files, one file per micro-batch (``availableNow``):
+
+* ``builtin``: Spark's ``groupBy("key").count()``, default state store;
+* ``grouped_state``: plain PySpark ``applyInPandasWithState`` grouped by key group
+  (``--key-groups``), each key group's counts pickled in Spark's state store: the path
+  pyspark-abs runs on, without pyspark-abs;
+* ``grouped_state_fewer``: the same with an eighth of the key groups;
+* ``partition_arrow``: one ``mapInArrow`` call per shuffle partition, the partition's counts
+  in a local file. This is a floor, not a design: a retried task would count twice;
+* ``abs_async``: pyspark-abs, a snapshot every epoch, ``--key-groups`` key groups.
+
+Every variant's output is checked against the input's own count. It prints the median epoch
+time (Spark's ``triggerExecution`` of the micro-batches that read input) and the median CPU
+seconds per epoch of the Python workers and of the JVM (a run's CPU over its files, the
+query's start included); the last line is one JSON object.
+
+    python scripts/probe_call_floor.py [--files 20] [--records-per-file 200] [--keys 1000]
+        [--key-groups 256] [--partitions 4] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import _bench
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from pyspark_abs import AbsConfig, Pipeline
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.state import GroupState
+
+_bench.pickle_by_value(__name__)
+
+VARIANTS = ["builtin", "grouped_state", "grouped_state_fewer", "partition_arrow", "abs_async"]
+COUNTS = "key long, count long"
+
+
+def parquet_sink(out: Path) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function appending each micro-batch's rows to Parquet files."""
+
+    def append(batch: DataFrame, batch_id: int) -> None:
+        batch.write.mode("append").parquet(str(out))
+
+    return append
+
+
+def counted(frames: Iterator[pd.DataFrame], held: dict[int, int]) -> pd.DataFrame:
+    """The new count of each key in ``frames``, updating ``held`` (key to count)."""
+    keys, seen = np.unique(pd.concat(list(frames))["key"].to_numpy(), return_counts=True)
+    counts = [held.get(k, 0) + n for k, n in zip(keys.tolist(), seen.tolist(), strict=True)]
+    held.update(zip(keys.tolist(), counts, strict=True))
+    return pd.DataFrame({"key": keys, "count": np.asarray(counts, dtype=np.int64)})
+
+
+def count_key_group(
+    key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
+) -> Iterator[pd.DataFrame]:
+    """``applyInPandasWithState``: a key group's counts, pickled in Spark's state store."""
+    held: dict[int, int] = pickle.loads(state.get[0]) if state.exists else {}
+    out = counted(frames, held)
+    state.update((pickle.dumps(held),))
+    yield out
+
+
+def count_partition(folder: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``mapInArrow``: a partition's counts, kept in a local file named after the partition."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        path = Path(folder) / f"partition-{context.partitionId()}.pickle"
+        held: dict[int, int] = pickle.loads(path.read_bytes()) if path.exists() else {}
+        frames = (b.to_pandas() for b in batches)
+        out = counted(frames, held)
+        path.write_bytes(pickle.dumps(held))
+        yield pa.RecordBatch.from_pandas(out, preserve_index=False)
+
+    return run
+
+
+def start(frame: DataFrame, work: Path, mode: str) -> StreamingQuery:
+    """Run ``frame`` over every available file into Parquet under ``work``."""
+    writer = frame.writeStream.outputMode(mode).foreachBatch(parquet_sink(work / "counts"))
+    query = writer.option("checkpointLocation", str(work / "_checkpoint"))
+    return query.trigger(availableNow=True).start()
+
+
+def run_variant(
+    variant: str, spark: SparkSession, source: DataFrame, work: Path, key_groups: int
+) -> tuple[StreamingQuery, pa.Table]:
+    """Run one variant to the end of its input; its query and its output rows."""
+    if variant == "abs_async":
+        config = AbsConfig(key_groups=key_groups, commit_mode="async")
+        sink = str(work / "counts")
+        pipeline = Pipeline(
+            "probe", source, _bench.keyed_count, root=str(work / "root"), sinks=sink, config=config
+        )
+        query = pipeline.run().query
+        return query, DeltaTable(sink).to_pyarrow_table(columns=["key", "count"])
+    if variant == "builtin":
+        query = start(source.groupBy("key").count(), work, "update")
+    elif variant == "partition_arrow":
+        folder = work / "partitions"
+        folder.mkdir()
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+        counts = source.repartition(partitions, "key").mapInArrow(
+            count_partition(str(folder)), COUNTS
+        )
+        query = start(counts, work, "append")
+    else:
+        groups = key_groups if variant == "grouped_state" else max(1, key_groups // 8)
+        grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {groups})"))
+        counts = grouped.groupBy("key_group").applyInPandasWithState(
+            count_key_group, COUNTS, "counts binary", "update", GroupStateTimeout.NoTimeout
+        )
+        query = start(counts, work, "update")
+    query.awaitTermination()
+    return query, ds.dataset(str(work / "counts")).to_table(columns=["key", "count"])
+
+
+def counted_records(rows: pa.Table) -> int:
+    """How many records a variant's output counts: the sum over keys of their largest count."""
+    grouped = rows.group_by("key").aggregate([("count", "max")])
+    return int(pc.sum(grouped["count_max"]).as_py() or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run every variant, interleaved; print a table and a JSON line; return the figures."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--records-per-file", type=int, default=200)
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--key-groups", type=int, default=256)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    args = parser.parse_args(argv)
+    spark = _bench.session(args.partitions)
+    epochs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    costs: dict[str, _bench.RunCosts] = {}
+    runs = 0
+    work = Path(tempfile.mkdtemp(prefix="abs-probe-"))
+
+    def run(variant: str) -> float:
+        nonlocal runs
+        runs += 1
+        scratch = work / f"{variant}-{runs}"
+        landing = scratch / "input"
+        landing.mkdir(parents=True)
+        rng = np.random.default_rng(runs)
+        for index in range(args.files):
+            keys = rng.integers(0, args.keys, args.records_per_file, dtype=np.int64)
+            pq.write_table(pa.table({"key": keys}), landing / f"file-{index:05d}.parquet")
+        source = _bench.parquet_source(spark, landing)
+        query, rows = run_variant(variant, spark, source, scratch, args.key_groups)
+        found, expected = counted_records(rows), args.files * args.records_per_file
+        if found != expected:
+            raise SystemExit(f"{variant} counted {found} records of {expected}")
+        times = [
+            float(p.durationMs["triggerExecution"]) for p in query.recentProgress if p.numInputRows
+        ]
+        epochs[variant] += times[1:]  # the first micro-batch also plans the query
+        shutil.rmtree(scratch, ignore_errors=True)
+        return sum(times) / 1000
+
+    try:
+        if args.warm_up:
+            for variant in VARIANTS:
+                run(variant)
+            epochs = {v: [] for v in VARIANTS}
+        _bench.interleave(VARIANTS, args.repeats, _bench.measured(spark, costs, run), warm_up=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def per_epoch(variant: str, kind: str) -> float:
+        seconds = costs[variant].measured_cpu_by_process(args.repeats).get(kind, 0.0)
+        return round(1000 * seconds / int(args.files), 1)
+
+    figures_by_variant = {
+        v: {
+            "epoch_ms_median": round(statistics.median(epochs[v]), 1),
+            "python_cpu_ms_per_epoch": per_epoch(v, "python_workers"),
+            "jvm_cpu_ms_per_epoch": per_epoch(v, "jvm"),
+        }
+        for v in VARIANTS
+    }
+    print(
+        f"\n{'variant':<22} {'epoch ms':>9} {'Python CPU ms':>14} {'JVM CPU ms':>11}"
+        f" {'vs builtin':>11}"
+    )
+    builtin = figures_by_variant["builtin"]["epoch_ms_median"]
+    for variant, f in figures_by_variant.items():
+        ratio = f["epoch_ms_median"] / builtin
+        print(
+            f"{variant:<22} {f['epoch_ms_median']:>9.1f} {f['python_cpu_ms_per_epoch']:>14.1f} "
+            f"{f['jvm_cpu_ms_per_epoch']:>11.1f} {ratio:>11.2f}"
+        )
+    figures = {
+        "settings": {
+            "files": args.files,
+            "records_per_file": args.records_per_file,
+            "keys": args.keys,
+            "key_groups": args.key_groups,
+            "partitions": args.partitions,
+            "repeats": args.repeats,
+        },
+        "variants": figures_by_variant,
+    }
+    _bench.emit(figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

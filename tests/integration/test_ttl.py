@@ -19,6 +19,9 @@ from pyspark_abs import (
     AbsConfig,
     DeltaSource,
     EpochStatus,
+    Job,
+    KeyGroupContext,
+    KeyGroupResult,
     KeyState,
     Operator,
     Pipeline,
@@ -26,7 +29,9 @@ from pyspark_abs import (
     check,
     operator,
     restore,
+    vectorized_operator,
 )
+from tests.support.jobs import run_streaming
 from tests.support.pipelines import assert_same, event_table
 
 TTL_S = 10
@@ -201,3 +206,56 @@ def test_a_processing_time_ttl_shorter_than_an_epoch_keeps_only_each_epochs_keys
     # after the input, an epoch with no rows removes every key, and the run stops idle
     assert states[len(BATCHES)].count() == 0
     assert committed[-1].state_keys == 0
+
+
+@vectorized_operator(
+    key="word", state_schema="emitted long", output_schema="word string, emitted long"
+)
+def tally(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """How many counts the TTL stage has emitted per word."""
+    seen = rows.groupby("word").size().rename("new").reset_index()
+    merged = seen.merge(state, on="word", how="left")
+    merged["emitted"] = merged["emitted"].fillna(0).astype("int64") + merged["new"]
+    return KeyGroupResult(state=merged[["word", "emitted"]], output=merged[["word", "emitted"]])
+
+
+def ttl_job(events: str, base: Path) -> Job:
+    """The TTL stage at the head of a job, and a stage tallying what it emits."""
+    head = ttl_pipeline(events, base / "recent", recent)
+    counted = Pipeline(
+        "tally",
+        head.channel(),
+        tally,
+        root=str(base / "tally"),
+        sinks=str(base / "tally" / "sink"),
+        config=AbsConfig(key_groups=2, commit_mode="sync"),
+    )
+    return Job("ttl", str(base / "job"), [head, counted])
+
+
+def test_a_ttl_stage_in_a_job_rolled_back_and_started_streaming_ends_as_the_uninterrupted_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The rollback brings back each key's clock and the watermark with the state."""
+    events = event_table(tmp_path / "events", BATCHES)
+    whole = ttl_job(events, tmp_path / "whole")
+    whole.run()
+    expected = model(BATCHES, watermarks_of(BATCHES))
+    recent_root = tmp_path / "whole" / "recent"
+    last = Snapshots(str(recent_root), spark).list()[-1].epoch
+    assert_same(state_of(Snapshots(str(recent_root), spark), last), as_frame(spark, expected[-1]))
+
+    rolled = ttl_job(events, tmp_path / "rolled")
+    rolled.run()
+    after_batch_1 = next(s.epoch for s in rolled.snapshots() if s.stages["recent"] == 1)
+    rolled.rollback(after_batch_1)
+    assert run_streaming(rolled) == ["tally"]  # a fresh checkpoint waits for its first epoch
+    # the restore epoch installs batch 1's state; the epochs after it run batches 2 and 3
+    # and the epoch without rows, where b (and later a and c) lapse as they did before
+    head = Snapshots(str(tmp_path / "rolled" / "recent"), spark)
+    restored = [i.epoch for i in head.list()][-len(expected) + 1 :]
+    for epoch, state in zip(restored, expected[1:], strict=True):
+        assert_same(state_of(head, epoch), as_frame(spark, state))
+    for stage in ("recent", "tally"):
+        assert_same(rolled.sink(stage), whole.sink(stage))
+    assert_same(rolled.state("tally"), whole.state("tally"))

@@ -17,10 +17,13 @@ Every stage is a :class:`~pyspark_abs.Pipeline` with its own snapshot root under
 root, and its sinks in ``<root>/tables``. Run it as a program to process a directory of
 event files::
 
-    python -m pyspark_abs.examples.medallion --input DIR --root ROOT [--crash STAGE:STEP:EPOCH]
+    python -m pyspark_abs.examples.medallion --input DIR --root ROOT [--streaming]
+        [--crash STAGE:STEP:EPOCH]
 
 ``--crash`` exits the whole application when that stage reaches that protocol step;
-running the same command again recovers every stage and finishes.
+running the same command again recovers every stage and finishes. ``--streaming`` starts the
+stages as streaming queries (a stage that continues its checkpoint at once) and stops them
+once they have caught up with the files landed so far.
 """
 
 from __future__ import annotations
@@ -170,6 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", required=True, help="the job's root")
     parser.add_argument("--crash", help="exit when STAGE reaches STEP:EPOCH")
     parser.add_argument("--commit-mode", choices=["sync", "async"], default="async")
+    parser.add_argument(
+        "--streaming",
+        action="store_true",
+        help="start the stages as streaming queries; stop once they caught up with the input",
+    )
     args = parser.parse_args(argv)
     spark = local_session("medallion", shuffle_partitions=2)
     config = AbsConfig(commit_mode=args.commit_mode, key_groups=8)
@@ -182,7 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             commit_mode=args.commit_mode, key_groups=8, faults=(parse_crash(fault),)
         )
     job = build(spark, args.input, args.root, config=config, stage_configs=stage_configs)
-    job.run()
+    if args.streaming:
+        query = job.start()
+        print(f"stages waiting for their upstream stages at the start: {query.waiting}")
+        try:
+            query.process_all_available()
+        finally:
+            query.stop()
+    else:
+        job.run()
     for snapshot in job.snapshots()[-1:]:
         print(f"job snapshot {snapshot.epoch}: {dict(snapshot.stages)}")
     return 0

@@ -188,8 +188,9 @@ def test_a_job_on_s3_killed_mid_epoch_recovers_as_the_uninterrupted_job(
     spark: SparkSession, endpoint: str, tmp_path: Path
 ) -> None:
     """The medallion job with its input, stages' roots and channels on S3, its application
-    killed after PREPARED of silver's epoch 1 and run again, against the same job run
-    uninterrupted on local paths: the same job snapshots and every stage's state."""
+    killed after PREPARED of silver's epoch 1 and started again as streaming queries (the
+    stages that continue their checkpoints at once), against the same job run uninterrupted
+    on local paths: the same job snapshots and every stage's state."""
     env, bucket = spark_on_s3(endpoint), f"s3://{BUCKET}/medallion"
     medallion.write_events(tmp_path / "in", FILES[:3])
     fs, base = pafs.FileSystem.from_uri(f"{bucket}/in")
@@ -202,8 +203,10 @@ def test_a_job_on_s3_killed_mid_epoch_recovers_as_the_uninterrupted_job(
         [*command, "--crash", "silver:after_prepared:1"], env=env, capture_output=True, timeout=600
     )
     assert crashed.returncode == EXIT_CODE, crashed.stderr.decode()[-4000:]
-    rerun = subprocess.run(command, env=env, capture_output=True, timeout=600)
+    rerun = subprocess.run([*command, "--streaming"], env=env, capture_output=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr.decode()[-4000:]
+    started = "stages waiting for their upstream stages at the start: []"  # all continue
+    assert started in rerun.stdout.decode(), rerun.stdout.decode()
 
     uninterrupted = job_of(spark, tmp_path, key_groups=8)  # the program's
     uninterrupted.run()

@@ -238,25 +238,27 @@ def test_a_ttl_stage_in_a_job_rolled_back_twice_and_started_streaming_ends_as_th
 ) -> None:
     """The rollback brings back each key's clock and the watermark with the state."""
     events = event_table(tmp_path / "events", BATCHES)
-    whole = ttl_job(events, tmp_path / "whole")
-    whole.run()
+    job = ttl_job(events, tmp_path)
+    job.run()
     expected = model(BATCHES, watermarks_of(BATCHES))
-    recent_root = tmp_path / "whole" / "recent"
-    last = Snapshots(str(recent_root), spark).list()[-1].epoch
-    assert_same(state_of(Snapshots(str(recent_root), spark), last), as_frame(spark, expected[-1]))
+    head = Snapshots(str(tmp_path / "recent"), spark)
+    assert_same(state_of(head, head.list()[-1].epoch), as_frame(spark, expected[-1]))
+    # what the uninterrupted job ended with, kept as rows (the rollback rewinds the tables)
+    whole = {
+        f"{stage} {what}": spark.createDataFrame(frame.collect(), frame.schema)
+        for stage in ("recent", "tally")
+        for what, frame in (("sink", job.sink(stage)), ("state", job.state(stage)))
+    }
 
-    rolled = ttl_job(events, tmp_path / "rolled")
-    rolled.run()
-    after_batch_1 = next(s.epoch for s in rolled.snapshots() if s.stages["recent"] == 1)
-    head = Snapshots(str(tmp_path / "rolled" / "recent"), spark)
+    after_batch_1 = next(s.epoch for s in job.snapshots() if s.stages["recent"] == 1)
     for _ in range(2):  # the second time to the same snapshot, from before the first rollback
-        rolled.rollback(after_batch_1)
-        assert run_streaming(rolled) == ["tally"]  # a fresh checkpoint waits for its epoch
+        job.rollback(after_batch_1)
+        assert run_streaming(job) == ["tally"]  # a fresh checkpoint waits for its epoch
         # the restore epoch installs batch 1's state; the epochs after it run batches 2 and
         # 3 and the epoch without rows, where b (and later a and c) lapse as they did before
         restored = [i.epoch for i in head.list()][-len(expected) + 1 :]
         for epoch, state in zip(restored, expected[1:], strict=True):
             assert_same(state_of(head, epoch), as_frame(spark, state))
         for stage in ("recent", "tally"):
-            assert_same(rolled.sink(stage), whole.sink(stage))
-        assert_same(rolled.state("tally"), whole.state("tally"))
+            assert_same(job.sink(stage), whole[f"{stage} sink"])
+            assert_same(job.state(stage), whole[f"{stage} state"])

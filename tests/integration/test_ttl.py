@@ -27,8 +27,12 @@ from pyspark_abs import (
     Pipeline,
     Snapshots,
     check,
+    compact,
     operator,
     restore,
+    rollback,
+    tag,
+    vacuum,
     vectorized_operator,
 )
 from tests.support.jobs import run_streaming
@@ -262,3 +266,34 @@ def test_a_ttl_stage_in_a_job_rolled_back_twice_and_started_streaming_ends_as_th
         for stage in ("recent", "tally"):
             assert_same(job.sink(stage), whole[f"{stage} sink"])
             assert_same(job.state(stage), whole[f"{stage} state"])
+
+
+def test_a_ttl_savepoint_on_a_compacted_table_keeps_its_clocks_through_vacuum_and_rollback(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Compaction keeps each key's expiry, a named snapshot that reads the compacted file
+    keeps it through vacuum, and the run after a rollback to it lapses keys exactly where the
+    uninterrupted run did."""
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:2])
+    ttl_pipeline(events, root, recent).run()  # epochs 0 and 1, then 2 without rows
+    assert compact(str(root)), "compaction rewrote nothing: the test would prove nothing"
+    event_table(Path(events), BATCHES[2:])
+    ttl_pipeline(events, root, recent).run()  # epochs 3 and 4, then 5 without rows
+    tag(str(root), 3, "after-batch-2")  # c's row (and expiry) is in the compacted file only
+    report = vacuum(str(root), keep_last=1, min_age_seconds=0)
+    assert report.deleted, "vacuum deleted nothing: the test would prove nothing"
+    snapshots = Snapshots(str(root), spark)
+    kept = [i.epoch for i in snapshots.list() if i.status is EpochStatus.COMMITTED]
+    assert kept == [3, 5]
+    expected = model(BATCHES, watermarks_of(BATCHES))
+    assert_same(state_of(snapshots, 3), as_frame(spark, expected[2]))
+
+    rollback(str(root), "after-batch-2")
+    ttl_pipeline(events, root, recent).run()
+    # after the restore epoch: batch 3, then the epoch without rows, where c lapses
+    after = [i.epoch for i in snapshots.list()][-2:]
+    for epoch, state in zip(after, expected[3:], strict=True):
+        assert_same(state_of(snapshots, epoch), as_frame(spark, state))
+    assert "c" in expected[3]
+    assert "c" not in expected[4]

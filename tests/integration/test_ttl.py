@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
@@ -34,6 +35,7 @@ from pyspark_abs import (
     tag,
     vacuum,
     vectorized_operator,
+    write_state,
 )
 from tests.support.jobs import run_streaming
 from tests.support.pipelines import assert_same, event_table
@@ -297,3 +299,28 @@ def test_a_ttl_savepoint_on_a_compacted_table_keeps_its_clocks_through_vacuum_an
         assert_same(state_of(snapshots, epoch), as_frame(spark, state))
     assert "c" in expected[3]
     assert "c" not in expected[4]
+
+
+def test_state_written_with_its_expiry_lapses_by_the_written_clock(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """write_state keeps the ``_timeout`` it is given: an edited count lives until the
+    edited expiry, and the other keys lapse as in the uninterrupted run."""
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:2])
+    ttl_pipeline(events, root, recent).run()  # epochs 0 and 1, then 2 without rows
+    snapshots = Snapshots(str(root), spark)
+    state = snapshots.state("recent", with_metadata=True)
+    is_c = F.col("word") == "c"
+    edited = state.withColumn("count", F.when(is_c, 50).otherwise(F.col("count"))).withColumn(
+        "_timeout", F.when(is_c, 150_000).otherwise(F.col("_timeout"))
+    )
+    write_state(edited, str(root), recent)
+    event_table(Path(events), BATCHES[2:])
+    ttl_pipeline(events, root, recent).run()
+
+    expected = model(BATCHES, watermarks_of(BATCHES))
+    assert "c" not in expected[4], "c lapses unedited: the test would prove nothing"
+    after = [i.epoch for i in snapshots.list()][-3:]  # batches 2 and 3, the epoch without rows
+    for epoch, state_then in zip(after, expected[2:], strict=True):
+        assert_same(state_of(snapshots, epoch), as_frame(spark, {**state_then, "c": (50, 150)}))

@@ -78,6 +78,7 @@ def ttl_pipeline(
     root: Path,
     op: Operator,
     transform: Callable[[DataFrame], DataFrame] = with_event_time,
+    local_state_dir: str = "",
 ) -> Pipeline:
     return Pipeline(
         "recent",
@@ -85,7 +86,7 @@ def ttl_pipeline(
         op,
         root=str(root),
         sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync"),
+        config=AbsConfig(key_groups=4, commit_mode="sync", local_state_dir=local_state_dir),
         transform=transform,
     )
 
@@ -324,3 +325,22 @@ def test_state_written_with_its_expiry_lapses_by_the_written_clock(
     after = [i.epoch for i in snapshots.list()][-3:]  # batches 2 and 3, the epoch without rows
     for epoch, state_then in zip(after, expected[2:], strict=True):
         assert_same(state_of(snapshots, epoch), as_frame(spark, {**state_then, "c": (50, 150)}))
+
+
+def test_a_ttl_operator_on_empty_local_disks_rebuilds_every_keys_expiry(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A new cluster (other, empty local disks) rebuilds the live state from the snapshot
+    with each key's expiry, and lapses keys as the uninterrupted run did."""
+    events, root = str(tmp_path / "events"), tmp_path / "root"
+    event_table(Path(events), BATCHES[:3])
+    ttl_pipeline(events, root, recent, local_state_dir=str(tmp_path / "first")).run()
+    event_table(Path(events), BATCHES[3:])
+    ttl_pipeline(events, root, recent, local_state_dir=str(tmp_path / "second")).run()
+    snapshots = Snapshots(str(root), spark)
+    expected = model(BATCHES, watermarks_of(BATCHES))
+    # b and d, written in batch 2, lapse in the last epoch, from rebuilt expiries
+    assert {"b", "d"} <= set(expected[3]) - set(expected[4])
+    after = [i.epoch for i in snapshots.list()][-2:]  # batch 3, the epoch without rows
+    for epoch, state in zip(after, expected[3:], strict=True):
+        assert_same(state_of(snapshots, epoch), as_frame(spark, state))

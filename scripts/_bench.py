@@ -101,6 +101,13 @@ def held_counts(keys: np.ndarray, state: pd.DataFrame, *, missing: int) -> np.nd
     return held
 
 
+def records_counted(rows: pa.Table) -> int:
+    """How many records ``(key, count)`` rows count, each row a key's new count: the sum
+    over keys of their largest count."""
+    grouped = rows.group_by("key").aggregate([("count", "max")])
+    return int(pc.sum(grouped["count_max"]).as_py() or 0)
+
+
 def add_workload_arguments(parser: argparse.ArgumentParser, *, repeats: int = 3) -> None:
     """The options every benchmark takes: workload W's size, repeats and parallelism."""
     parser.add_argument("--records", type=int, default=5_000_000)

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import _bench
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -85,11 +84,9 @@ class Trickle:
 
 
 def shown_total(sink: str, version: int | None = None) -> int:
-    """How many records a version of the sink counts: the sum over keys of their largest
-    count (the sink holds ``(key, count)`` rows, each a key's new count)."""
+    """How many records a version of the sink counts (see :func:`_bench.records_counted`)."""
     rows = DeltaTable(sink, version=version).to_pyarrow_table(columns=["key", "count"])
-    grouped = rows.group_by("key").aggregate([("count", "max")])
-    return int(pc.sum(grouped["count_max"]).as_py() or 0)
+    return _bench.records_counted(rows)
 
 
 def visible_times_from_delta(sink: str, totals: Sequence[int]) -> list[float]:

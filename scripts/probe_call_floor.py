@@ -3,15 +3,20 @@
 On a trickle (a small file per micro-batch) an epoch of pyspark-abs costs more than Spark's
 own aggregation, and the cost is per call of the Python operator, not per snapshot. This
 probe measures how much of that any per-key-group call costs, whoever makes it, by counting
-records per key five ways on the same files, one file per micro-batch (``availableNow``):
+records per key six ways on the same files, one file per micro-batch (``availableNow``):
 
 * ``builtin``: Spark's ``groupBy("key").count()``, default state store;
 * ``grouped_state``: plain PySpark ``applyInPandasWithState`` grouped by key group
   (``--key-groups``), each key group's counts pickled in Spark's state store: the path
   pyspark-abs runs on, without pyspark-abs;
 * ``grouped_state_fewer``: the same with an eighth of the key groups;
+* ``grouped_arrow``: plain PySpark ``applyInArrow`` grouped by key group, stateless, each
+  key group's counts in a local file: a grouped call without Spark's stateful operator;
 * ``partition_arrow``: one ``mapInArrow`` call per shuffle partition, the partition's counts
-  in a local file. This is a floor, not a design: a retried task would count twice;
+  in a local file.
+
+The two variants with local files are floors, not designs: a retried task would count
+twice;
 * ``abs_async``: pyspark-abs, a snapshot every epoch, ``--key-groups`` key groups.
 
 Every variant's output is checked against the input's own count. It prints the median epoch
@@ -38,7 +43,6 @@ import _bench
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -54,7 +58,14 @@ if TYPE_CHECKING:
 
 _bench.pickle_by_value(__name__)
 
-VARIANTS = ["builtin", "grouped_state", "grouped_state_fewer", "partition_arrow", "abs_async"]
+VARIANTS = [
+    "builtin",
+    "grouped_state",
+    "grouped_state_fewer",
+    "grouped_arrow",
+    "partition_arrow",
+    "abs_async",
+]
 COUNTS = "key long, count long"
 
 
@@ -103,6 +114,19 @@ def count_partition(folder: str) -> Callable[[Iterator[pa.RecordBatch]], Iterato
     return run
 
 
+def count_group_arrow(folder: str) -> Callable[[pa.Table], pa.Table]:
+    """``applyInArrow``: a key group's counts, kept in a local file named after the group."""
+
+    def run(rows: pa.Table) -> pa.Table:
+        path = Path(folder) / f"group-{rows['key_group'][0].as_py()}.pickle"
+        held: dict[int, int] = pickle.loads(path.read_bytes()) if path.exists() else {}
+        out = counted(iter([rows.select(["key"]).to_pandas()]), held)
+        path.write_bytes(pickle.dumps(held))
+        return pa.Table.from_pandas(out, preserve_index=False)
+
+    return run
+
+
 def start(frame: DataFrame, work: Path, mode: str) -> StreamingQuery:
     """Run ``frame`` over every available file into Parquet under ``work``."""
     writer = frame.writeStream.outputMode(mode).foreachBatch(parquet_sink(work / "counts"))
@@ -124,13 +148,19 @@ def run_variant(
         return query, DeltaTable(sink).to_pyarrow_table(columns=["key", "count"])
     if variant == "builtin":
         query = start(source.groupBy("key").count(), work, "update")
-    elif variant == "partition_arrow":
-        folder = work / "partitions"
+    elif variant in ("grouped_arrow", "partition_arrow"):
+        folder = work / "local"
         folder.mkdir()
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-        counts = source.repartition(partitions, "key").mapInArrow(
-            count_partition(str(folder)), COUNTS
-        )
+        if variant == "grouped_arrow":
+            grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})"))
+            counts = grouped.groupBy("key_group").applyInArrow(
+                count_group_arrow(str(folder)), COUNTS
+            )
+        else:
+            partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+            counts = source.repartition(partitions, "key").mapInArrow(
+                count_partition(str(folder)), COUNTS
+            )
         query = start(counts, work, "append")
     else:
         groups = key_groups if variant == "grouped_state" else max(1, key_groups // 8)
@@ -141,12 +171,6 @@ def run_variant(
         query = start(counts, work, "update")
     query.awaitTermination()
     return query, ds.dataset(str(work / "counts")).to_table(columns=["key", "count"])
-
-
-def counted_records(rows: pa.Table) -> int:
-    """How many records a variant's output counts: the sum over keys of their largest count."""
-    grouped = rows.group_by("key").aggregate([("count", "max")])
-    return int(pc.sum(grouped["count_max"]).as_py() or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -178,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             pq.write_table(pa.table({"key": keys}), landing / f"file-{index:05d}.parquet")
         source = _bench.parquet_source(spark, landing)
         query, rows = run_variant(variant, spark, source, scratch, args.key_groups)
-        found, expected = counted_records(rows), args.files * args.records_per_file
+        found, expected = _bench.records_counted(rows), args.files * args.records_per_file
         if found != expected:
             raise SystemExit(f"{variant} counted {found} records of {expected}")
         times = [
@@ -197,15 +221,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    def per_epoch(variant: str, kind: str) -> float:
+    def per_file(variant: str, kind: str) -> float:
         seconds = costs[variant].measured_cpu_by_process(args.repeats).get(kind, 0.0)
         return round(1000 * seconds / int(args.files), 1)
 
     figures_by_variant = {
         v: {
             "epoch_ms_median": round(statistics.median(epochs[v]), 1),
-            "python_cpu_ms_per_epoch": per_epoch(v, "python_workers"),
-            "jvm_cpu_ms_per_epoch": per_epoch(v, "jvm"),
+            "python_cpu_ms_per_file": per_file(v, "python_workers"),
+            "jvm_cpu_ms_per_file": per_file(v, "jvm"),
         }
         for v in VARIANTS
     }
@@ -217,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for variant, f in figures_by_variant.items():
         ratio = f["epoch_ms_median"] / builtin
         print(
-            f"{variant:<22} {f['epoch_ms_median']:>9.1f} {f['python_cpu_ms_per_epoch']:>14.1f} "
-            f"{f['jvm_cpu_ms_per_epoch']:>11.1f} {ratio:>11.2f}"
+            f"{variant:<22} {f['epoch_ms_median']:>9.1f} {f['python_cpu_ms_per_file']:>14.1f} "
+            f"{f['jvm_cpu_ms_per_file']:>11.1f} {ratio:>11.2f}"
         )
     figures = {
         "settings": {

@@ -218,7 +218,7 @@ def test_call_floor_probe(spark: SparkSession) -> None:
     assert set(figures["variants"]) == set(probe_call_floor.VARIANTS)
     for found in figures["variants"].values():
         assert found["epoch_ms_median"] > 0
-        assert found["jvm_cpu_ms_per_epoch"] > 0
+        assert found["jvm_cpu_ms_per_file"] > 0
 
 
 def test_kafka(spark: SparkSession, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Pipelines and jobs through Spark Connect: pyspark's own Connect server, a crash, rollback,
-restore, and a job started streaming."""
+restore, a job started streaming, and a TTL operator in another session time zone."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import FencingError, Snapshots
 from pyspark_abs.protocol.lease import Lease, read_lease
+from tests.integration.test_ttl import BATCHES, as_frame, model, state_of, watermarks_of
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import FILES, assert_job_matches, job_of
 from tests.support.pipelines import assert_same, expected_state
@@ -134,6 +135,23 @@ def test_a_job_started_streaming_through_spark_connect_gives_the_model(
     assert "gold" in report["waiting_at_first_start"]  # its upstream has committed nothing
     assert report["waiting_at_second_start"] == []
     assert_job_matches(spark, job_of(spark, tmp_path), {n: n for n in range(len(FILES))})
+
+
+def test_a_ttl_operator_rolled_back_through_spark_connect_in_another_time_zone_gives_the_model(
+    spark: SparkSession, connect_url: str, tmp_path: Path
+) -> None:
+    """Event times reach the server's Python workers as Kolkata wall-clock times; every
+    expiry is still an instant, so the run after the rollback lapses keys as the model."""
+    report = client_report("connect_ttl", connect_url, tmp_path)
+    assert report["zone"] == "Asia/Kolkata"
+    # batches 0 and 1 and an epoch without rows; after the rollback batches 1 to 3 and one
+    assert report["epochs_run"] == [3, 4]
+    snapshots = Snapshots(str(tmp_path / "root"), spark)
+    epochs = [i.epoch for i in snapshots.list()]
+    assert min(epochs[-4:]) > report["rollback_epoch"]
+    expected = model(BATCHES, watermarks_of(BATCHES))
+    for epoch, state in zip([0, *epochs[-4:]], expected, strict=True):
+        assert_same(state_of(snapshots, epoch), as_frame(spark, state))
 
 
 @pytest.mark.compat

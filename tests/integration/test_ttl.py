@@ -327,20 +327,32 @@ def test_state_written_with_its_expiry_lapses_by_the_written_clock(
         assert_same(state_of(snapshots, epoch), as_frame(spark, {**state_then, "c": (50, 150)}))
 
 
+@pytest.mark.parametrize(
+    "zones", [("UTC", "UTC"), ("Asia/Kolkata", "America/New_York")], ids=["utc", "two-zones"]
+)
 def test_a_ttl_operator_on_empty_local_disks_rebuilds_every_keys_expiry(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, zones: tuple[str, str]
 ) -> None:
     """A new cluster (other, empty local disks) rebuilds the live state from the snapshot
-    with each key's expiry, and lapses keys as the uninterrupted run did."""
+    with each key's expiry, and lapses keys as the uninterrupted run did, also when each run
+    has another session time zone (event times reach the operator as the zone's wall-clock
+    times, while expiries and the watermark are instants)."""
     events, root = str(tmp_path / "events"), tmp_path / "root"
-    event_table(Path(events), BATCHES[:3])
-    ttl_pipeline(events, root, recent, local_state_dir=str(tmp_path / "first")).run()
-    event_table(Path(events), BATCHES[3:])
-    ttl_pipeline(events, root, recent, local_state_dir=str(tmp_path / "second")).run()
+    before = spark.conf.get("spark.sql.session.timeZone") or "UTC"
+    try:
+        for zone, batches, disk in zip(
+            zones, (BATCHES[:3], BATCHES[3:]), ("first", "second"), strict=True
+        ):
+            spark.conf.set("spark.sql.session.timeZone", zone)
+            event_table(Path(events), batches)
+            ttl_pipeline(events, root, recent, local_state_dir=str(tmp_path / disk)).run()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
     snapshots = Snapshots(str(root), spark)
     expected = model(BATCHES, watermarks_of(BATCHES))
     # b and d, written in batch 2, lapse in the last epoch, from rebuilt expiries
     assert {"b", "d"} <= set(expected[3]) - set(expected[4])
-    after = [i.epoch for i in snapshots.list()][-2:]  # batch 3, the epoch without rows
-    for epoch, state in zip(after, expected[3:], strict=True):
+    epochs = [i.epoch for i in snapshots.list()]
+    # batches 0 to 2 of the first run; batch 3 and the epoch without rows of the second
+    for epoch, state in zip([*epochs[:3], *epochs[-2:]], expected, strict=True):
         assert_same(state_of(snapshots, epoch), as_frame(spark, state))

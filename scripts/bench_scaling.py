@@ -96,7 +96,7 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout_s: float
     raise RuntimeError(f"the standalone Master did not listen on port {port} in {timeout_s} s")
 
 
-def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120) -> None:
+def wait_for_executors(spark: Any, count: int, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         # The driver is listed too.
@@ -106,7 +106,7 @@ def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120) -> None:
     raise RuntimeError(f"{count} executors did not register within {timeout_s} s")
 
 
-def _session_for(master: str, partitions: int) -> Any:
+def session_for(master: str, partitions: int) -> Any:
     """A session on ``master``, replacing an active session on another master."""
     from pyspark.sql import SparkSession
 
@@ -139,10 +139,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 roots: list[int] = []
                 if master == STANDALONE:
                     url, roots = stack.enter_context(standalone_cluster(work))
-                spark = _session_for(url, args.partitions)
+                spark = session_for(url, args.partitions)
                 if master == STANDALONE:
                     stack.callback(spark.stop)
-                    _wait_for_executors(spark, WORKERS)
+                    wait_for_executors(spark, WORKERS)
                 print(f"master {master} ({url})", flush=True)
                 by_variant: dict[str, _bench.RunCosts] = {}
 

@@ -28,6 +28,7 @@ import bench_recovery
 import bench_scaling
 import bench_state_scale
 import bench_windows
+import probe_arrow_path
 import probe_call_floor
 import probe_map_state
 
@@ -219,6 +220,18 @@ def test_call_floor_probe(spark: SparkSession) -> None:
     for found in figures["variants"].values():
         assert found["epoch_ms_median"] > 0
         assert found["jvm_cpu_ms_per_file"] > 0
+
+
+def test_arrow_path_probe(spark: SparkSession) -> None:
+    argv = ["--files", "3", "--records-per-file", "40", "--keys", "40", "--key-groups", "4"]
+    figures = probe_arrow_path.main([*argv, "--partitions", "2"])
+    assert figures["master"] == spark.sparkContext.master  # the test's session, reused
+    stateful, grouped = figures["ways"]["stateful"], figures["ways"]["grouped_arrow"]
+    # the last file's watermark passes the timeouts set before it: one more micro-batch
+    assert (stateful["micro_batches"], stateful["no_data_batches"]) == (4, 1)
+    assert (grouped["micro_batches"], grouped["no_data_batches"]) == (3, 0)
+    assert stateful["executors"] == grouped["executors"] == 1
+    assert stateful["moved_share"] == grouped["moved_share"] == 0
 
 
 def test_kafka(spark: SparkSession, tmp_path: Path) -> None:

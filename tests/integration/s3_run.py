@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pyspark_abs import (
     AbsConfig,
+    DeltaSink,
     Fault,
     FaultStep,
     FileSource,
@@ -44,16 +45,19 @@ def pipeline(
     *,
     key_groups: int = 8,
     crash: int | None = None,
+    step: FaultStep = FaultStep.AFTER_PREPARED,
     local_state_dir: str = "",
+    sink: DeltaSink | None = None,
 ) -> Pipeline:
-    """The word count over the bucket's landing directory, its sink beside its root."""
-    faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
+    """The word count over the bucket's landing directory into ``sink`` (by default the
+    table ``sinks/word_counts`` under the root); ``crash``: an epoch that fails at ``step``."""
+    faults = () if crash is None else (Fault(step, epoch=crash),)
     return Pipeline(
         "wordcount",
         FileSource(f"{bucket}/landing", "text"),
         wordcount.word_count,
         root=root,
-        sinks={"output": f"{root}/sinks/word_counts"},
+        sinks={"output": sink or f"{root}/sinks/word_counts"},
         config=AbsConfig(
             key_groups=key_groups,
             commit_mode="sync",

@@ -1,5 +1,6 @@
 """Roots on an S3 API (moto's server on 127.0.0.1): what delta-rs lists, pyarrow reads, the
-manifest's compare-and-swap, and a pipeline's whole lifecycle with everything on S3."""
+manifest's compare-and-swap, a pipeline's whole lifecycle with everything on S3, and a Kafka
+sink whose table is on S3."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from pyspark_abs.storage.store import DeltaStore, TableSpec
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, arrow_schema, running_counts, write_epochs
 from tests.support.jobs import FILES, job_of
+from tests.support.kafka import BROKER, KAFKA_JARS, committed_records, kafka_broker
 from tests.support.pipelines import OP, assert_same
 from tests.support.s3 import land, s3_environment, s3_server, spark_s3_arguments
 from tests.support.versions import files_pipeline
@@ -141,6 +143,39 @@ def test_a_pipeline_with_everything_on_s3_lives_through_its_lifecycle_as_an_unin
     printed = spark.createDataFrame(cli["state"][1], "word string, count long")
     assert_same(printed, uninterrupted.state(OP))
     assert main(["validate", root]) == 0
+
+
+def test_a_kafka_sink_whose_table_is_on_s3_publishes_each_committed_row_once(
+    spark: SparkSession, endpoint: str, tmp_path: Path
+) -> None:
+    """The outbox table, root and checkpoint on S3, a real broker: a run that fails during
+    the publication of epoch 1 leaves it committed and unpublished, and the next start
+    publishes it once; a read_committed consumer sees the uninterrupted run's sink."""
+    if not os.environ.get(BROKER) or not os.environ.get(KAFKA_JARS):
+        pytest.skip("no Kafka broker jars (scripts/test fetches them)")
+    command = [sys.executable, "-m", "tests.integration.s3_kafka_run", f"s3://{BUCKET}/kafka"]
+    (tmp_path / "kafka").mkdir()
+    with kafka_broker(Path(os.environ[BROKER]), tmp_path / "kafka") as servers:
+        run = subprocess.run(
+            [*command, servers, "counts"],
+            env=spark_on_s3(endpoint),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        records = committed_records(servers, "counts")
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["committed_at_failure"] == 1
+    assert report["epochs"] == [0, 1, 2]
+    clean, landing = tmp_path / "clean", tmp_path / "landing"
+    for i in range(3):
+        write_epochs(landing, EPOCHS[i : i + 1], first=i)
+        files_pipeline(clean, landing).run()
+    uninterrupted = Snapshots(str(clean), spark).sink("output")
+    rows = [(key, json.loads(value)["count"]) for key, value, _ in records]
+    assert_same(spark.createDataFrame(rows, "word string, count long"), uninterrupted)
+    assert {epoch for *_, epoch in records} == {0, 1, 2}
 
 
 def test_of_two_runs_on_an_s3_root_the_one_that_lost_it_commits_nothing(

@@ -14,6 +14,7 @@ Run it as a program (``scripts/retry_loop.py`` does the same)::
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 from collections.abc import Sequence
@@ -46,8 +47,12 @@ def attempts_needed(job_id: int) -> int:
     return job_id % 5 + 1
 
 
-def retry_operator(max_attempts: int) -> Operator:
-    """The per-job operator: try the job, then report it done, retry it, or dead-letter it."""
+def retry_operator(max_attempts: int, ttl: dt.timedelta | None = None) -> Operator:
+    """The per-job operator: try the job, then report it done, retry it, or dead-letter it.
+
+    ``ttl``: how long after a job's last attempt (processing time) its count of attempts is
+    forgotten (None: kept).
+    """
 
     @operator(
         key="job_id",
@@ -58,6 +63,7 @@ def retry_operator(max_attempts: int) -> Operator:
             "retry": "job_id long, payload string, attempt int",
         },
         name="attempt_job",
+        ttl=ttl,
     )
     def attempt_job(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
         (job_id,) = key
@@ -98,12 +104,13 @@ def build(
     max_attempts: int = 3,
     config: AbsConfig | None = None,
     checkpoint: str | None = None,
+    ttl: dt.timedelta | None = None,
 ) -> Pipeline:
-    """The retry pipeline over the job table ``jobs_table``."""
+    """The retry pipeline over the job table ``jobs_table`` (``ttl``: see retry_operator)."""
     return Pipeline(
         "retries",
         DeltaSource(jobs_table),
-        retry_operator(max_attempts),
+        retry_operator(max_attempts, ttl),
         root=root,
         sinks={"done": f"{root}/sinks/done", "dead_letter": f"{root}/sinks/dead_letter"},
         back_edges=[BackEdge("retry", transform=next_attempt)],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from pyspark_abs import (
     AbsConfig,
     DeltaSource,
     EpochStatus,
+    Fault,
+    FaultStep,
+    InjectedFault,
     Job,
     KeyGroupContext,
     KeyGroupResult,
@@ -33,10 +37,12 @@ from pyspark_abs import (
     restore,
     rollback,
     tag,
+    testing,
     vacuum,
     vectorized_operator,
     write_state,
 )
+from pyspark_abs.examples import retry
 from tests.support.jobs import run_streaming
 from tests.support.pipelines import assert_same, event_table
 
@@ -356,3 +362,29 @@ def test_a_ttl_operator_on_empty_local_disks_rebuilds_every_keys_expiry(
     # batches 0 to 2 of the first run; batch 3 and the epoch without rows of the second
     for epoch, state in zip([*epochs[:3], *epochs[-2:]], expected, strict=True):
         assert_same(state_of(snapshots, epoch), as_frame(spark, state))
+
+
+def test_a_ttl_in_a_feedback_loop_forgets_attempts_and_loses_no_retry_in_flight(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A 1 ms TTL forgets each job's attempts before its retry comes back round the loop, so
+    every state write counts one attempt, while the retries in flight (not state) survive a
+    crash after epoch 1 is PREPARED: every job ends once, where its attempt numbers send it."""
+    jobs, root = str(tmp_path / "jobs"), tmp_path / "root"
+    retry.write_jobs(jobs, 12)
+    config = AbsConfig(key_groups=4, commit_mode="async")
+    brief = dt.timedelta(milliseconds=1)
+    crashing = replace(config, faults=(Fault(FaultStep.AFTER_PREPARED, epoch=1),))
+    with pytest.raises(InjectedFault):
+        retry.build(spark, jobs, str(root), config=crashing, ttl=brief).run_until_quiescent()
+    assert Snapshots(str(root)).in_flight_table("retry", 0).num_rows > 0
+    retry.build(spark, jobs, str(root), config=config, ttl=brief).run_until_quiescent()
+    # job j succeeds on its (j % 5 + 1)-th try; the third failed try dead-letters it
+    done = [(j, f"job-{j}", 1) for j in range(12) if j % 5 < 3]
+    dead = [(j, f"job-{j}", 1, "service failed 1 time(s)") for j in range(12) if j % 5 >= 3]
+    testing.assert_sink_equal(
+        root, "done", spark.createDataFrame(done, "job_id long, payload string, attempts int")
+    )
+    dead_ddl = "job_id long, payload string, attempts int, error string"
+    testing.assert_sink_equal(root, "dead_letter", spark.createDataFrame(dead, dead_ddl))
+    assert Snapshots(str(root)).in_flight_table("retry").num_rows == 0

@@ -101,6 +101,22 @@ def held_counts(keys: np.ndarray, state: pd.DataFrame, *, missing: int) -> np.nd
     return held
 
 
+@contextmanager
+def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
+    """``conf`` set on the session while the block runs (a query started in it keeps it)."""
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, held in before.items():
+            if held is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, held)
+
+
 def records_counted(rows: pa.Table) -> int:
     """How many records ``(key, count)`` rows count, each row a key's new count: the sum
     over keys of their largest count."""

@@ -90,9 +90,7 @@ def run_builtin(
     def append(batch: DataFrame, batch_id: int) -> None:
         batch.write.mode("append").parquet(str(out / "counts"))
 
-    for key, value in conf.items():
-        spark.conf.set(key, value)
-    try:
+    with _bench.session_conf(spark, conf):
         started = time.perf_counter()
         query = (
             counts.writeStream.outputMode("update")
@@ -103,9 +101,6 @@ def run_builtin(
         )
         query.awaitTermination()
         seconds = time.perf_counter() - started
-    finally:
-        for key in conf:
-            spark.conf.unset(key)
     shutil.rmtree(out, ignore_errors=True)
     return seconds
 

@@ -9,7 +9,8 @@ groups), two ways:
 * ``stateful``: ``applyInPandasWithState`` grouped by key group, an event-time timeout set
   in every key group it calls;
 * ``grouped_arrow``: a stateless query whose ``foreachBatch`` runs ``applyInArrow`` grouped
-  by key group on each micro-batch (the batch's own data, as the driver may add to it).
+  by key group on each micro-batch (there, a driver could add rows of its own to the batch,
+  such as one per key group with a timer due).
 
 Every call records its key group, micro-batch and executor (the Python daemon that forked
 its worker: one per executor). The probe reports, per way:

@@ -3,21 +3,23 @@
 On a trickle (a small file per micro-batch) an epoch of pyspark-abs costs more than Spark's
 own aggregation, and the cost is per call of the Python operator, not per snapshot. This
 probe measures how much of that any per-key-group call costs, whoever makes it, by counting
-records per key six ways on the same files, one file per micro-batch (``availableNow``):
+records per key seven ways on the same files, one file per micro-batch (``availableNow``):
 
 * ``builtin``: Spark's ``groupBy("key").count()``, default state store;
 * ``grouped_state``: plain PySpark ``applyInPandasWithState`` grouped by key group
   (``--key-groups``), each key group's counts pickled in Spark's state store: the path
   pyspark-abs runs on, without pyspark-abs;
 * ``grouped_state_fewer``: the same with an eighth of the key groups;
+* ``transform_with_state``: plain PySpark ``transformWithStateInPandas`` (Spark's second
+  stateful API, on its RocksDB state store with changelog checkpointing) grouped by key
+  group, each key group's counts pickled in a value state;
 * ``grouped_arrow``: plain PySpark ``applyInArrow`` grouped by key group, stateless, each
   key group's counts in a local file: a grouped call without Spark's stateful operator;
 * ``partition_arrow``: one ``mapInArrow`` call per shuffle partition, the partition's counts
-  in a local file.
-
-The two variants with local files are floors, not designs: a retried task would count
-twice;
+  in a local file;
 * ``abs_async``: pyspark-abs, a snapshot every epoch, ``--key-groups`` key groups.
+
+The two variants with local files are floors, not designs: a retried task would count twice.
 
 Every variant's output is checked against the input's own count. It prints the median epoch
 time (Spark's ``triggerExecution`` of the micro-batches that read input) and the median CPU
@@ -48,6 +50,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from pyspark_abs import AbsConfig, Pipeline
 
@@ -62,6 +65,7 @@ VARIANTS = [
     "builtin",
     "grouped_state",
     "grouped_state_fewer",
+    "transform_with_state",
     "grouped_arrow",
     "partition_arrow",
     "abs_async",
@@ -94,6 +98,23 @@ def count_key_group(
     out = counted(frames, held)
     state.update((pickle.dumps(held),))
     yield out
+
+
+class CountKeyGroup(StatefulProcessor):
+    """``transformWithStateInPandas``: a key group's counts, pickled in a value state."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.held = handle.getValueState("held", "counts binary")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        stored = self.held.get()
+        held: dict[int, int] = pickle.loads(stored[0]) if stored is not None else {}
+        out = counted(rows, held)
+        self.held.update((pickle.dumps(held),))
+        yield out
+
+    def close(self) -> None:
+        pass
 
 
 def count_partition(folder: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -162,6 +183,13 @@ def run_variant(
                 count_partition(str(folder)), COUNTS
             )
         query = start(counts, work, "append")
+    elif variant == "transform_with_state":
+        grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})"))
+        counts = grouped.groupBy("key_group").transformWithStateInPandas(
+            CountKeyGroup(), COUNTS, "Update", "None"
+        )
+        with _bench.session_conf(spark, _bench.ROCKSDB):
+            query = start(counts, work, "update")
     else:
         groups = key_groups if variant == "grouped_state" else max(1, key_groups // 8)
         grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {groups})"))

@@ -2,7 +2,7 @@
 
 ``python -m tests.integration.connect_ttl URL WORKDIR`` connects to the Spark Connect server
 at ``URL``, sets the session time zone to Asia/Kolkata, runs the TTL count of
-:mod:`tests.integration.test_ttl` over its first two batches, rolls back to epoch 0, lands
+:mod:`tests.support.ttl` over its first two batches, rolls back to epoch 0, lands
 the other batches and runs again. A client process of its own, because a Connect session
 switches pyspark into Connect mode for the whole process. The last line printed is a JSON
 object; the test checks the snapshots it left with a classic session, against the model.
@@ -17,8 +17,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from pyspark_abs import rollback
-from tests.integration.test_ttl import BATCHES, recent, ttl_pipeline
 from tests.support.pipelines import event_table
+from tests.support.ttl import BATCHES, recent, ttl_pipeline
 
 ZONE = "Asia/Kolkata"
 

@@ -16,8 +16,7 @@ import sys
 
 from pyspark_abs import FaultStep, InjectedFault, KafkaSink, Snapshots
 from pyspark_abs.session import local_session
-from tests.integration.s3_run import pipeline
-from tests.support.s3 import land
+from tests.support.s3 import land, pipeline
 
 
 def main(bucket: str, servers: str, topic: str) -> None:

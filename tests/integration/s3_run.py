@@ -19,13 +19,7 @@ import sys
 from pathlib import Path
 
 from pyspark_abs import (
-    AbsConfig,
-    DeltaSink,
-    Fault,
-    FaultStep,
-    FileSource,
     InjectedFault,
-    Pipeline,
     Snapshots,
     compact,
     restore,
@@ -34,38 +28,8 @@ from pyspark_abs import (
     vacuum,
     validate,
 )
-from pyspark_abs.examples import wordcount
 from pyspark_abs.session import local_session
-from tests.support.s3 import land
-
-
-def pipeline(
-    bucket: str,
-    root: str,
-    *,
-    key_groups: int = 8,
-    crash: int | None = None,
-    step: FaultStep = FaultStep.AFTER_PREPARED,
-    local_state_dir: str = "",
-    sink: DeltaSink | None = None,
-) -> Pipeline:
-    """The word count over the bucket's landing directory into ``sink`` (by default the
-    table ``sinks/word_counts`` under the root); ``crash``: an epoch that fails at ``step``."""
-    faults = () if crash is None else (Fault(step, epoch=crash),)
-    return Pipeline(
-        "wordcount",
-        FileSource(f"{bucket}/landing", "text"),
-        wordcount.word_count,
-        root=root,
-        sinks={"output": sink or f"{root}/sinks/word_counts"},
-        config=AbsConfig(
-            key_groups=key_groups,
-            commit_mode="sync",
-            faults=faults,
-            local_state_dir=local_state_dir,
-        ),
-        transform=wordcount.words_of,
-    )
+from tests.support.s3 import land, pipeline
 
 
 def main(bucket: str, out: str) -> None:

@@ -21,10 +21,10 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import FencingError, Snapshots
 from pyspark_abs.protocol.lease import Lease, read_lease
-from tests.integration.test_ttl import BATCHES, as_frame, model, state_of, watermarks_of
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import FILES, assert_job_matches, job_of
 from tests.support.pipelines import assert_same, expected_state
+from tests.support.ttl import BATCHES, as_frame, model, state_of, watermarks_of
 
 REPO = Path(__file__).parents[2]
 

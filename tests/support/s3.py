@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from pyspark_abs import AbsConfig, DeltaSink, Fault, FaultStep, FileSource, Pipeline
+from pyspark_abs.examples import wordcount
 from tests.support.inputs import EPOCHS
 from tests.support.readme import block_with
 from tests.support.servers import free_port, serving
@@ -57,3 +59,32 @@ def land(bucket: str, index: int) -> None:
     fs, path = pafs.FileSystem.from_uri(f"{bucket}/landing/part-{index:04d}.txt")
     with fs.open_output_stream(path) as out:
         out.write(EPOCHS[index].encode())
+
+
+def pipeline(
+    bucket: str,
+    root: str,
+    *,
+    key_groups: int = 8,
+    crash: int | None = None,
+    step: FaultStep = FaultStep.AFTER_PREPARED,
+    local_state_dir: str = "",
+    sink: DeltaSink | None = None,
+) -> Pipeline:
+    """The word count over the bucket's landing directory into ``sink`` (by default the
+    table ``sinks/word_counts`` under the root); ``crash``: an epoch that fails at ``step``."""
+    faults = () if crash is None else (Fault(step, epoch=crash),)
+    return Pipeline(
+        "wordcount",
+        FileSource(f"{bucket}/landing", "text"),
+        wordcount.word_count,
+        root=root,
+        sinks={"output": sink or f"{root}/sinks/word_counts"},
+        config=AbsConfig(
+            key_groups=key_groups,
+            commit_mode="sync",
+            faults=faults,
+            local_state_dir=local_state_dir,
+        ),
+        transform=wordcount.words_of,
+    )

@@ -481,9 +481,9 @@ class CostSampler:
     peaks between samples are not missed), which is reset when sampling starts, so the peaks
     are this run's own. The peak total over Python workers is the largest sum of their
     ``VmRSS`` at one sample; forked workers share pages with pyspark's daemon, which count
-    in each. CPU time is the growth of user plus system time, children reaped included, of
-    every process under the roots: on a shared machine it is steadier than wall time. Linux
-    only: elsewhere every figure stays 0.
+    in each. CPU time is the growth of user plus system time of every process under the
+    roots, a reaped child's booked to the child's kind (:func:`cpu_kinds`): on a shared
+    machine it is steadier than wall time. Linux only: elsewhere every figure stays 0.
     """
 
     def __init__(self, roots: Sequence[int], interval_s: float = 0.5) -> None:
@@ -592,12 +592,21 @@ def _reset_peak(pid: int) -> None:
         pass
 
 
-def _cpu_seconds(pids: set[int]) -> dict[str, float]:
-    """User plus system CPU time of processes, with their reaped children's, by kind.
+def cpu_kinds(name: str, is_driver: bool) -> tuple[str, str]:
+    """The kinds a process's own CPU time and its reaped children's are booked to.
 
     The kinds are ``jvm`` (Java processes), ``driver`` (this process) and ``python_workers``
-    (every other process, pyspark's daemon and its workers).
+    (every other process, pyspark's daemon and its workers). The driver's children are JVMs;
+    a JVM's and a Python daemon's are Python workers, whose CPU time moves into their
+    parent's when they exit.
     """
+    if is_driver:
+        return "driver", "jvm"
+    return ("jvm" if name == "java" else "python_workers"), "python_workers"
+
+
+def _cpu_seconds(pids: set[int]) -> dict[str, float]:
+    """User plus system CPU time of processes and of their reaped children, by kind."""
     ticks = {"jvm": 0, "python_workers": 0, "driver": 0}
     for pid in pids:
         try:
@@ -605,9 +614,10 @@ def _cpu_seconds(pids: set[int]) -> dict[str, float]:
                 head, fields = stat.read().rsplit(")", 1)
         except OSError:
             continue
-        name = head.split("(", 1)[-1]
-        kind = "driver" if pid == os.getpid() else "jvm" if name == "java" else "python_workers"
-        ticks[kind] += sum(int(f) for f in fields.split()[11:15])  # utime, stime, cutime, cstime
+        own, reaped = cpu_kinds(head.split("(", 1)[-1], pid == os.getpid())
+        utime, stime, cutime, cstime = (int(f) for f in fields.split()[11:15])
+        ticks[own] += utime + stime
+        ticks[reaped] += cutime + cstime
     return {kind: n / os.sysconf("SC_CLK_TCK") for kind, n in ticks.items()}
 
 

@@ -51,6 +51,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from pyspark_abs.operators.task import current_epoch
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
@@ -64,12 +66,9 @@ CALLS = "key_group long, batch long, executor long"
 
 def batch_id() -> int:
     """The micro-batch of the running task (Spark sets it on the stream's jobs)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    value = context.getLocalProperty("streaming.sql.batchId") if context else None
-    assert value is not None, "a task outside a streaming micro-batch"
-    return int(value)
+    epoch = current_epoch()
+    assert epoch is not None, "a task outside a streaming micro-batch"
+    return epoch
 
 
 def stateful_call(

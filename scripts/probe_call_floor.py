@@ -61,15 +61,6 @@ if TYPE_CHECKING:
 
 _bench.pickle_by_value(__name__)
 
-VARIANTS = [
-    "builtin",
-    "grouped_state",
-    "grouped_state_fewer",
-    "transform_with_state",
-    "grouped_arrow",
-    "partition_arrow",
-    "abs_async",
-]
 COUNTS = "key long, count long"
 
 
@@ -155,6 +146,82 @@ def start(frame: DataFrame, work: Path, mode: str) -> StreamingQuery:
     return query.trigger(availableNow=True).start()
 
 
+def with_key_group(source: DataFrame, key_groups: int) -> DataFrame:
+    return source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})"))
+
+
+def builtin(spark: SparkSession, source: DataFrame, work: Path, groups: int) -> StreamingQuery:
+    return start(source.groupBy("key").count(), work, "update")
+
+
+def grouped_state(
+    spark: SparkSession, source: DataFrame, work: Path, groups: int
+) -> StreamingQuery:
+    counts = (
+        with_key_group(source, groups)
+        .groupBy("key_group")
+        .applyInPandasWithState(
+            count_key_group, COUNTS, "counts binary", "update", GroupStateTimeout.NoTimeout
+        )
+    )
+    return start(counts, work, "update")
+
+
+def grouped_state_fewer(
+    spark: SparkSession, source: DataFrame, work: Path, groups: int
+) -> StreamingQuery:
+    return grouped_state(spark, source, work, max(1, groups // 8))
+
+
+def transform_with_state(
+    spark: SparkSession, source: DataFrame, work: Path, groups: int
+) -> StreamingQuery:
+    counts = (
+        with_key_group(source, groups)
+        .groupBy("key_group")
+        .transformWithStateInPandas(CountKeyGroup(), COUNTS, "Update", "None")
+    )
+    with _bench.session_conf(spark, _bench.ROCKSDB):
+        return start(counts, work, "update")
+
+
+def grouped_arrow(
+    spark: SparkSession, source: DataFrame, work: Path, groups: int
+) -> StreamingQuery:
+    folder = work / "local"
+    folder.mkdir()
+    counts = (
+        with_key_group(source, groups)
+        .groupBy("key_group")
+        .applyInArrow(count_group_arrow(str(folder)), COUNTS)
+    )
+    return start(counts, work, "append")
+
+
+def partition_arrow(
+    spark: SparkSession, source: DataFrame, work: Path, groups: int
+) -> StreamingQuery:
+    folder = work / "local"
+    folder.mkdir()
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    counts = source.repartition(partitions, "key").mapInArrow(count_partition(str(folder)), COUNTS)
+    return start(counts, work, "append")
+
+
+QUERIES: dict[str, Callable[[SparkSession, DataFrame, Path, int], StreamingQuery]] = {
+    query.__name__: query
+    for query in [
+        builtin,
+        grouped_state,
+        grouped_state_fewer,
+        transform_with_state,
+        grouped_arrow,
+        partition_arrow,
+    ]
+}
+VARIANTS = [*QUERIES, "abs_async"]
+
+
 def run_variant(
     variant: str, spark: SparkSession, source: DataFrame, work: Path, key_groups: int
 ) -> tuple[StreamingQuery, pa.Table]:
@@ -167,36 +234,7 @@ def run_variant(
         )
         query = pipeline.run().query
         return query, DeltaTable(sink).to_pyarrow_table(columns=["key", "count"])
-    if variant == "builtin":
-        query = start(source.groupBy("key").count(), work, "update")
-    elif variant in ("grouped_arrow", "partition_arrow"):
-        folder = work / "local"
-        folder.mkdir()
-        if variant == "grouped_arrow":
-            grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})"))
-            counts = grouped.groupBy("key_group").applyInArrow(
-                count_group_arrow(str(folder)), COUNTS
-            )
-        else:
-            partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-            counts = source.repartition(partitions, "key").mapInArrow(
-                count_partition(str(folder)), COUNTS
-            )
-        query = start(counts, work, "append")
-    elif variant == "transform_with_state":
-        grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})"))
-        counts = grouped.groupBy("key_group").transformWithStateInPandas(
-            CountKeyGroup(), COUNTS, "Update", "None"
-        )
-        with _bench.session_conf(spark, _bench.ROCKSDB):
-            query = start(counts, work, "update")
-    else:
-        groups = key_groups if variant == "grouped_state" else max(1, key_groups // 8)
-        grouped = source.withColumn("key_group", F.expr(f"pmod(hash(key), {groups})"))
-        counts = grouped.groupBy("key_group").applyInPandasWithState(
-            count_key_group, COUNTS, "counts binary", "update", GroupStateTimeout.NoTimeout
-        )
-        query = start(counts, work, "update")
+    query = QUERIES[variant](spark, source, work, key_groups)
     query.awaitTermination()
     return query, ds.dataset(str(work / "counts")).to_table(columns=["key", "count"])
 

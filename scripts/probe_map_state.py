@@ -72,8 +72,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--partitions", type=int, default=4)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
-    for name, value in _bench.ROCKSDB.items():
-        spark.conf.set(name, value)
     work = Path(tempfile.mkdtemp(prefix="abs-probe-"))
     landing = work / "input"
     landing.mkdir()
@@ -85,12 +83,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     counts = grouped.groupBy("key_group").transformWithStateInPandas(
         MapStateCount(), "key long, count long", "Update", "None"
     )
-    query = (
-        counts.writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(work / "_checkpoint"))
-        .start()
-    )
+    with _bench.session_conf(spark, _bench.ROCKSDB):
+        query = (
+            counts.writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(work / "_checkpoint"))
+            .start()
+        )
 
     written: list[int] = []
 
@@ -110,8 +109,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ]
     finally:
         query.stop()
-        for name in _bench.ROCKSDB:
-            spark.conf.unset(name)
         shutil.rmtree(work, ignore_errors=True)
     print(f"load of {args.keys:,} keys: {load_s:.2f} s")
     print("steady epochs: " + ", ".join(f"{s:.2f} s" for s in steady))

@@ -18,7 +18,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
-    AbsConfig,
     DeltaSource,
     EpochStatus,
     Fault,
@@ -37,7 +36,7 @@ from pyspark_abs import (
 )
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli import main as cli
-from tests.support.pipelines import assert_same, event_table
+from tests.support.pipelines import assert_same, event_table, session_pipeline
 
 Batch = Sequence[tuple[str, int]]
 BATCHES: list[Batch] = [
@@ -81,16 +80,12 @@ def spend_v2(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
     return {"user": key[0], "total": total}
 
 
+def as_spend(df: DataFrame) -> DataFrame:
+    return df.selectExpr("word AS user", "ts AS amount")
+
+
 def spend_pipeline(events: str, root: Path, op: Operator, *faults: Fault) -> Pipeline:
-    return Pipeline(
-        "spend",
-        DeltaSource(events, max_files_per_trigger=1),
-        op,
-        root=str(root),
-        sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync", faults=faults),
-        transform=lambda df: df.selectExpr("word AS user", "ts AS amount"),
-    )
+    return session_pipeline(events, root, op, "spend", as_spend, faults=faults)
 
 
 def ran_version_one(tmp_path: Path, batches: int) -> tuple[str, Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -128,11 +128,21 @@ def event_table(path: Path, batches: Sequence[Sequence[tuple[str, int]]]) -> str
     return str(path)
 
 
+def with_event_time(df: DataFrame) -> DataFrame:
+    """An :func:`event_table`'s rows as ``(word, ts)`` with event time ``ts``, watermark delay 0."""
+    return df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark("ts", "0 seconds")
+
+
 def session_pipeline(
-    events: str, root: Path, op: Operator = sessions, name: str = "sessions", **config: Any
+    events: str,
+    root: Path,
+    op: Operator = sessions,
+    name: str = "sessions",
+    transform: Callable[[DataFrame], DataFrame] = with_event_time,
+    **config: Any,
 ) -> Pipeline:
-    """``op`` (:func:`sessions`) over an :func:`event_table`, one version per epoch, watermark
-    delay 0."""
+    """``op`` (:func:`sessions`) over an :func:`event_table`, one version per epoch, its rows
+    through ``transform``; 4 key groups and sync commits unless ``config`` says otherwise."""
     settings: dict[str, Any] = {"key_groups": 4, "commit_mode": "sync"}
     settings.update(config)
     return Pipeline(
@@ -142,9 +152,7 @@ def session_pipeline(
         root=str(root),
         sinks=str(root / "sink"),
         config=AbsConfig(**settings),
-        transform=lambda df: df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark(
-            "ts", "0 seconds"
-        ),
+        transform=transform,
     )
 
 

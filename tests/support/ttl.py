@@ -14,7 +14,8 @@ from typing import Any
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from pyspark_abs import AbsConfig, DeltaSource, KeyState, Operator, Pipeline, Snapshots, operator
+from pyspark_abs import KeyState, Operator, Pipeline, Snapshots, operator
+from tests.support.pipelines import session_pipeline, with_event_time
 
 TTL_S = 10
 BATCHES: list[list[tuple[str, int]]] = [
@@ -45,10 +46,6 @@ forever = operator(key="word", state_schema="count long", output_schema=DDL, nam
 )
 
 
-def with_event_time(df: DataFrame) -> DataFrame:
-    return df.selectExpr("word", "timestamp_seconds(ts) AS ts").withWatermark("ts", "0 seconds")
-
-
 def ttl_pipeline(
     events: str,
     root: Path,
@@ -56,15 +53,7 @@ def ttl_pipeline(
     transform: Callable[[DataFrame], DataFrame] = with_event_time,
     local_state_dir: str = "",
 ) -> Pipeline:
-    return Pipeline(
-        "recent",
-        DeltaSource(events, max_files_per_trigger=1),
-        op,
-        root=str(root),
-        sinks=str(root / "sink"),
-        config=AbsConfig(key_groups=4, commit_mode="sync", local_state_dir=local_state_dir),
-        transform=transform,
-    )
+    return session_pipeline(events, root, op, "recent", transform, local_state_dir=local_state_dir)
 
 
 def model(

@@ -32,6 +32,7 @@ from pyspark_abs import (
     Snapshots,
     restore,
     rollback,
+    vacuum,
 )
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE
@@ -254,6 +255,28 @@ def test_a_kafka_sink_rolled_back_or_restored_publishes_the_new_epochs_and_keeps
     assert_same(published(spark, servers, "restored-out"), copied)
     uninterrupted = Snapshots(str(clean), spark)
     assert_same(copied, uninterrupted.sink("output").subtract(uninterrupted.sink("output", 1)))
+
+
+def test_a_kafka_sink_added_after_retention_expired_snapshots_publishes_the_whole_table(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    """A root ran with a plain Delta sink (say while Kafka was down), retention expired all
+    but its newest snapshot, then the sink became a KafkaSink: the topic gets every row of
+    the table once, the expired snapshots' too, each under the epoch that committed it."""
+    root, out = tmp_path / "root", "expired-out"
+    produce(spark, servers, "expired", LINES[:6])
+    from_kafka(root, servers, "expired").run()
+    before = [s.epoch for s in Snapshots(str(root), spark).list()]
+    assert len(before) >= 2
+    assert vacuum(str(root), keep_last=1).expired == before[:-1]
+    produce(spark, servers, "expired", LINES[6:8])
+    from_kafka(root, servers, "expired", publish_to=out).run()
+    sink = Snapshots(str(root), spark).sink("output")
+    assert_same(published(spark, servers, out), sink)
+    assert_same(*last_counts(sink, counts_df(spark, LINES[:8])))
+    headers = {epoch for _, _, epoch in committed_records(servers, out)}
+    after = [s.epoch for s in Snapshots(str(root), spark).list()]
+    assert headers == {*before, *after}
 
 
 def test_a_kafka_sink_refuses_what_it_cannot_publish(

@@ -11,15 +11,13 @@ table, then one JSON object as their last line.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from _costs import CostSampler, RunCosts
 
 from pyspark_abs import (
     AbsConfig,
@@ -69,6 +68,7 @@ def pickle_by_value(module_name: str) -> None:
 
 
 pickle_by_value(__name__)
+pickle_by_value("_costs")
 
 
 @vectorized_operator(key="key", state_schema="count long", output_schema="key long, count long")
@@ -424,116 +424,6 @@ def _save(figure: Any, path: Path) -> Path:
     return path
 
 
-@dataclass
-class RunCosts:
-    """What the runs of one variant cost: peak resident memory (MiB) and CPU time.
-
-    Attributes:
-        driver_python: Peak RSS of the driver's Python process.
-        jvms: Peak RSS of a JVM (driver, or a standalone worker or executor).
-        python_worker: Peak RSS of one Python worker.
-        python_workers_total: Largest sum of the Python workers' RSS at one sample.
-        cpu_seconds: CPU time (user + system) of every process of the application, one
-            entry per run, warm-up included.
-        cpu_by_process: The same per kind of process (``jvm``, ``python_workers``,
-            ``driver``), one entry per run.
-    """
-
-    driver_python: float = 0.0
-    jvms: float = 0.0
-    python_worker: float = 0.0
-    python_workers_total: float = 0.0
-    cpu_seconds: list[float] = field(default_factory=list)
-    cpu_by_process: list[dict[str, float]] = field(default_factory=list)
-
-    def merge(self, other: RunCosts) -> None:
-        """Keep the larger of each peak and add the other's CPU times."""
-        self.driver_python = max(self.driver_python, other.driver_python)
-        self.jvms = max(self.jvms, other.jvms)
-        self.python_worker = max(self.python_worker, other.python_worker)
-        self.python_workers_total = max(self.python_workers_total, other.python_workers_total)
-        self.cpu_seconds.extend(other.cpu_seconds)
-        self.cpu_by_process.extend(other.cpu_by_process)
-
-    def memory(self) -> dict[str, float]:
-        """The memory peaks, rounded."""
-        return {
-            "driver_python_mib": round(self.driver_python, 1),
-            "jvm_mib": round(self.jvms, 1),
-            "python_worker_mib": round(self.python_worker, 1),
-            "python_workers_total_mib": round(self.python_workers_total, 1),
-        }
-
-    def measured_cpu(self, repeats: int) -> list[float]:
-        """CPU seconds of the measured runs (the last ``repeats``), rounded."""
-        return [round(c, 2) for c in self.cpu_seconds[-repeats:]]
-
-    def measured_cpu_by_process(self, repeats: int) -> dict[str, float]:
-        """Median CPU seconds per kind of process over the measured runs, rounded."""
-        runs = self.cpu_by_process[-repeats:]
-        return {kind: round(median([r[kind] for r in runs]), 2) for kind in runs[0]} if runs else {}
-
-
-class CostSampler:
-    """Samples the memory and CPU time of the driver, its JVM(s) and every Python worker.
-
-    Memory peaks come from each process's ``VmHWM`` (the kernel's high-water mark, so short
-    peaks between samples are not missed), which is reset when sampling starts, so the peaks
-    are this run's own. The peak total over Python workers is the largest sum of their
-    ``VmRSS`` at one sample; forked workers share pages with pyspark's daemon, which count
-    in each. CPU time is the growth of user plus system time of every process under the
-    roots, a reaped child's booked to the child's kind (:func:`cpu_kinds`): on a shared
-    machine it is steadier than wall time. Linux only: elsewhere every figure stays 0.
-    """
-
-    def __init__(self, roots: Sequence[int], interval_s: float = 0.5) -> None:
-        """Watch the driver and the descendants of ``roots`` (e.g. the driver's JVM)."""
-        self.roots = [os.getpid(), *roots]
-        self.interval_s = interval_s
-        self.costs = RunCosts()
-        self._cpu_at_start: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bench-costs", daemon=True)
-
-    def __enter__(self) -> CostSampler:
-        pids = _descendants(self.roots)
-        for pid in pids:
-            _reset_peak(pid)
-        self._cpu_at_start = _cpu_seconds(pids)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        spent = _cpu_seconds(_descendants(self.roots))
-        by_kind = {k: spent[k] - self._cpu_at_start.get(k, 0.0) for k in spent}
-        self.costs.cpu_by_process.append(by_kind)
-        self.costs.cpu_seconds.append(sum(by_kind.values()))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def _sample(self) -> None:
-        costs = self.costs
-        workers_now = 0.0
-        for pid in _descendants(self.roots):
-            status = _status(pid)
-            if status is None:
-                continue
-            name, high, now = status
-            if pid == os.getpid():
-                costs.driver_python = max(costs.driver_python, high)
-            elif name == "java":
-                costs.jvms = max(costs.jvms, high)
-            elif name.startswith("python"):
-                costs.python_worker = max(costs.python_worker, high)
-                workers_now += now
-        costs.python_workers_total = max(costs.python_workers_total, workers_now)
-
-
 def measured(
     spark: SparkSession,
     costs: dict[str, RunCosts],
@@ -551,87 +441,6 @@ def measured(
     return wrapped
 
 
-def cpu_seconds(roots: Sequence[int]) -> float:
-    """CPU seconds spent so far by this process and the descendants of ``roots``."""
-    return sum(_cpu_seconds(_descendants([os.getpid(), *roots])).values())
-
-
 def jvm_pid(spark: SparkSession) -> int:
     """The process id of the session's driver JVM."""
     return int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
-
-
-def _descendants(roots: Sequence[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found: set[int] = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        stack.extend(children.get(pid, ()))
-    return found
-
-
-def _reset_peak(pid: int) -> None:
-    """Reset a process's ``VmHWM`` to its current RSS (``clear_refs``; needs ownership)."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as clear:
-            clear.write("5")
-    except OSError:
-        pass
-
-
-def cpu_kinds(name: str, is_driver: bool) -> tuple[str, str]:
-    """The kinds a process's own CPU time and its reaped children's are booked to.
-
-    The kinds are ``jvm`` (Java processes), ``driver`` (this process) and ``python_workers``
-    (every other process, pyspark's daemon and its workers). The driver's children are JVMs;
-    a JVM's and a Python daemon's are Python workers, whose CPU time moves into their
-    parent's when they exit.
-    """
-    if is_driver:
-        return "driver", "jvm"
-    return ("jvm" if name == "java" else "python_workers"), "python_workers"
-
-
-def _cpu_seconds(pids: set[int]) -> dict[str, float]:
-    """User plus system CPU time of processes and of their reaped children, by kind."""
-    ticks = {"jvm": 0, "python_workers": 0, "driver": 0}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-                head, fields = stat.read().rsplit(")", 1)
-        except OSError:
-            continue
-        own, reaped = cpu_kinds(head.split("(", 1)[-1], pid == os.getpid())
-        utime, stime, cutime, cstime = (int(f) for f in fields.split()[11:15])
-        ticks[own] += utime + stime
-        ticks[reaped] += cutime + cstime
-    return {kind: n / os.sysconf("SC_CLK_TCK") for kind, n in ticks.items()}
-
-
-def _status(pid: int) -> tuple[str, float, float] | None:
-    """A process's name, peak RSS and current RSS in MiB."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            fields = dict(line.split(":", 1) for line in status if ":" in line)
-    except OSError:
-        return None
-    if "VmHWM" not in fields:
-        return None
-    return (
-        fields["Name"].strip(),
-        int(fields["VmHWM"].split()[0]) / 1024,
-        int(fields["VmRSS"].split()[0]) / 1024,
-    )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import _bench
+import _costs
 import pandas as pd
 import pyarrow as pa
 
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     _bench.add_workload_arguments(parser)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
-    costs: dict[str, _bench.RunCosts] = {}
+    costs: dict[str, _costs.RunCosts] = {}
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench
+import _costs
 import pandas as pd
 
 from pyspark_abs import (
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     every = {f"{kind}_every_{n}": (kind, n) for kind in (*MODES, "naiad") for n in intervals}
     variants = ["baseline", *every]
     spark = _bench.session(args.partitions)
-    costs: dict[str, _bench.RunCosts] = {}
+    costs: dict[str, _costs.RunCosts] = {}
     kept: list[Path] = []
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench
+import _costs
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
     stage_seconds: dict[str, dict[str, list[float]]] = {v: {"1": [], "2": []} for v in VARIANTS}
-    costs: dict[str, _bench.RunCosts] = {}
+    costs: dict[str, _costs.RunCosts] = {}
     latencies: list[float] = []
     with _bench.workdir(args.workdir) as work:
         inputs = _bench.generate(work / "input", args.records, args.keys, args.epochs)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench
+import _costs
 
 from pyspark_abs import AbsConfig
 
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     stack.callback(spark.stop)
                     wait_for_executors(spark, WORKERS)
                 print(f"master {master} ({url})", flush=True)
-                by_variant: dict[str, _bench.RunCosts] = {}
+                by_variant: dict[str, _costs.RunCosts] = {}
 
                 def run(variant: str, spark: Any = spark) -> float:
                     config = AbsConfig(key_groups=args.key_groups, **VARIANTS[variant])

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import _bench
+import _costs
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -182,7 +183,7 @@ def run_variant(
     variant: str,
     files: Sequence[Path],
     key_groups: int,
-    costs: dict[str, _bench.RunCosts],
+    costs: dict[str, _costs.RunCosts],
 ) -> tuple[float, list[Epoch]]:
     """Load the keys, then run and measure each steady epoch; return load seconds, epochs."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=work))
@@ -197,7 +198,7 @@ def run_variant(
         if variant in BUILTIN
         else abs_query(spark, variant, frame, run_dir, key_groups)
     )
-    with _bench.CostSampler([jvm]) as sampler, query as (finish_epoch, layout):
+    with _costs.CostSampler([jvm]) as sampler, query as (finish_epoch, layout):
         started = time.perf_counter()
         shutil.copy(files[0], landing / files[0].name)
         finish_epoch()
@@ -206,20 +207,20 @@ def run_variant(
             checkpoint = file_sizes(layout.checkpoint)
             delta = _delta_sizes(layout)
             local = file_sizes(layout.local) if layout.local else {}
-            cpu = _bench.cpu_seconds([jvm])
+            cpu = _costs.cpu_seconds([jvm])
             started = time.perf_counter()
             shutil.copy(path, landing / path.name)
             finish_epoch()
             epochs.append(
                 Epoch(
                     epoch_s=time.perf_counter() - started,
-                    cpu_s=_bench.cpu_seconds([jvm]) - cpu,
+                    cpu_s=_costs.cpu_seconds([jvm]) - cpu,
                     checkpoint_bytes=added_bytes(checkpoint, file_sizes(layout.checkpoint)),
                     delta_bytes=added_bytes(delta, _delta_sizes(layout)),
                     local_bytes=added_bytes(local, file_sizes(layout.local)) if layout.local else 0,
                 )
             )
-    costs.setdefault(variant, _bench.RunCosts()).merge(sampler.costs)
+    costs.setdefault(variant, _costs.RunCosts()).merge(sampler.costs)
     shutil.rmtree(run_dir, ignore_errors=True)
     return load_s, epochs
 
@@ -287,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for keys in args.keys:
             files = generate(work / f"input-{keys}", keys, args.records, args.steady_epochs)
             steady: dict[str, list[Epoch]] = {v: [] for v in variants}
-            costs: dict[str, _bench.RunCosts] = {}
+            costs: dict[str, _costs.RunCosts] = {}
             for repeat in range(args.repeats):
                 shift = repeat % len(variants)
                 for variant in variants[shift:] + variants[:shift]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import _bench
+import _costs
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.set_defaults(records=1_000_000, keys=100_000)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
-    costs: dict[str, _bench.RunCosts] = {}
+    costs: dict[str, _costs.RunCosts] = {}
     written: dict[str, int] = {}
     with _bench.workdir(args.workdir) as work:
         inputs = generate(work / "input", args.records, args.keys, args.epochs)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import _bench
+import _costs
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -252,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
     epochs: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    costs: dict[str, _bench.RunCosts] = {}
+    costs: dict[str, _costs.RunCosts] = {}
     runs = 0
     work = Path(tempfile.mkdtemp(prefix="abs-probe-"))
 

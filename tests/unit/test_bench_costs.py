@@ -1,5 +1,5 @@
-"""The benchmarks' CPU accounting books a worker's CPU to workers, also once a JVM reaped it;
-real processes, no Spark."""
+"""The benchmarks' CPU accounting books each process's CPU time to its kind of process, also
+once Spark's JVM has reaped it; real processes, no Spark."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 
-from _bench import CostSampler, cpu_kinds
+from _costs import CostSampler, cpu_kind
 
-# A parent that calls itself "java" (as Spark's JVM is named), then on each line of input
-# runs a Python child that burns 0.4 s of CPU time, reaps it and says so.
+# A parent that calls itself "java" (as Spark's JVM is named), then on a line of input runs
+# a Python child that burns 0.4 s of CPU time, reaps it and says so.
 FAKE_JVM = """
 import ctypes, subprocess, sys
 ctypes.CDLL(None).prctl(15, b"java", 0, 0, 0)
@@ -27,21 +27,15 @@ for _ in sys.stdin:
 
 
 @pytest.mark.parametrize(
-    ("name", "is_driver", "kinds"),
-    [
-        ("java", False, ("jvm", "python_workers")),
-        ("python3.11", False, ("python_workers", "python_workers")),
-        ("python3.11", True, ("driver", "jvm")),
-    ],
+    ("name", "is_driver", "kind"),
+    [("java", False, "jvm"), ("python3.11", False, "python_workers"), ("python3", True, "driver")],
 )
-def test_each_process_books_its_own_time_and_its_reaped_childrens(
-    name: str, is_driver: bool, kinds: tuple[str, str]
-) -> None:
-    assert cpu_kinds(name, is_driver) == kinds
+def test_a_process_is_booked_to_its_kind(name: str, is_driver: bool, kind: str) -> None:
+    assert cpu_kind(name, is_driver) == kind
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_worker_the_jvm_reaps_stays_booked_to_the_workers() -> None:
+def spent_around_a_reaped_child(interval_s: float) -> dict[str, float]:
+    """The CPU time by kind of a fake JVM's run of one child, sampled every ``interval_s``."""
     jvm = subprocess.Popen(
         [sys.executable, "-c", FAKE_JVM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -49,13 +43,25 @@ def test_a_worker_the_jvm_reaps_stays_booked_to_the_workers() -> None:
     assert jvm.stdout is not None
     try:
         assert jvm.stdout.readline() == "ready\n"
-        with CostSampler([jvm.pid], interval_s=60) as sampler:
+        with CostSampler([jvm.pid], interval_s=interval_s) as sampler:
             jvm.stdin.write("go\n")
             jvm.stdin.flush()
             assert jvm.stdout.readline() == "reaped\n"
     finally:
         jvm.stdin.close()
         jvm.wait(timeout=30)
-    spent = sampler.costs.cpu_by_process[0]
-    assert spent["python_workers"] >= 0.35, spent
-    assert spent["jvm"] < 0.2, spent
+    return sampler.costs.cpu_by_process[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_the_jvm_reaps_stays_booked_to_the_workers() -> None:
+    spent = spent_around_a_reaped_child(0.02)
+    assert spent["python_workers"] >= 0.3, spent
+    assert spent["jvm"] < 0.15, spent
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_child_too_short_lived_to_be_seen_is_booked_to_its_parent() -> None:
+    spent = spent_around_a_reaped_child(60)
+    assert spent["jvm"] >= 0.35, spent
+    assert spent["python_workers"] < 0.05, spent

@@ -89,41 +89,50 @@ class CpuLedger:
     own time up to when it was last seen, and a parent its reaped children's time less what
     its children seen dying were already booked: that rest (children too short-lived to be
     seen, such as a JVM's shell commands, and the last moments of the others) is the
-    parent's.
+    parent's. A child that leaves the tree alive, when its parent dies first, is booked what
+    it spent while in it.
     """
 
     def __init__(self, pids: Iterable[int]) -> None:
         """Open the ledger on the processes ``pids`` (their CPU time so far is not booked)."""
-        self._seen: dict[int, _Process] = {}
+        self._seen: dict[tuple[int, int], _Process] = {}
+        self._alive: set[tuple[int, int]] = set()
         self.observe(pids, opening=True)
 
     def observe(self, pids: Iterable[int], *, opening: bool = False) -> None:
-        """Note the CPU time of the processes ``pids`` now."""
+        """Note the CPU time of the processes ``pids`` now.
+
+        A process is known by its id and start time: ids are reused (there may be only
+        32,768, and a JVM's threads take them too).
+        """
+        self._alive = set()
         for pid in pids:
             stat = _stat(pid)
             if stat is None:
                 continue
-            name, parent, ticks = stat
-            known = self._seen.get(pid)
+            name, parent, started, ticks = stat
+            self._alive.add((pid, started))
+            known = self._seen.get((pid, started))
             if known is None:
                 kind = cpu_kind(name, pid == os.getpid())
-                self._seen[pid] = _Process(kind, parent, ticks if opening else (0, 0), ticks)
+                base = ticks if opening else (0, 0)
+                self._seen[(pid, started)] = _Process(kind, parent, base, ticks)
             else:
                 known.last = ticks
 
-    def spent(self, alive: set[int]) -> dict[str, float]:
-        """CPU seconds by kind since the ledger opened; ``alive``: the processes still running
-        at the last :meth:`observe`."""
+    def spent(self) -> dict[str, float]:
+        """CPU seconds by kind from the opening to the last :meth:`observe`."""
         ticks = dict.fromkeys(KINDS, 0)
         dead_children: dict[int, int] = {}
-        for pid, process in self._seen.items():
-            if pid not in alive:
+        for key, process in self._seen.items():
+            if key not in self._alive:
                 dead_children[process.parent] = dead_children.get(process.parent, 0) + sum(
                     process.last
                 )
-        for pid, process in self._seen.items():
+        for (pid, _), process in self._seen.items():
             own = process.last[0] - process.base[0]
-            reaped = process.last[1] - process.base[1] - dead_children.get(pid, 0)
+            # A child that left the tree alive (its parent died first) was not reaped here.
+            reaped = max(0, process.last[1] - process.base[1] - dead_children.get(pid, 0))
             ticks[process.kind] += own + reaped
         return {kind: n / os.sysconf("SC_CLK_TCK") for kind, n in ticks.items()}
 
@@ -160,9 +169,9 @@ class CostSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        alive = self._sample()
+        self._sample()
         assert self._ledger is not None
-        by_kind = self._ledger.spent(alive)
+        by_kind = self._ledger.spent()
         self.costs.cpu_by_process.append(by_kind)
         self.costs.cpu_seconds.append(sum(by_kind.values()))
 
@@ -170,7 +179,7 @@ class CostSampler:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def _sample(self) -> set[int]:
+    def _sample(self) -> None:
         costs = self.costs
         workers_now = 0.0
         pids = descendants(self.roots)
@@ -189,14 +198,13 @@ class CostSampler:
                 costs.python_worker = max(costs.python_worker, high)
                 workers_now += now
         costs.python_workers_total = max(costs.python_workers_total, workers_now)
-        return pids
 
 
 def cpu_seconds(roots: Sequence[int]) -> float:
     """CPU seconds spent so far by this process and the descendants of ``roots``, their
     reaped children's included."""
     stats = (_stat(pid) for pid in descendants([os.getpid(), *roots]))
-    ticks = sum(sum(stat[2]) for stat in stats if stat is not None)
+    ticks = sum(sum(stat[3]) for stat in stats if stat is not None)
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -220,15 +228,16 @@ def descendants(roots: Sequence[int]) -> set[int]:
     return found
 
 
-def _stat(pid: int) -> tuple[str, int, tuple[int, int]] | None:
-    """A process's name, parent, and CPU ticks: its own (user + system) and its reaped
-    children's."""
+def _stat(pid: int) -> tuple[str, int, int, tuple[int, int]] | None:
+    """A process's name, parent, start time, and CPU ticks: its own (user + system) and its
+    reaped children's."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             head, tail = stat.read().rsplit(")", 1)
         fields = tail.split()
         utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-        return head.split("(", 1)[-1], int(fields[1]), (utime + stime, cutime + cstime)
+        name, parent, started = head.split("(", 1)[-1], int(fields[1]), int(fields[19])
+        return name, parent, started, (utime + stime, cutime + cstime)
     except (OSError, IndexError, ValueError):
         return None
 

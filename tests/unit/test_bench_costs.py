@@ -14,14 +14,18 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 from _costs import CostSampler, cpu_kind
 
 # A parent that calls itself "java" (as Spark's JVM is named), then on a line of input runs
-# a Python child that burns 0.4 s of CPU time, reaps it and says so.
+# the Python child the line names, reaps it and says so. "burn" burns 0.4 s of CPU time;
+# "orphan" forks a grandchild that burns, and exits while it does, which leaves it to init.
 FAKE_JVM = """
 import ctypes, subprocess, sys
 ctypes.CDLL(None).prctl(15, b"java", 0, 0, 0)
 print("ready", flush=True)
-for _ in sys.stdin:
-    burn = "import time\\nwhile time.process_time() < 0.4: pass"
-    subprocess.run([sys.executable, "-c", burn], check=True)
+burn = "import time\\nwhile time.process_time() < 0.4: pass"
+orphan = "import os, time\\nif os.fork():\\n    time.sleep(0.2)\\nelse:\\n" + "".join(
+    "    " + line + "\\n" for line in burn.splitlines()
+)
+for line in sys.stdin:
+    subprocess.run([sys.executable, "-c", {"burn": burn, "orphan": orphan}[line.strip()]])
     print("reaped", flush=True)
 """
 
@@ -34,8 +38,9 @@ def test_a_process_is_booked_to_its_kind(name: str, is_driver: bool, kind: str) 
     assert cpu_kind(name, is_driver) == kind
 
 
-def spent_around_a_reaped_child(interval_s: float) -> dict[str, float]:
-    """The CPU time by kind of a fake JVM's run of one child, sampled every ``interval_s``."""
+def spent_around_a_reaped_child(interval_s: float, child: str = "burn") -> dict[str, float]:
+    """The CPU time by kind of a fake JVM's run of one ``child``, sampled every
+    ``interval_s``."""
     jvm = subprocess.Popen(
         [sys.executable, "-c", FAKE_JVM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -44,7 +49,7 @@ def spent_around_a_reaped_child(interval_s: float) -> dict[str, float]:
     try:
         assert jvm.stdout.readline() == "ready\n"
         with CostSampler([jvm.pid], interval_s=interval_s) as sampler:
-            jvm.stdin.write("go\n")
+            jvm.stdin.write(f"{child}\n")
             jvm.stdin.flush()
             assert jvm.stdout.readline() == "reaped\n"
     finally:
@@ -65,3 +70,10 @@ def test_a_child_too_short_lived_to_be_seen_is_booked_to_its_parent() -> None:
     spent = spent_around_a_reaped_child(60)
     assert spent["jvm"] >= 0.35, spent
     assert spent["python_workers"] < 0.05, spent
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_grandchild_left_to_init_is_booked_what_it_spent_in_the_tree() -> None:
+    spent = spent_around_a_reaped_child(0.02, "orphan")
+    assert 0.1 <= spent["python_workers"] <= 0.5, spent
+    assert spent["jvm"] >= 0, spent

@@ -56,7 +56,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark_abs import AbsConfig, Pipeline
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, GroupedData, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.state import GroupState
 
@@ -147,8 +147,17 @@ def start(frame: DataFrame, work: Path, mode: str) -> StreamingQuery:
     return query.trigger(availableNow=True).start()
 
 
-def with_key_group(source: DataFrame, key_groups: int) -> DataFrame:
-    return source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})"))
+def by_key_group(source: DataFrame, key_groups: int) -> GroupedData:
+    return source.withColumn("key_group", F.expr(f"pmod(hash(key), {key_groups})")).groupBy(
+        "key_group"
+    )
+
+
+def local_folder(work: Path) -> str:
+    """A new folder under ``work`` for a variant's local files."""
+    folder = work / "local"
+    folder.mkdir()
+    return str(folder)
 
 
 def builtin(spark: SparkSession, source: DataFrame, work: Path, groups: int) -> StreamingQuery:
@@ -158,12 +167,8 @@ def builtin(spark: SparkSession, source: DataFrame, work: Path, groups: int) -> 
 def grouped_state(
     spark: SparkSession, source: DataFrame, work: Path, groups: int
 ) -> StreamingQuery:
-    counts = (
-        with_key_group(source, groups)
-        .groupBy("key_group")
-        .applyInPandasWithState(
-            count_key_group, COUNTS, "counts binary", "update", GroupStateTimeout.NoTimeout
-        )
+    counts = by_key_group(source, groups).applyInPandasWithState(
+        count_key_group, COUNTS, "counts binary", "update", GroupStateTimeout.NoTimeout
     )
     return start(counts, work, "update")
 
@@ -177,11 +182,8 @@ def grouped_state_fewer(
 def transform_with_state(
     spark: SparkSession, source: DataFrame, work: Path, groups: int
 ) -> StreamingQuery:
-    counts = (
-        with_key_group(source, groups)
-        .groupBy("key_group")
-        .transformWithStateInPandas(CountKeyGroup(), COUNTS, "Update", "None")
-    )
+    grouped = by_key_group(source, groups)
+    counts = grouped.transformWithStateInPandas(CountKeyGroup(), COUNTS, "Update", "None")
     with _bench.session_conf(spark, _bench.ROCKSDB):
         return start(counts, work, "update")
 
@@ -189,12 +191,8 @@ def transform_with_state(
 def grouped_arrow(
     spark: SparkSession, source: DataFrame, work: Path, groups: int
 ) -> StreamingQuery:
-    folder = work / "local"
-    folder.mkdir()
-    counts = (
-        with_key_group(source, groups)
-        .groupBy("key_group")
-        .applyInArrow(count_group_arrow(str(folder)), COUNTS)
+    counts = by_key_group(source, groups).applyInArrow(
+        count_group_arrow(local_folder(work)), COUNTS
     )
     return start(counts, work, "append")
 
@@ -202,11 +200,11 @@ def grouped_arrow(
 def partition_arrow(
     spark: SparkSession, source: DataFrame, work: Path, groups: int
 ) -> StreamingQuery:
-    folder = work / "local"
-    folder.mkdir()
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-    counts = source.repartition(partitions, "key").mapInArrow(count_partition(str(folder)), COUNTS)
-    return start(counts, work, "append")
+    by_partition = source.repartition(partitions, "key")
+    return start(
+        by_partition.mapInArrow(count_partition(local_folder(work)), COUNTS), work, "append"
+    )
 
 
 QUERIES: dict[str, Callable[[SparkSession, DataFrame, Path, int], StreamingQuery]] = {

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pyspark_abs.errors import FencingError, PublishError
+from pyspark_abs.errors import ExternalChangeError, FencingError, PublishError
 from pyspark_abs.faults import FaultInjector, FaultStep
 from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import ManifestEntry
@@ -92,6 +92,7 @@ class KafkaPublisher:
             FencingError: Another run took this sink's transactional id over.
             PublishError: Kafka refused or timed out; the snapshots stay owed and the next
                 start sends them.
+            ExternalChangeError: A file an owed snapshot added to the table is gone.
         """
         if self._producer is None:
             self._open()
@@ -167,7 +168,10 @@ class KafkaPublisher:
                 publication.version,
             )
             return
-        rows = read_added(target.uri, commit.added, commit.partitions, target.schema)
+        try:
+            rows = read_added(target.uri, commit.added, commit.partitions, target.schema)
+        except OSError as err:
+            raise self._gone(publication, err) from err
         headers = [(EPOCH_HEADER, str(publication.epoch).encode())]
         marker = json.dumps({"epoch": publication.epoch, "version": publication.version})
         try:
@@ -203,6 +207,26 @@ class KafkaPublisher:
                 return
             except BufferError:
                 self._producer.poll(1.0)
+
+    def _gone(self, publication: Publication, err: OSError) -> ExternalChangeError:
+        target, last = self.target, self._published
+        if last is None:
+            what_to_do = (
+                "Restore the file from a backup: the topic holds none of this root's "
+                "snapshots yet, and it gets them all, in order, or none"
+            )
+        else:
+            what_to_do = (
+                f"Restore the file from a backup, or roll back to snapshot {last.epoch}, the "
+                f"last the topic holds: the epochs after it run again, and their new files "
+                f"are published"
+            )
+        return ExternalChangeError(
+            f"sink {target.output!r}: snapshot {publication.epoch} is owed to topic "
+            f"{target.topic!r}, but a file its commit (version {publication.version} of "
+            f"{target.uri}) added is gone ({err}): the table was compacted and vacuumed (an "
+            f"OPTIMIZE, then a VACUUM) before the snapshot was published. {what_to_do}"
+        )
 
     def _error(self, what: str, epoch: int | None, err: BaseException) -> PublishError:
         target = self.target

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
+    ExternalChangeError,
     Fault,
     FaultStep,
     InjectedFault,
@@ -54,7 +56,7 @@ from tests.support.kafka_words import from_kafka, words_of_records
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
 from tests.support.readme import run_block
 from tests.support.servers import free_port
-from tests.support.versions import shuffle_partitions
+from tests.support.versions import shuffle_partitions, sink_of
 
 REPO = Path(__file__).parents[2]
 LINES = [*EPOCHS, *(" ".join(f"{w}2" for w in text.split()) for text in EPOCHS)]
@@ -277,6 +279,24 @@ def test_a_kafka_sink_added_after_retention_expired_snapshots_publishes_the_whol
     headers = {epoch for _, _, epoch in committed_records(servers, out)}
     after = [s.epoch for s in Snapshots(str(root), spark).list()]
     assert headers == {*before, *after}
+
+
+def test_a_kafka_sink_owed_snapshots_whose_files_were_vacuumed_says_so_and_sends_nothing(
+    spark: SparkSession, servers: str, tmp_path: Path
+) -> None:
+    """The table was compacted and vacuumed before its snapshots reached the topic: the
+    start names the snapshot, the file and what to do, and the topic gets none of them."""
+    root, out = tmp_path / "root", "vacuumed-out"
+    produce(spark, servers, "vacuumed", LINES[:6])
+    from_kafka(root, servers, "vacuumed").run()
+    table = DeltaTable(sink_of(root))
+    table.optimize.compact()
+    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    gone = r"snapshot 0 is owed to topic 'vacuumed-out', but a file its commit .* is gone"
+    with pytest.raises(ExternalChangeError, match=rf"{gone}.*Restore the file from a backup"):
+        from_kafka(root, servers, "vacuumed", publish_to=out).run()
+    assert committed_records(servers, out) == []
+    assert live_kafka_clients() == []
 
 
 def test_a_kafka_sink_refuses_what_it_cannot_publish(

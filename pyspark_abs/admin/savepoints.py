@@ -82,8 +82,11 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
             example MERGED into a later snapshot by a snapshot interval).
         SourceError: ``epoch`` was read from a source that cannot be rewound (nothing is
             changed).
-        CommitError: A table could not be restored (e.g. its files were vacuumed); the
-            rollback is finished by the next start or rollback once that is fixed.
+        ExternalChangeError: A sink cannot go back to its version of ``epoch``: another
+            writer deleted rows since, or a VACUUM deleted files of that version (nothing is
+            changed).
+        CommitError: A table could not be restored; the rollback is finished by the next
+            start or rollback once that is fixed.
     """
     root = normalize_uri(root)
     config = config if config is not None else AbsConfig()

@@ -17,6 +17,7 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.lineage import require_own_sinks
 from pyspark_abs.storage.commits import commits_between
+from pyspark_abs.storage.files import missing_files
 from pyspark_abs.storage.root import SINK_PREFIX
 from pyspark_abs.storage.store import DeltaStore
 
@@ -93,7 +94,8 @@ def check_sink_restores(writer: EpochWriter, target: ManifestEntry) -> dict[str,
     """The versions the sinks of ``target`` go back to, refused before anything is decided.
 
     Raises:
-        ExternalChangeError: See :func:`keeping_other_writers`.
+        ExternalChangeError: See :func:`keeping_other_writers`; or files of a version a sink
+            goes back to are gone (a VACUUM).
         PipelineMismatchError: A sink belongs to another root: the original of this root,
             which was copied as a directory (see
             :func:`~pyspark_abs.protocol.lineage.require_own_sinks`).
@@ -111,4 +113,14 @@ def check_sink_restores(writer: EpochWriter, target: ManifestEntry) -> dict[str,
     sinks = {t: tables[t] for t in versions}
     newest = None if decided is None else decided.epoch
     require_own_sinks(store, writer.pipeline, writer.root, writer.root_id, sinks, newest)
-    return keeping_other_writers(store, tables, versions, target.epoch)
+    restores = keeping_other_writers(store, tables, versions, target.epoch)
+    for table, version in restores.items():
+        gone = missing_files(tables[table], version)
+        if gone:
+            raise ExternalChangeError(
+                f"{table} at {tables[table]} cannot go back to its version {version} (as of "
+                f"epoch {target.epoch}): {len(gone)} of that version's files are gone, "
+                f"{gone[0]} among them (a VACUUM deleted them). Nothing was changed. Go back "
+                f"to a later snapshot, or restore the files from a backup first"
+            )
+    return restores

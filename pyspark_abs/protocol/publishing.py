@@ -209,23 +209,14 @@ class KafkaPublisher:
                 self._producer.poll(1.0)
 
     def _gone(self, publication: Publication, err: OSError) -> ExternalChangeError:
-        target, last = self.target, self._published
-        if last is None:
-            what_to_do = (
-                "Restore the file from a backup: the topic holds none of this root's "
-                "snapshots yet, and it gets them all, in order, or none"
-            )
-        else:
-            what_to_do = (
-                f"Restore the file from a backup, or roll back to snapshot {last.epoch}, the "
-                f"last the topic holds: the epochs after it run again, and their new files "
-                f"are published"
-            )
+        target = self.target
         return ExternalChangeError(
             f"sink {target.output!r}: snapshot {publication.epoch} is owed to topic "
             f"{target.topic!r}, but a file its commit (version {publication.version} of "
             f"{target.uri}) added is gone ({err}): the table was compacted and vacuumed (an "
-            f"OPTIMIZE, then a VACUUM) before the snapshot was published. {what_to_do}"
+            f"OPTIMIZE, then a VACUUM) before the snapshot was published. Restore the file "
+            f"from a backup; the topic gets this root's snapshots in order, and a rollback "
+            f"cannot go back past the VACUUM either"
         )
 
     def _error(self, what: str, epoch: int | None, err: BaseException) -> PublishError:

@@ -27,6 +27,8 @@ FILE_TYPE = pa.struct(
 )
 """Arrow type of one pre-committed file, in markers and in the manifest."""
 
+_GONE = pafs.FileType.NotFound
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -75,6 +77,18 @@ def add_actions(table: DeltaTable) -> list[dict[str, Any]]:
 def files_at(uri: str, version: int) -> list[dict[str, Any]]:
     """The add actions of the table at ``uri`` as of ``version`` (see :func:`add_actions`)."""
     return add_actions(DeltaTable(uri, version=version))
+
+
+def missing_files(uri: str, version: int) -> list[str]:
+    """The files the table at ``uri`` referenced as of ``version`` that are gone (vacuumed).
+
+    Only files the latest version no longer references are looked for.
+    """
+    fs, base = pafs.FileSystem.from_uri(uri)
+    latest = {str(action["path"]) for action in add_actions(DeltaTable(uri))}
+    paths = [str(a["path"]) for a in files_at(uri, version) if str(a["path"]) not in latest]
+    found = fs.get_file_info([f"{base}/{path}" for path in paths])
+    return [path for path, info in zip(paths, found, strict=True) if info.type == _GONE]
 
 
 def read_files(uri: str, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:

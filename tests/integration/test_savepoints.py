@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -16,6 +17,7 @@ from pyspark_abs import (
     ConfigError,
     DeltaSource,
     EpochStatus,
+    ExternalChangeError,
     Fault,
     FaultStep,
     InjectedFault,
@@ -46,6 +48,7 @@ from tests.support.pipelines import (
     sessions,
     word_table,
 )
+from tests.support.versions import land_and_run, sink_of
 
 
 @vectorized_operator(key="word", state_schema="count long", output_schema=STATE_DDL, name=OP)
@@ -225,6 +228,33 @@ def test_a_snapshot_of_a_source_without_offsets_to_start_at_is_refused_before_an
         [(str(v), 1) for v in range(5 * epochs)], "word string, count long"
     )
     assert_same(snapshots.state("word_count"), expected)
+
+
+def test_a_rollback_past_a_vacuum_of_a_sink_is_refused_before_anything_changes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An OPTIMIZE then a VACUUM of a sink deleted the files of its old versions: a rollback
+    to a snapshot before them cannot restore the sink, so it is refused before it records an
+    epoch it could never finish, and the pipeline goes on as the uninterrupted one."""
+    root, clean, landing = tmp_path / "root", tmp_path / "clean", tmp_path / "in"
+    for epoch, text in enumerate(EPOCHS):
+        land_and_run(tmp_path / "in-clean", clean, [text], first=epoch)
+        if epoch < 3:
+            land_and_run(landing, root, [text], first=epoch)
+    table = DeltaTable(sink_of(root))
+    table.optimize.compact()
+    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    snapshots = Snapshots(str(root), spark)
+    manifest = snapshots.manifest().count()
+    gone = r"cannot go back to its version \d+ \(as of epoch 0\): \d+ of that version's files"
+    with pytest.raises(ExternalChangeError, match=rf"{gone} are gone.*Nothing was changed"):
+        rollback(str(root), 0)
+    assert snapshots.manifest().count() == manifest
+
+    land_and_run(landing, root, EPOCHS[3:], first=3)
+    uninterrupted = Snapshots(str(clean), spark)
+    assert_same(snapshots.state("word_count"), uninterrupted.state("word_count"))
+    assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
 
 
 def test_errors_name_the_problem(spark: SparkSession, tmp_path: Path) -> None:

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         StorageError,
         StorageIOError,
         TableSchemaError,
+        UncommittableEpochError,
         UpstreamNotReadyError,
         UserCodeError,
     )

@@ -15,7 +15,7 @@ move it is:
   ``ReplayDivergedError``, ``InjectedFault``).
 - :class:`SnapshotError`: a snapshot that was asked for is missing or damaged, or cannot be
   installed as it is (``SnapshotNotFoundError``, ``SnapshotDamagedError``,
-  ``ExternalChangeError``).
+  ``UncommittableEpochError``, ``ExternalChangeError``).
 - :class:`StorageIOError`: a table, file or log cannot be read or written
   (``SnapshotRootError``, ``ConcurrentWriteError``, ``StorageError``, ``SourceError``).
 
@@ -148,6 +148,10 @@ class CommitError(ProtocolError):
 
 class SnapshotNotFoundError(SnapshotError, LookupError):
     """The requested epoch, operator or table is not in the snapshot root."""
+
+
+class UncommittableEpochError(SnapshotError):
+    """A decided (PREPARED) epoch can never be committed: files it needs are gone."""
 
 
 class ExternalChangeError(SnapshotError):

@@ -152,6 +152,7 @@ def install_tables(
     job: str | None = None,
     target_root: str | None = None,
     target_epochs: EpochLog | None = None,
+    replacing: str | None = None,
 ) -> SnapshotInfo:
     """Record PREPARED for a restore epoch, commit it, and return the RESTORED epoch.
 
@@ -160,7 +161,9 @@ def install_tables(
     (JSON) of the tables whose schema the installed files change (a state migration, or a
     rollback across one). ``job`` names the job root of a job-wide decision.
     ``target_root`` holds ``target`` when it is another root (a restore into a new one),
-    and ``target_epochs`` is that root's manifest.
+    and ``target_epochs`` is that root's manifest. With ``replacing`` (why they can never
+    be committed), the pending epochs are recorded ABORTED in the same manifest append
+    (see :mod:`~pyspark_abs.admin.stuck_epochs`).
 
     Raises:
         SourceError: ``target`` read Spark's file source, and the files it had read cannot
@@ -193,7 +196,16 @@ def install_tables(
         table_schemas=dict(schemas or {}),
         job=job,
     )
-    writer.record(prepared)
+    replaced = [
+        entry.transition(
+            EpochStatus.ABORTED,
+            run_id=writer.run_id,
+            files=(),
+            error=f"replaced by restore epoch {epoch} ({origin}): {replacing}",
+        )
+        for entry in (writer.epochs.pending() if replacing is not None else ())
+    ]
+    writer.record_all([*replaced, prepared])
     writer.faults.at(FaultStep.AFTER_PREPARED, epoch)
     return SnapshotInfo.from_entry(writer.commit([prepared]))
 
@@ -360,6 +372,7 @@ def install_snapshot(
     job: str | None = None,
     origin: str | None = None,
     refuse_lost_changes: bool = True,
+    replacing: str | None = None,
 ) -> SnapshotInfo:
     """Record and commit ``restore_epoch``, which installs snapshot ``target`` in the root.
 
@@ -370,7 +383,8 @@ def install_snapshot(
     ``state``, the operator's state is that instead (under its own table and schema).
     ``job`` names the job root of a job-wide decision. A job-wide decision checks the
     sinks before it decides and installs with ``refuse_lost_changes`` False: once decided,
-    it is finished.
+    it is finished. With ``replacing``, the pending epochs, which can never be committed
+    for that reason, are recorded ABORTED with the decision.
 
     Raises:
         ExternalChangeError: Another writer removed rows from a sink since ``target``, and
@@ -426,4 +440,5 @@ def install_snapshot(
         state_keys=state.rows if state is not None else None,
         schemas=schemas,
         job=job,
+        replacing=replacing,
     )

@@ -13,7 +13,9 @@ as a micro-batch epoch:
    transaction (pipeline/table, R)), and RESTORED(R) records the new versions.
 
 A crash anywhere leaves either no decision (nothing changed; the orphan files are vacuumed)
-or a PREPARED restore epoch that the next start, rollback or restore finishes. The pipeline
+or a PREPARED restore epoch that the next start, rollback or restore finishes (or, if files
+it needs are gone for good, that a rollback replaces: see
+:mod:`~pyspark_abs.admin.stuck_epochs`). The pipeline
 then starts a fresh checkpoint whose micro-batch 0 is epoch R + 1: it feeds the installed
 state to the operator in that micro-batch (with any partition or key-group count), and a
 :class:`~pyspark_abs.sources.DeltaSource` resumes at R's source offsets.
@@ -36,6 +38,7 @@ from pyspark_abs.admin.installing import (
 from pyspark_abs.admin.job_decisions import settle_stage
 from pyspark_abs.admin.job_links import linked_job
 from pyspark_abs.admin.job_state import write_job_state
+from pyspark_abs.admin.stuck_epochs import recover, unfinishable
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     AbsError,
@@ -66,7 +69,9 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     of ``epoch``, and the manifest records a RESTORED epoch. The next start of the pipeline
     (with its usual checkpoint location, which is moved aside as superseded) reprocesses
     from the source offsets of ``epoch``. Epochs after ``epoch`` stay readable in the
-    manifest and by Delta time travel until retention expires them.
+    manifest and by Delta time travel until retention expires them. Decided epochs that no
+    start can commit, because files they need are gone, are replaced: they are recorded
+    ABORTED together with the restore epoch (not on a job's stage).
 
     Args:
         root: The snapshot root.
@@ -92,14 +97,16 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     config = config if config is not None else AbsConfig()
     store = DeltaStore()
     writer = open_writer(store, root, None, config)
-    writer.recover()
+    stuck = unfinishable(writer)
+    if stuck is None:
+        writer.recover()
     settle_stage(writer, config)  # a job's unfinished decision first: it reserved an epoch
     target = snapshot_of(writer.epochs, epoch, root)
     require_rewindable(target, root, f"roll back to {shown(epoch)}")
     require_no_channels(target, root, f"roll back to {shown(epoch)}")
     restore_epoch = next_epoch(writer.epochs)
     try:
-        return install_snapshot(writer, target, restore_epoch, config)
+        return install_snapshot(writer, target, restore_epoch, config, replacing=stuck)
     except AbsError as err:
         # name the epoch the user asked for; the restore epoch is an internal number
         raise type(err)(
@@ -255,7 +262,7 @@ def write_state(
     if job is not None:
         return write_job_state(store, job, root, plan, rows, origin=origin, config=config)
     writer = open_writer(store, root, name, config)
-    writer.recover()
+    recover(writer)
     return install_state(
         writer,
         plan,

@@ -8,9 +8,13 @@ Delta version of every table, which together form the consistent cut of the epoc
 Allowed transitions of one epoch::
 
     (none) ──► PREPARED ──► COMMITTED ──► EXPIRED
-       │          ▲     ├─► RESTORED ──┤
-       └► ABORTED ┘     └─► MERGED ────┘
+       │          ▲  │  ├─► RESTORED ──┤
+       └► ABORTED ┘◄─┘  └─► MERGED ────┘
                       (an aborted epoch is replayed by Spark and may be prepared again)
+
+A PREPARED epoch goes to ABORTED only when it can never be committed (files it needs are
+gone) and a rollback replaces it, in the same append as the rollback's restore epoch (see
+:mod:`pyspark_abs.admin.stuck_epochs`).
 
 With a snapshot interval N (``AbsConfig.snapshot_interval``), PREPARED epochs are committed
 in *groups*: epoch s closes a group when ``s - last >= N`` (:func:`closes_group`), where
@@ -95,7 +99,7 @@ _ALLOWED: dict[EpochStatus | None, frozenset[EpochStatus]] = {
     None: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
     EpochStatus.ABORTED: frozenset({EpochStatus.PREPARED, EpochStatus.ABORTED}),
     EpochStatus.PREPARED: frozenset(
-        {EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.MERGED}
+        {EpochStatus.COMMITTED, EpochStatus.RESTORED, EpochStatus.MERGED, EpochStatus.ABORTED}
     ),
     EpochStatus.COMMITTED: frozenset({EpochStatus.EXPIRED}),
     EpochStatus.RESTORED: frozenset({EpochStatus.EXPIRED}),

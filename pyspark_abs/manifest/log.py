@@ -132,8 +132,22 @@ class EpochLog:
         return copied
 
     def check_all(self, entries: Iterable[ManifestEntry]) -> None:
-        """Raise if ``entries`` may not be recorded next, in this order (see :meth:`check`)."""
+        """Raise if ``entries`` may not be recorded next, in this order (see :meth:`check`).
+
+        A PREPARED epoch may be recorded ABORTED only together with a restore epoch, which
+        replaces it (see :mod:`~pyspark_abs.admin.stuck_epochs`).
+        """
         batch = list(entries)
+        replaced = [
+            e.epoch
+            for e in batch
+            if e.status is EpochStatus.ABORTED and self.status(e.epoch) is EpochStatus.PREPARED
+        ]
+        if replaced and not any(e.status is EpochStatus.PREPARED and e.is_restore for e in batch):
+            raise ManifestError(
+                f"epoch(s) {epoch_ranges(replaced)} are PREPARED: the decision stands, and only "
+                f"a restore epoch recorded with it can replace it"
+            )
         if len(batch) == 1:  # a micro-batch's own transition: no copy of the log per epoch
             self.check(batch[0])
             return
@@ -407,9 +421,15 @@ def check_group(group: Sequence[ManifestEntry]) -> None:
 
 
 def _order(entry: ManifestEntry) -> tuple[int, int, tuple[int, int, float]]:
-    """Replay order: by epoch, then by the only valid order of one epoch's transitions."""
+    """Replay order: by epoch, then by the only valid order of one epoch's transitions.
+
+    An ABORTED row may come before a PREPARED one (a failed attempt, then Spark's replay) or
+    after it (a rollback replaced the epoch): rows that record their manifest version keep
+    the order of their commits, and older rows put ABORTED first, the only order they knew.
+    """
+    legacy_abort = entry.status is EpochStatus.ABORTED and entry.manifest_version is None
     rank = {
-        EpochStatus.ABORTED: 0,
+        EpochStatus.ABORTED: 0 if legacy_abort else 1,
         EpochStatus.PREPARED: 1,
         EpochStatus.COMMITTED: 2,
         EpochStatus.RESTORED: 2,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from pyspark_abs.admin.job_decisions import settle_stage
 from pyspark_abs.admin.job_state import Redeployed, refuse_lone_migration
 from pyspark_abs.admin.migration import migrate_state
+from pyspark_abs.admin.stuck_epochs import recover
 from pyspark_abs.admin.validation import require_sound_start
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
@@ -311,7 +312,7 @@ class Pipeline:
                 None if decided is None else decided.epoch,
             )
             if self.config.snapshots:
-                recovered = writer.recover()
+                recovered = recover(writer)
                 job = settle_stage(writer, self.config)
                 if job is None:
                     migrate_state(

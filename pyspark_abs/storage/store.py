@@ -410,8 +410,8 @@ class DeltaStore:
             raise CommitError(
                 f"epoch {epoch}: file {entry.path} of the table at {uri} {found}, it was "
                 f"written with {entry.size_bytes} bytes; nothing was committed to the table. "
-                f"The epoch stays PREPARED: put the file back from a backup, or roll back to "
-                f"an earlier epoch (pyspark-abs validate lists the damage)"
+                f"The epoch stays PREPARED: put the file back from a backup (pyspark-abs "
+                f"validate lists the damage)"
             )
 
     def restore_version(

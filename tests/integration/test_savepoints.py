@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from pyspark_abs import (
     Snapshots,
     SourceError,
     StateEvolutionError,
+    UncommittableEpochError,
     cli,
     restore,
     rollback,
@@ -253,6 +255,45 @@ def test_a_rollback_past_a_vacuum_of_a_sink_is_refused_before_anything_changes(
 
     land_and_run(landing, root, EPOCHS[3:], first=3)
     uninterrupted = Snapshots(str(clean), spark)
+    assert_same(snapshots.state("word_count"), uninterrupted.state("word_count"))
+    assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
+
+
+def test_a_rollback_whose_sink_files_a_vacuum_deleted_after_its_decision_is_replaced_by_the_next(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A rollback crashed right after its decision; then an OPTIMIZE and a VACUUM of the sink
+    deleted the files its restore needs, so its restore epoch can never finish. The start
+    says so and what to do, a rollback to a later snapshot replaces it, and the pipeline goes
+    on as the uninterrupted one."""
+    root, clean, landing = tmp_path / "root", tmp_path / "clean", tmp_path / "in"
+    for epoch, text in enumerate(EPOCHS):
+        land_and_run(tmp_path / "in-clean", clean, [text], first=epoch)
+        if epoch < 3:
+            land_and_run(landing, root, [text], first=epoch)
+    crash = AbsConfig(faults=(Fault(FaultStep.AFTER_PREPARED, epoch=3),))
+    with pytest.raises(InjectedFault):
+        rollback(str(root), 0, config=crash)
+    table = DeltaTable(sink_of(root))
+    table.optimize.compact()
+    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+
+    stuck = r"epoch 3 can never be committed: \d+ file\(s\) of version \d+ of sink/output .* gone"
+    advice = r"roll back to a snapshot, which replaces it: pyspark_abs.rollback\(.*, 2\)"
+    with pytest.raises(UncommittableEpochError, match=rf"{stuck}.*{advice}"):
+        land_and_run(landing, root, EPOCHS[3:], first=3)
+    with pytest.raises(ExternalChangeError, match=r"version \d+ \(as of epoch 0\).*are gone"):
+        rollback(str(root), 0)
+    replaced = rollback(str(root), 2)
+    assert replaced.epoch == 4
+    aborted = Snapshots(str(root), spark).list(include_aborted=True)[-2]
+    assert (aborted.epoch, aborted.status) == (3, EpochStatus.ABORTED)
+    assert re.search(
+        r"replaced by restore epoch 4 \(rollback to epoch 2\).*gone", aborted.error or ""
+    )
+
+    land_and_run(landing, root, EPOCHS[3:], first=3)
+    snapshots, uninterrupted = Snapshots(str(root), spark), Snapshots(str(clean), spark)
     assert_same(snapshots.state("word_count"), uninterrupted.state("word_count"))
     assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
 

@@ -23,6 +23,9 @@ from pyspark_abs import (
     AbsConfig,
     CommitError,
     EpochStatus,
+    Fault,
+    FaultStep,
+    InjectedFault,
     KeyState,
     Operator,
     Pipeline,
@@ -30,6 +33,7 @@ from pyspark_abs import (
     SnapshotRootError,
     Snapshots,
     StorageError,
+    UncommittableEpochError,
     operator,
     rollback,
 )
@@ -42,8 +46,10 @@ from tests.support.pipelines import (
     assert_same,
     assert_word_counts,
     expected_sink,
+    expected_state,
     word_pipeline,
 )
+from tests.support.readme import run_block
 
 STATE = "state/word_count"
 SINK = "sink/output"
@@ -206,6 +212,41 @@ def test_disk_full_mid_run(spark: SparkSession, tmp_path: Path, small_disk: Path
 
     pipeline(wordcount.word_count).run()
     assert_word_counts(spark, root, EPOCHS)
+    assert validate(str(root)) == []
+
+
+def test_a_decided_epoch_whose_file_was_deleted_is_replaced_by_a_rollback(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Epoch 2 was decided, then a file it wrote to the sink was deleted before its commit:
+    no start can commit it. The start says so and what to do, a rollback replaces the epoch,
+    and the pipeline then gives what the uninterrupted one gives."""
+    inputs = write_epochs(tmp_path / "in", EPOCHS)
+    root = tmp_path / "root"
+    crash = (Fault(FaultStep.AFTER_PREPARED, epoch=2),)
+    with pytest.raises(InjectedFault):
+        word_pipeline(spark, inputs, root, bronze=True, faults=crash).run()
+    lost = committed_files(root, SINK, 2)[0]
+    lost.unlink()
+    with pytest.raises(
+        UncommittableEpochError,
+        match=rf"epoch 2 can never be committed: its file {lost.name} of sink/output at \S+ is "
+        rf"gone, so no start .* can commit it \(epoch 2: file .* is missing.*\)\. Put the "
+        rf"files back from a backup and start again, or roll back to a snapshot, which replaces "
+        rf"it: pyspark_abs.rollback\('{root}', 1\) or an earlier epoch",
+    ):
+        word_pipeline(spark, inputs, root, bronze=True).run()
+
+    run_block(
+        'rollback("/data/abs/wordcount", newest.epoch)', {}, {"/data/abs/wordcount": str(root)}
+    )
+    replaced = Snapshots(str(root)).get(2)
+    assert replaced.status is EpochStatus.ABORTED
+    assert f"epoch 2 can never be committed: its file {lost.name}" in (replaced.error or "")
+    word_pipeline(spark, inputs, root, bronze=True).run()
+    snapshots = Snapshots(str(root), spark)
+    assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
+    assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
     assert validate(str(root)) == []
 
 

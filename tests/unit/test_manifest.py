@@ -1,4 +1,5 @@
 import datetime as dt
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from tests.support.manifest import T0, entry
         (EpochStatus.ABORTED, EpochStatus.PREPARED),
         (EpochStatus.PREPARED, EpochStatus.COMMITTED),
         (EpochStatus.PREPARED, EpochStatus.MERGED),
+        (EpochStatus.PREPARED, EpochStatus.ABORTED),
         (EpochStatus.MERGED, EpochStatus.EXPIRED),
     ],
 )
@@ -49,7 +51,6 @@ def test_allowed_transitions(current: EpochStatus | None, new: EpochStatus) -> N
     [
         (None, EpochStatus.COMMITTED),
         (EpochStatus.PREPARED, EpochStatus.PREPARED),
-        (EpochStatus.PREPARED, EpochStatus.ABORTED),
         (EpochStatus.COMMITTED, EpochStatus.COMMITTED),
         (EpochStatus.COMMITTED, EpochStatus.PREPARED),
         (EpochStatus.COMMITTED, EpochStatus.ABORTED),
@@ -103,6 +104,69 @@ def test_undecided_epoch_older_than_a_decided_one_is_refused() -> None:
     log = EpochLog([entry(5, EpochStatus.PREPARED)])
     with pytest.raises(ManifestError, match="do not belong together"):
         log.decide(3)
+
+
+def test_a_prepared_epoch_is_aborted_only_with_the_restore_epoch_that_replaces_it() -> None:
+    log = EpochLog([entry(0, EpochStatus.PREPARED), entry(0, EpochStatus.COMMITTED)])
+    log.record(entry(1, EpochStatus.PREPARED))
+    aborted = entry(1, EpochStatus.ABORTED)
+    with pytest.raises(ManifestError, match=r"epoch\(s\) 1 are PREPARED: the decision stands"):
+        log.check_all([aborted])
+    with pytest.raises(ManifestError, match="the decision stands"):
+        log.check_all([aborted, entry(2, EpochStatus.PREPARED)])
+    log.check_all([aborted, entry(2, EpochStatus.PREPARED, origin="rollback to epoch 0")])
+
+
+def test_an_abort_after_a_decision_replays_in_commit_order() -> None:
+    """Rows that record their manifest version replay in that order, so an epoch a rollback
+    replaced stays ABORTED, whichever order the rows come in; older rows put ABORTED first."""
+    rows = [
+        entry(1, EpochStatus.ABORTED, manifest_version=3),
+        entry(1, EpochStatus.PREPARED, manifest_version=2),
+        entry(2, EpochStatus.PREPARED, origin="rollback to epoch 0", manifest_version=3),
+        entry(1, EpochStatus.ABORTED, manifest_version=1),
+    ]
+    for order in (rows, rows[::-1]):
+        log = EpochLog(order)
+        assert log.status(1) is EpochStatus.ABORTED
+        assert [e.epoch for e in log.pending()] == [2]
+    legacy = EpochLog([entry(1, EpochStatus.PREPARED), entry(1, EpochStatus.ABORTED)])
+    assert legacy.status(1) is EpochStatus.PREPARED
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_histories_replay_to_the_status_each_epoch_was_left_in(seed: int) -> None:
+    """Failed attempts, commits and rollbacks that replace a decided epoch, as commits of
+    the manifest, loaded in any row order: each epoch ends in its last recorded status."""
+    rng = random.Random(seed)
+    rows: list[ManifestEntry] = []
+    model: dict[int, EpochStatus] = {}
+    version = epoch = 0
+
+    def commit(*changes: tuple[int, EpochStatus, str | None]) -> None:
+        nonlocal version
+        version += 1
+        for number, status, origin in changes:
+            rows.append(entry(number, status, origin=origin, manifest_version=version))
+            model[number] = status
+
+    while epoch < 12:
+        for _attempt in range(rng.randint(0, 2)):
+            commit((epoch, EpochStatus.ABORTED, None))
+        commit((epoch, EpochStatus.PREPARED, None))
+        if rng.random() < 0.3:  # it could never be committed: a rollback replaces it
+            restore = epoch + 1
+            commit((epoch, EpochStatus.ABORTED, None), (restore, EpochStatus.PREPARED, "rollback"))
+            commit((restore, EpochStatus.RESTORED, "rollback"))
+            epoch += 2
+        else:
+            commit((epoch, EpochStatus.COMMITTED, None))
+            epoch += 1
+    rng.shuffle(rows)
+    log = EpochLog(rows)
+    assert {number: log.status(number) for number in model} == model
+    assert log.pending() == []
+    assert log.duplicates == []
 
 
 def test_log_replays_entries_in_protocol_order_whatever_the_clock() -> None:

@@ -1,0 +1,91 @@
+"""Pending epochs that can never be committed, which a rollback replaces.
+
+A PREPARED epoch is committed at the latest by recovery. Recovery cannot commit it when
+files it needs are gone for good: a file it pre-committed was deleted, or, for a restore
+epoch, a VACUUM deleted files of a sink version it goes back to after the decision (say a
+rollback crashed, and the nightly maintenance ran before the next start). Such an epoch
+fails every start and every recovery.
+
+A rollback of a root that is no job's stage replaces those epochs: it records them ABORTED
+in the same manifest append as its own PREPARED restore epoch. Nothing of them can have
+been read as a snapshot, and the restore epoch rewrites every table they could have
+touched: it overwrites each state table and back-edge log, and restores each sink to its
+version as of the rollback's target (their commits, being this root's, are rolled back
+with the rest). A table that already holds the restore epoch's transaction refuses theirs.
+A job's stages are left alone: a downstream stage may have read a PREPARED upstream epoch.
+"""
+
+from __future__ import annotations
+
+from pyspark_abs.errors import CommitError, UncommittableEpochError
+from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.storage.files import file_sizes, missing_files
+
+
+def unfinishable(writer: EpochWriter) -> str | None:
+    """Why the root's pending epochs can never be committed, or None if they can be.
+
+    None also for a job's stage, and for a root with no pending epoch.
+    """
+    pending = writer.epochs.pending()
+    if any(entry.job is not None for entry in pending):
+        return None
+    for entry in pending:
+        reason = _missing(writer, entry)
+        if reason is not None:
+            return f"epoch {entry.epoch} can never be committed: {reason}"
+    return None
+
+
+def recover(writer: EpochWriter) -> list[int]:
+    """Commit the root's pending epochs (see :meth:`EpochWriter.recover`); return them.
+
+    Raises:
+        UncommittableEpochError: They can never be committed: the message names what is
+            gone, and the rollback that replaces them.
+        CommitError: A commit failed otherwise; the next start retries it.
+    """
+    try:
+        return writer.recover()
+    except CommitError as err:
+        reason = unfinishable(writer)
+        if reason is None:
+            raise
+        snapshots = writer.epochs.snapshots()
+        way_out = (
+            "roll back to a snapshot, which replaces it: "
+            f"pyspark_abs.rollback({writer.root!r}, {snapshots[-1].epoch}) or an earlier epoch"
+            if snapshots
+            else "start over with a new snapshot root and checkpoint (the root has no snapshot)"
+        )
+        raise UncommittableEpochError(
+            f"{reason}, so no start at snapshot root {writer.root} can commit it ({err}). "
+            f"Put the files back from a backup and start again, or {way_out}"
+        ) from err
+
+
+def _missing(writer: EpochWriter, entry: ManifestEntry) -> str | None:
+    """What is gone that ``entry`` still needs to commit, or None."""
+    for table, uri in entry.tables.items():
+        if not writer.store.exists(uri):
+            continue  # recovery's own error says more than a guess would
+        done = writer.store.open(uri).transaction_version(writer.app_id(table))
+        if done is not None and done >= entry.epoch:
+            continue
+        if table in entry.restore_versions:
+            version = entry.restore_versions[table]
+            gone = missing_files(uri, version)
+            if gone:
+                return (
+                    f"{len(gone)} file(s) of version {version} of {table} at {uri}, which it "
+                    f"restores, are gone ({gone[0]} among them)"
+                )
+            continue
+        files = [f for f in entry.files if f.table == table]
+        sizes = file_sizes(uri, [f.path for f in files])
+        for written, size in zip(files, sizes, strict=True):
+            if size != written.size_bytes:
+                found = "is gone" if size is None else f"has {size} bytes, not {written.size_bytes}"
+                return f"its file {written.path} of {table} at {uri} {found}"
+    return None

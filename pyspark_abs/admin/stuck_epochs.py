@@ -17,6 +17,7 @@ A job's stages are left alone: a downstream stage may have read a PREPARED upstr
 
 from __future__ import annotations
 
+from pyspark_abs.admin.job_links import linked_job
 from pyspark_abs.errors import CommitError, UncommittableEpochError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.protocol.epoch_writer import EpochWriter
@@ -29,7 +30,7 @@ def unfinishable(writer: EpochWriter) -> str | None:
     None also for a job's stage, and for a root with no pending epoch.
     """
     pending = writer.epochs.pending()
-    if any(entry.job is not None for entry in pending):
+    if not pending or linked_job(writer.store, writer.root) is not None:
         return None
     for entry in pending:
         reason = _missing(writer, entry)

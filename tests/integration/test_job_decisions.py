@@ -18,17 +18,24 @@ from pyspark.sql import functions as F
 import pyspark_abs.admin.job_decisions as job_decisions
 from pyspark_abs import (
     AbsConfig,
+    CommitError,
     ConfigError,
+    EpochStatus,
+    Fault,
+    FaultStep,
+    InjectedFault,
     Job,
     Pipeline,
     Snapshots,
     UpstreamNotReadyError,
     check,
+    rollback,
     write_state,
 )
 from pyspark_abs.admin.job_manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.jobs import (
@@ -240,3 +247,28 @@ def test_stages_restarted_with_other_intervals_and_commit_modes_stay_exact(
     job.rollback(3)
     job.run()
     assert_job_matches(spark, job, {0: 0, 1: 1, 3: 3, 4: 4, 5: 3, 6: 4})
+
+
+def test_a_stuck_epoch_of_a_job_stage_is_not_replaced_by_a_rollback_of_the_stage_alone(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Bronze decided epoch 1, then a file it wrote was deleted before its commit. Silver may
+    have read the decided epoch, so a rollback of bronze alone does not replace it: the
+    rollback fails as the start does, and changes nothing."""
+    medallion.write_events(tmp_path / "in", FILES[:2])
+    crash = AbsConfig(
+        key_groups=4, commit_mode="sync", faults=(Fault(FaultStep.AFTER_PREPARED, epoch=1),)
+    )
+    job = job_of(spark, tmp_path, stage_configs={"bronze": crash})
+    with pytest.raises(InjectedFault):
+        job.run()
+    bronze = job.stages["bronze"].root
+    (stuck,) = open_manifest(DeltaStore(), bronze, "bronze").pending()
+    written = stuck.files[0]
+    (Path(stuck.tables[written.table]) / written.path).unlink()
+    before = [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)]
+    assert before[-1] == (1, EpochStatus.PREPARED)
+    with pytest.raises(CommitError, match=r"epoch 1: file .* is missing.*put the file back"):
+        rollback(bronze, 0)
+    after = [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)]
+    assert after == before

@@ -36,6 +36,7 @@ from pyspark_abs import (
     UncommittableEpochError,
     operator,
     rollback,
+    vacuum,
 )
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples import wordcount
@@ -243,6 +244,10 @@ def test_a_decided_epoch_whose_file_was_deleted_is_replaced_by_a_rollback(
     replaced = Snapshots(str(root)).get(2)
     assert replaced.status is EpochStatus.ABORTED
     assert f"epoch 2 can never be committed: its file {lost.name}" in (replaced.error or "")
+    left = committed_files(root, STATE, 2)
+    assert left, "epoch 2 wrote no state file"
+    vacuum(str(root), min_age_seconds=0)
+    assert not any(path.exists() for path in left), "vacuum kept the replaced epoch's files"
     word_pipeline(spark, inputs, root, bronze=True).run()
     snapshots = Snapshots(str(root), spark)
     assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))

@@ -17,11 +17,14 @@ A job's stages are left alone: a downstream stage may have read a PREPARED upstr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark_abs.admin.job_links import linked_job
 from pyspark_abs.errors import CommitError, UncommittableEpochError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.files import file_sizes, missing_files
+from pyspark_abs.storage.store import DeltaStore
 
 
 def unfinishable(writer: EpochWriter) -> str | None:
@@ -33,7 +36,7 @@ def unfinishable(writer: EpochWriter) -> str | None:
     if not pending or linked_job(writer.store, writer.root) is not None:
         return None
     for entry in pending:
-        reason = _missing(writer, entry)
+        reason = missing_for_commit(writer.store, entry, writer.app_id)
         if reason is not None:
             return f"epoch {entry.epoch} can never be committed: {reason}"
     return None
@@ -66,12 +69,18 @@ def recover(writer: EpochWriter) -> list[int]:
         ) from err
 
 
-def _missing(writer: EpochWriter, entry: ManifestEntry) -> str | None:
-    """What is gone that ``entry`` still needs to commit, or None."""
+def missing_for_commit(
+    store: DeltaStore, entry: ManifestEntry, app_id_of: Callable[[str], str]
+) -> str | None:
+    """What is gone that PREPARED ``entry`` still needs to commit, or None.
+
+    ``app_id_of`` gives the application transaction id under which the root commits a
+    table: a table that holds the epoch's transaction needs nothing more.
+    """
     for table, uri in entry.tables.items():
-        if not writer.store.exists(uri):
+        if not store.exists(uri):
             continue  # recovery's own error says more than a guess would
-        done = writer.store.open(uri).transaction_version(writer.app_id(table))
+        done = store.open(uri).transaction_version(app_id_of(table))
         if done is not None and done >= entry.epoch:
             continue
         if table in entry.restore_versions:

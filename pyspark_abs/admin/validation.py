@@ -2,7 +2,8 @@
 
 **Validation** checks every retained snapshot: table versions exist, their files exist with
 the recorded sizes, they hold the files of every epoch of the snapshot's group, commits
-carry the epoch's application transaction, and no key has two changes in one epoch.
+carry the epoch's application transaction, and no key has two changes in one epoch. It also
+lists decided epochs that no start can commit, because files they need are gone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 
+from pyspark_abs.admin.stuck_epochs import missing_for_commit
 from pyspark_abs.errors import (
     AbsError,
     SnapshotDamagedError,
@@ -68,6 +70,9 @@ class Problem:
 def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
     """Check every retained snapshot of a root; return what is broken (empty: all sound).
 
+    Decided epochs that no start can commit, because files they need are gone, are listed
+    too (a rollback replaces them: see :func:`~pyspark_abs.rollback`).
+
     Raises:
         SnapshotNotFoundError: The root does not exist.
     """
@@ -98,6 +103,11 @@ def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
                 problems += _check_txn(entry, table, version, histories[table], expected)
             if table.startswith(STATE_PREFIX):
                 problems += _check_duplicates(store, entry, table, uri, version)
+    for entry in epochs.pending():
+        gone = missing_for_commit(store, entry, lambda t: app_id(pipeline, t, root_id))
+        if gone is not None:
+            message = f"decided (PREPARED) but no start can commit it: {gone}"
+            problems.append(Problem(entry.epoch, None, message))
     return problems
 
 

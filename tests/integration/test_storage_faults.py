@@ -238,6 +238,10 @@ def test_a_decided_epoch_whose_file_was_deleted_is_replaced_by_a_rollback(
     ):
         word_pipeline(spark, inputs, root, bronze=True).run()
 
+    assert [str(problem) for problem in validate(str(root))] == [
+        f"epoch 2: decided (PREPARED) but no start can commit it: its file {lost.name} of "
+        f"{SINK} at {root}/sinks/word_counts is gone"
+    ]
     run_block(
         'rollback("/data/abs/wordcount", newest.epoch)', {}, {"/data/abs/wordcount": str(root)}
     )

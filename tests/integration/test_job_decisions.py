@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -21,6 +22,7 @@ from pyspark_abs import (
     CommitError,
     ConfigError,
     EpochStatus,
+    ExternalChangeError,
     Fault,
     FaultStep,
     InjectedFault,
@@ -272,3 +274,27 @@ def test_a_stuck_epoch_of_a_job_stage_is_not_replaced_by_a_rollback_of_the_stage
         rollback(bronze, 0)
     after = [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)]
     assert after == before
+
+
+def test_a_job_rollback_past_a_vacuum_of_a_stage_sink_is_refused_before_anything_changes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An OPTIMIZE then a VACUUM of gold's sink deleted the files of its old versions: a job
+    rollback to a snapshot before them is refused before it decides anything, and the job
+    goes on as the model says."""
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    job = job_of(spark, tmp_path)
+    job.run()
+    gold = DeltaTable(str(tmp_path / "job" / "tables" / "gold"))
+    assert gold.optimize.compact()["numFilesRemoved"] > 0
+    gold.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    decisions = open_job(DeltaStore(), job.root, None).decisions
+    with pytest.raises(
+        ExternalChangeError, match=r"cannot go back to its version \d+ .* are gone.*Nothing was"
+    ):
+        job.rollback(0)
+    assert open_job(DeltaStore(), job.root, None).decisions == decisions
+
+    medallion.write_events(tmp_path / "in", FILES[3:])
+    job.run()
+    assert_job_matches(spark, job, {step: step for step in range(len(FILES))})

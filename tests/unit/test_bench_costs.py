@@ -3,6 +3,7 @@ once Spark's JVM has reaped it; real processes, no Spark."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 
-from _costs import CostSampler, cpu_kind
+import _costs
+from _costs import cpu_kind
+
+SCRIPTS = Path(_costs.__file__).parent
 
 # A parent that calls itself "java" (as Spark's JVM is named), then on a line of input runs
 # the Python child the line names, reaps it and says so. "burn" burns 0.4 s of CPU time, then
@@ -32,6 +36,26 @@ for line in sys.stdin:
     print("reaped", flush=True)
 """
 
+# Runs FAKE_JVM (argv[2]) under a CostSampler every argv[3] seconds, has it run child argv[4],
+# and prints the CPU time by kind.
+SAMPLED = """
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from _costs import CostSampler
+fake, interval, child = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+jvm = subprocess.Popen(
+    [sys.executable, "-c", fake], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+)
+assert jvm.stdout.readline() == "ready\\n"
+with CostSampler([jvm.pid], interval_s=interval) as sampler:
+    jvm.stdin.write(child + "\\n")
+    jvm.stdin.flush()
+    assert jvm.stdout.readline() == "reaped\\n"
+jvm.stdin.close()
+jvm.wait(timeout=30)
+print(json.dumps(sampler.costs.cpu_by_process[0]))
+"""
+
 
 @pytest.mark.parametrize(
     ("name", "is_driver", "kind"),
@@ -43,22 +67,20 @@ def test_a_process_is_booked_to_its_kind(name: str, is_driver: bool, kind: str) 
 
 def spent_around_a_reaped_child(interval_s: float, child: str = "burn") -> dict[str, float]:
     """The CPU time by kind of a fake JVM's run of one ``child``, sampled every
-    ``interval_s``."""
-    jvm = subprocess.Popen(
-        [sys.executable, "-c", FAKE_JVM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ``interval_s``.
+
+    The sampler runs in a fresh process: it books the driver's whole process tree, and in
+    this one a Spark session's real JVM and workers may be running.
+    """
+    found = subprocess.run(
+        [sys.executable, "-c", SAMPLED, str(SCRIPTS), FAKE_JVM, str(interval_s), child],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
-    assert jvm.stdin is not None
-    assert jvm.stdout is not None
-    try:
-        assert jvm.stdout.readline() == "ready\n"
-        with CostSampler([jvm.pid], interval_s=interval_s) as sampler:
-            jvm.stdin.write(f"{child}\n")
-            jvm.stdin.flush()
-            assert jvm.stdout.readline() == "reaped\n"
-    finally:
-        jvm.stdin.close()
-        jvm.wait(timeout=30)
-    return sampler.costs.cpu_by_process[0]
+    spent: dict[str, float] = json.loads(found.stdout)
+    return spent
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -260,7 +260,7 @@ def _run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def _rollback(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark_abs import AbsConfig
-    from pyspark_abs.admin.job_decisions import rollback_job
+    from pyspark_abs.admin.job_rollbacks import rollback_job
     from pyspark_abs.examples.wordcount import parse_pause
 
     faults = (parse_pause(args.fault.split(":", 2)[2]),) if args.fault else ()
@@ -455,7 +455,7 @@ class JobNemesis:
         return "failed_as_injected"
 
     def op_rollback(self) -> str:
-        from pyspark_abs.admin.job_decisions import rollback_job
+        from pyspark_abs.admin.job_rollbacks import rollback_job
 
         found = self.job_snapshots(self.current)
         if not found:
@@ -492,7 +492,7 @@ class JobNemesis:
         return "killed"
 
     def op_restore(self) -> str:
-        from pyspark_abs.admin.job_decisions import restore_job
+        from pyspark_abs.admin.job_rollbacks import restore_job
 
         found = self.job_snapshots(self.current)
         if not found:

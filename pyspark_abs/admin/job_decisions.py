@@ -52,15 +52,14 @@ from pyspark_abs.admin.job_manifest import (
     record,
     record_decision,
 )
-from pyspark_abs.admin.job_tags import job_epoch
 from pyspark_abs.admin.sink_restores import check_sink_restores
+from pyspark_abs.admin.stuck_epochs import recover, unfinishable
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConcurrentWriteError,
-    ConfigError,
     FencingError,
     ManifestError,
-    SnapshotRootError,
+    UncommittableEpochError,
 )
 from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import ManifestEntry
@@ -159,11 +158,22 @@ def decide(
             changed by this one.
         CommitError: A table could not be installed; the decision stays PREPARED and is
             finished by the next start of the job or of a stage, or the next operation.
+
+    An unfinished decision that can never be finished, because files a stage's part needs
+    are gone (see :mod:`~pyspark_abs.admin.stuck_epochs`), is recorded ABANDONED with this
+    one, which replaces its stuck parts.
     """
     config = config if config is not None else AbsConfig()
     action = f"a {kind.value.lower().replace('_', ' ')} of job {manifest.job!r}"
     with _holding(store, action, manifest.stages, config, configs) as held:
-        manifest = _finish(held, manifest)
+        try:
+            manifest = _finish(held, manifest)
+            stuck = None
+        except UncommittableEpochError:
+            manifest = open_job(store, manifest.root, manifest.job)
+            stuck = manifest.unfinished  # it can never be finished: this decision replaces it
+            if stuck is None:
+                raise
         snapshot = pick(manifest.job, snapshots_of(manifest.stages), epoch)
         for name, stage_epoch in snapshot.stages.items():  # once decided, it is finished
             writer = held.writer(name, manifest.stages[name], None)
@@ -179,6 +189,9 @@ def decide(
             states={n: s.to_json() for n, s in written.items()},
         )
         try:
+            if stuck is not None:
+                abandoned = replace(stuck, status=DecisionStatus.ABANDONED)
+                manifest = record_decision(store, manifest, abandoned)
             manifest = record_decision(store, manifest, decided)
         except ConcurrentWriteError as err:
             raise ConcurrentWriteError(
@@ -338,10 +351,15 @@ def install_part(
             job=manifest.root,
             config=config,
         )
-    writer.recover()
+    # epochs that can never be committed are replaced: the decision takes every reader back
+    stuck = unfinishable(writer)
+    if stuck is None:
+        writer.recover()
     done = writer.epochs.latest(restore_epoch)
     if done is not None:
         if _is_part(done, manifest, decision, name):
+            if stuck is not None:
+                recover(writer)  # the part itself is stuck: this raises what to do
             return SnapshotInfo.from_entry(done)
         raise ManifestError(
             f"job {manifest.job!r}, stage {name!r}: the stage has an epoch {restore_epoch} "
@@ -364,6 +382,7 @@ def install_part(
         origin=f"{decision.kind.value.lower()} of job {manifest.job!r} to job snapshot "
         f"{decision.epoch}",
         refuse_lost_changes=False,
+        replacing=stuck,
     )
 
 
@@ -392,61 +411,3 @@ def settle_stage(writer: EpochWriter, config: AbsConfig) -> JobManifest | None:
     )
     install_part(writer, manifest, decision, name, config)
     return manifest
-
-
-def rollback_job(root: str, epoch: int | str, *, config: AbsConfig | None = None) -> JobDecision:
-    """Roll every stage, channel and sink of the job at ``root`` back to job snapshot ``epoch``.
-
-    ``epoch`` is a job snapshot's number or a job savepoint's name. See
-    :meth:`~pyspark_abs.job.declaration.Job.rollback`.
-    """
-    store = DeltaStore()
-    manifest = open_job(store, root, None)
-    target = job_epoch(root, epoch)
-    return decide(store, manifest, JobRecord.ROLLBACK, epoch=target, config=config)
-
-
-def restore_job(
-    root: str,
-    epoch: int | str,
-    into: str,
-    stages: Mapping[str, str] | None = None,
-    *,
-    config: AbsConfig | None = None,
-) -> JobDecision:
-    """Copy job snapshot ``epoch`` of the job at ``root`` into a new job root ``into``.
-
-    Every stage is copied into its new snapshot root as restore epoch ``epoch``, so the
-    new job continues at ``epoch + 1`` with one epoch numbering: the head stages from
-    their sources' offsets of ``epoch``, the others from their (new, empty) channels.
-    The new job needs its own sink tables. The new job manifest records the restore
-    PREPARED before any stage is copied and COMMITTED after: running it again, or
-    starting the new job, finishes an interrupted restore.
-
-    Args:
-        root: The job root to copy from.
-        epoch: One of its job snapshots, or a job savepoint's name.
-        into: The new job root.
-        stages: Each stage's new snapshot root (default: ``<into>/stages/<name>``).
-        config: File size and injected faults (default: ``AbsConfig()``).
-
-    Raises:
-        SnapshotNotFoundError: ``root`` is not a job root or ``epoch`` not a job snapshot.
-        SnapshotRootError: ``into`` already holds a job with epochs, or a stage's new root
-            holds epochs.
-        ConfigError: ``stages`` does not name exactly the job's stages.
-    """
-    store = DeltaStore()
-    source = open_job(store, root, None)
-    target = open_job(store, into, source.job)
-    if target.unfinished is not None:
-        return finish(store, target, config).decisions[-1]
-    if target.decisions:
-        raise SnapshotRootError(f"job root {into} already holds a job; restore into a new root")
-    new_stages = dict(stages or {n: f"{target.root}/stages/{n}" for n in source.stages})
-    if set(new_stages) != set(source.stages):
-        raise ConfigError(
-            f"restore of job {source.job!r} into {into}: give a new root for exactly the "
-            f"stages {sorted(source.stages)}, got {sorted(new_stages)}"
-        )
-    return restore_into(store, source, target, new_stages, job_epoch(root, epoch), config)

@@ -71,7 +71,8 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     from the source offsets of ``epoch``. Epochs after ``epoch`` stay readable in the
     manifest and by Delta time travel until retention expires them. Decided epochs that no
     start can commit, because files they need are gone, are replaced: they are recorded
-    ABORTED together with the restore epoch (not on a job's stage).
+    ABORTED together with the restore epoch (on a job's stage, only a job rollback replaces
+    them: see :meth:`~pyspark_abs.job.declaration.Job.rollback`).
 
     Args:
         root: The snapshot root.
@@ -97,9 +98,10 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
     config = config if config is not None else AbsConfig()
     store = DeltaStore()
     writer = open_writer(store, root, None, config)
-    stuck = unfinishable(writer)
+    # on a job's stage only a job rollback replaces them (it takes their readers back too)
+    stuck = unfinishable(writer) if linked_job(store, root) is None else None
     if stuck is None:
-        writer.recover()
+        recover(writer)
     settle_stage(writer, config)  # a job's unfinished decision first: it reserved an epoch
     target = snapshot_of(writer.epochs, epoch, root)
     require_rewindable(target, root, f"roll back to {shown(epoch)}")

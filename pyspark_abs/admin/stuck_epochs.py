@@ -6,13 +6,17 @@ epoch, a VACUUM deleted files of a sink version it goes back to after the decisi
 rollback crashed, and the nightly maintenance ran before the next start). Such an epoch
 fails every start and every recovery.
 
-A rollback of a root that is no job's stage replaces those epochs: it records them ABORTED
-in the same manifest append as its own PREPARED restore epoch. Nothing of them can have
-been read as a snapshot, and the restore epoch rewrites every table they could have
-touched: it overwrites each state table and back-edge log, and restores each sink to its
-version as of the rollback's target (their commits, being this root's, are rolled back
-with the rest). A table that already holds the restore epoch's transaction refuses theirs.
-A job's stages are left alone: a downstream stage may have read a PREPARED upstream epoch.
+A rollback replaces those epochs: it records them ABORTED in the same manifest append as
+its own PREPARED restore epoch. Nothing of them can have been read as a snapshot, and the
+restore epoch rewrites every table they could have touched: it overwrites each state table
+and back-edge log, and restores each sink to its version as of the rollback's target
+(their commits, being this root's, are rolled back with the rest). A table that already
+holds the restore epoch's transaction refuses theirs.
+
+On a job's stage only a job rollback replaces them: a downstream stage may have read a
+PREPARED upstream epoch through its channel, and the job rollback takes it back too. When
+the stuck epoch is the stage's part of the job's unfinished decision (a job rollback that
+crashed, then a VACUUM), the job rollback records that decision ABANDONED with its own.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyspark_abs.admin.job_links import linked_job
+from pyspark_abs.admin.job_listing import snapshots_of
 from pyspark_abs.errors import CommitError, UncommittableEpochError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.protocol.epoch_writer import EpochWriter
@@ -30,16 +35,10 @@ from pyspark_abs.storage.store import DeltaStore
 def unfinishable(writer: EpochWriter) -> str | None:
     """Why the root's pending epochs can never be committed, or None if they can be.
 
-    None also for a job's stage, and for a root with no pending epoch.
+    None also for a root with no pending epoch.
     """
-    pending = writer.epochs.pending()
-    if not pending or linked_job(writer.store, writer.root) is not None:
-        return None
-    for entry in pending:
-        reason = missing_for_commit(writer.store, entry, writer.app_id)
-        if reason is not None:
-            return f"epoch {entry.epoch} can never be committed: {reason}"
-    return None
+    stuck = _stuck(writer)
+    return None if stuck is None else stuck[1]
 
 
 def recover(writer: EpochWriter) -> list[int]:
@@ -53,20 +52,54 @@ def recover(writer: EpochWriter) -> list[int]:
     try:
         return writer.recover()
     except CommitError as err:
-        reason = unfinishable(writer)
-        if reason is None:
+        stuck = _stuck(writer)
+        if stuck is None:
             raise
-        snapshots = writer.epochs.snapshots()
-        way_out = (
-            "roll back to a snapshot, which replaces it: "
-            f"pyspark_abs.rollback({writer.root!r}, {snapshots[-1].epoch}) or an earlier epoch"
-            if snapshots
-            else "start over with a new snapshot root and checkpoint (the root has no snapshot)"
-        )
+        entry, reason = stuck
         raise UncommittableEpochError(
             f"{reason}, so no start at snapshot root {writer.root} can commit it ({err}). "
-            f"Put the files back from a backup and start again, or {way_out}"
+            f"Put the files back from a backup and start again{_way_out(writer, entry)}"
         ) from err
+
+
+def _stuck(writer: EpochWriter) -> tuple[ManifestEntry, str] | None:
+    """The first pending epoch that can never be committed, and why."""
+    for entry in writer.epochs.pending():
+        reason = missing_for_commit(writer.store, entry, writer.app_id)
+        if reason is not None:
+            return entry, f"epoch {entry.epoch} can never be committed: {reason}"
+    return None
+
+
+def _way_out(writer: EpochWriter, entry: ManifestEntry) -> str:
+    """The rollback that replaces stuck ``entry``, as the end of a message ('' if none)."""
+    job = linked_job(writer.store, writer.root)
+    if job is None:
+        snapshots = writer.epochs.snapshots()
+        if not snapshots:
+            return ", or start over with a new snapshot root and checkpoint (it has no snapshot)"
+        newest = snapshots[-1].epoch
+        return (
+            f", or roll back to a snapshot, which replaces it: "
+            f"pyspark_abs.rollback({writer.root!r}, {newest}) or an earlier epoch"
+        )
+    decision = job.unfinished
+    part = (
+        f" (it is this stage's part of the unfinished "
+        f"{decision.kind.value.lower().replace('_', ' ')} of job {job.job!r}, which the job "
+        f"rollback abandons)"
+        if decision is not None and entry.is_restore and entry.epoch == decision.restore_epoch
+        else ""
+    )
+    cuts = snapshots_of(job.stages)
+    if not cuts:
+        return f", or start job {job.job!r} over with a new job root (it has no job snapshot)"
+    newest = cuts[-1].epoch
+    return (
+        f", or roll job {job.job!r} back to a job snapshot, which replaces it{part}: "
+        f"Job.rollback({newest}) or an earlier one (pyspark-abs job-rollback {job.root} "
+        f"{newest})"
+    )
 
 
 def missing_for_commit(

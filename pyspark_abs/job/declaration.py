@@ -14,13 +14,15 @@ paper's input blocking.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pyspark_abs.admin.job_decisions import finish, restore_job, rollback_job
+from pyspark_abs.admin.job_decisions import finish
 from pyspark_abs.admin.job_links import link_stages
 from pyspark_abs.admin.job_listing import pick, snapshots_of
 from pyspark_abs.admin.job_manifest import JobDecision, JobManifest, JobRecord, open_job, record
+from pyspark_abs.admin.job_rollbacks import restore_job, rollback_job
 from pyspark_abs.admin.job_state import migrate_job
 from pyspark_abs.admin.job_tags import tag_job
 from pyspark_abs.config import AbsConfig
@@ -28,6 +30,7 @@ from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
     SnapshotNotFoundError,
+    UncommittableEpochError,
 )
 from pyspark_abs.job.query import JobQuery
 from pyspark_abs.manifest.job_cut import JobSnapshot
@@ -262,8 +265,13 @@ class Job:
                 nothing was changed by this one.
             CommitError: A table could not be restored; the next start or rollback
                 finishes the rollback once that is fixed.
+
+        An unfinished job-wide decision is finished first; one that never can be (files it
+        needs are gone) is abandoned, and this rollback replaces it. Likewise a stage's
+        decided epoch whose files are gone is replaced.
         """
-        self._manifest(DeltaStore())
+        with contextlib.suppress(UncommittableEpochError):  # the rollback abandons it
+            self._manifest(DeltaStore())
         return rollback_job(self.root, epoch, config=config)
 
     def restore_from(

@@ -29,11 +29,13 @@ from pyspark_abs import (
     Job,
     Pipeline,
     Snapshots,
+    UncommittableEpochError,
     UpstreamNotReadyError,
     check,
     rollback,
     write_state,
 )
+from pyspark_abs.admin.installing import StateInstall
 from pyspark_abs.admin.job_manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
@@ -51,6 +53,7 @@ from tests.support.jobs import (
     run_streaming,
 )
 from tests.support.pipelines import assert_same
+from tests.support.readme import run_block
 
 SYNC = AbsConfig(key_groups=4, commit_mode="sync")
 
@@ -251,29 +254,82 @@ def test_stages_restarted_with_other_intervals_and_commit_modes_stay_exact(
     assert_job_matches(spark, job, {0: 0, 1: 1, 3: 3, 4: 4, 5: 3, 6: 4})
 
 
-def test_a_stuck_epoch_of_a_job_stage_is_not_replaced_by_a_rollback_of_the_stage_alone(
+def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_matches_the_model(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """Bronze decided epoch 1, then a file it wrote was deleted before its commit. Silver may
-    have read the decided epoch, so a rollback of bronze alone does not replace it: the
-    rollback fails as the start does, and changes nothing."""
-    medallion.write_events(tmp_path / "in", FILES[:2])
+    """Bronze decided epoch 3, then a file it wrote was deleted before its commit. The start
+    and a rollback of bronze alone (silver may have read the decided epoch) refuse and name
+    the job rollback; the job rollback replaces the epoch, and the job then gives what the
+    uninterrupted job gives."""
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    job_of(spark, tmp_path).run()
+    medallion.write_events(tmp_path / "in", FILES[3:4])
     crash = AbsConfig(
-        key_groups=4, commit_mode="sync", faults=(Fault(FaultStep.AFTER_PREPARED, epoch=1),)
+        key_groups=4, commit_mode="sync", faults=(Fault(FaultStep.AFTER_PREPARED, epoch=3),)
     )
-    job = job_of(spark, tmp_path, stage_configs={"bronze": crash})
     with pytest.raises(InjectedFault):
-        job.run()
+        job_of(spark, tmp_path, stage_configs={"bronze": crash}).run()
+    job = job_of(spark, tmp_path)
     bronze = job.stages["bronze"].root
     (stuck,) = open_manifest(DeltaStore(), bronze, "bronze").pending()
     written = stuck.files[0]
     (Path(stuck.tables[written.table]) / written.path).unlink()
     before = [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)]
-    assert before[-1] == (1, EpochStatus.PREPARED)
-    with pytest.raises(CommitError, match=r"epoch 1: file .* is missing.*put the file back"):
-        rollback(bronze, 0)
-    after = [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)]
-    assert after == before
+    assert before[-1] == (3, EpochStatus.PREPARED)
+    way_out = r"epoch 3 can never be committed: its file .* is gone.*Job\.rollback\(2\)"
+    with pytest.raises(UncommittableEpochError, match=way_out):
+        job.run()
+    with pytest.raises(UncommittableEpochError, match=way_out):
+        rollback(bronze, 2)
+    assert [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)] == before
+
+    job.rollback(2)
+    replaced = open_manifest(DeltaStore(), bronze, "bronze").latest(3)
+    assert replaced is not None
+    assert replaced.status is EpochStatus.ABORTED
+    assert "replaced by restore epoch 4" in str(replaced.error)
+    medallion.write_events(tmp_path / "in", FILES[4:])
+    job.run()
+    assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 4: 2, 5: 3, 6: 4})
+
+
+def test_a_decision_whose_state_file_was_deleted_is_abandoned_by_a_job_rollback(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """write_state crashed after its decision, then a state file it decided for gold was
+    deleted: the decision can never be finished. Each start says so and names the job
+    rollback, which abandons the decision, replaces gold's part, and gives the model's
+    results."""
+    medallion.write_events(tmp_path / "in", FILES[:3])
+    job = job_of(spark, tmp_path)
+    job.run()
+    crash = AbsConfig(faults=(Fault(FaultStep.AFTER_PREPARED, epoch=3),))
+    gold = job.stages["gold"]
+    with pytest.raises(InjectedFault):
+        write_state(job.state("gold"), gold.root, medallion.totals, config=crash)
+    decided = open_job(DeltaStore(), job.root, None).unfinished
+    assert decided is not None
+    assert decided.kind is JobRecord.WRITE_STATE
+    install = StateInstall.from_json(decided.states["gold"])
+    (Path(install.uri) / install.files[0].path).unlink()
+    with pytest.raises(CommitError):  # gold's part is decided now, then cannot commit
+        job.run()
+    way_out = (
+        r"epoch 3 can never be committed: its file .* is gone.*part of the unfinished write "
+        r"state of job 'medallion', which the job rollback abandons\): Job\.rollback\(2\)"
+    )
+    with pytest.raises(UncommittableEpochError, match=way_out):
+        job.run()
+
+    run_block("job.rollback(job.snapshots()[-1].epoch)", {"job": job}, {})
+    kinds = [(d.kind, d.status) for d in open_job(DeltaStore(), job.root, None).decisions]
+    assert kinds[-2:] == [
+        (JobRecord.WRITE_STATE, DecisionStatus.ABANDONED),
+        (JobRecord.ROLLBACK, DecisionStatus.COMMITTED),
+    ]
+    medallion.write_events(tmp_path / "in", FILES[3:])
+    job.run()
+    assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 4: 2, 5: 3, 6: 4})
 
 
 def test_a_job_rollback_past_a_vacuum_of_a_stage_sink_is_refused_before_anything_changes(

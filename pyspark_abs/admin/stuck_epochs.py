@@ -28,7 +28,7 @@ from pyspark_abs.admin.job_listing import snapshots_of
 from pyspark_abs.errors import CommitError, UncommittableEpochError
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.protocol.epoch_writer import EpochWriter
-from pyspark_abs.storage.files import file_sizes, missing_files
+from pyspark_abs.storage.files import damaged, missing_files
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -125,10 +125,9 @@ def missing_for_commit(
                     f"restores, are gone ({gone[0]} among them)"
                 )
             continue
-        files = [f for f in entry.files if f.table == table]
-        sizes = file_sizes(uri, [f.path for f in files])
-        for written, size in zip(files, sizes, strict=True):
-            if size != written.size_bytes:
-                found = "is gone" if size is None else f"has {size} bytes, not {written.size_bytes}"
-                return f"its file {written.path} of {table} at {uri} {found}"
+        found = damaged(uri, [f for f in entry.files if f.table == table])
+        if found is not None:
+            written, what = found
+            what = "is gone" if what == "is missing" else f"{what}, not {written.size_bytes}"
+            return f"its file {written.path} of {table} at {uri} {what}"
     return None

@@ -104,6 +104,18 @@ def file_sizes(uri: str, paths: Sequence[str]) -> list[int | None]:
     return [None if i.type == pafs.FileType.NotFound else int(i.size) for i in infos]
 
 
+def damaged(uri: str, files: Sequence[FileEntry]) -> tuple[FileEntry, str] | None:
+    """The first of ``files`` (under table root ``uri``) missing or not of its written size.
+
+    Returns the file and what was found ("is missing", "has N bytes"), or None.
+    """
+    sizes = file_sizes(uri, [f.path for f in files])
+    for entry, size in zip(files, sizes, strict=True):
+        if size != entry.size_bytes:
+            return entry, "is missing" if size is None else f"has {size} bytes"
+    return None
+
+
 def delete_files(uri: str, paths: Sequence[str]) -> None:
     """Delete files under a table root that no Delta log references; missing is fine."""
     fs, root = pafs.FileSystem.from_uri(uri)

@@ -34,7 +34,7 @@ from pyspark_abs.errors import (
     TableSchemaError,
 )
 from pyspark_abs.operators.arrow_files import read_parquet
-from pyspark_abs.storage.files import FileEntry, file_sizes, files_after
+from pyspark_abs.storage.files import FileEntry, damaged, files_after
 from pyspark_abs.storage.schemas import arrow_schema, schema_differences
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
 
@@ -402,13 +402,11 @@ class DeltaStore:
 
     def _require_files(self, uri: str, files: Sequence[FileEntry], epoch: int) -> None:
         """Refuse to commit files that are missing or not the size they were written with."""
-        sizes = file_sizes(uri, [f.path for f in files])
-        for entry, size in zip(files, sizes, strict=True):
-            if size == entry.size_bytes:
-                continue
-            found = "is missing" if size is None else f"has {size} bytes"
+        found = damaged(uri, files)
+        if found is not None:
+            entry, what = found
             raise CommitError(
-                f"epoch {epoch}: file {entry.path} of the table at {uri} {found}, it was "
+                f"epoch {epoch}: file {entry.path} of the table at {uri} {what}, it was "
                 f"written with {entry.size_bytes} bytes; nothing was committed to the table. "
                 f"The epoch stays PREPARED: put the file back from a backup (pyspark-abs "
                 f"validate lists the damage)"

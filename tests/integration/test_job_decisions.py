@@ -288,9 +288,7 @@ def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_
     assert replaced is not None
     assert replaced.status is EpochStatus.ABORTED
     assert "replaced by restore epoch 4" in str(replaced.error)
-    medallion.write_events(tmp_path / "in", FILES[4:])
-    job.run()
-    assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 4: 2, 5: 3, 6: 4})
+    _runs_on_after_a_rollback_to_2(spark, job, tmp_path, FILES[4:])
 
 
 def test_a_decision_whose_state_file_was_deleted_is_abandoned_by_a_job_rollback(
@@ -327,7 +325,16 @@ def test_a_decision_whose_state_file_was_deleted_is_abandoned_by_a_job_rollback(
         (JobRecord.WRITE_STATE, DecisionStatus.ABANDONED),
         (JobRecord.ROLLBACK, DecisionStatus.COMMITTED),
     ]
-    medallion.write_events(tmp_path / "in", FILES[3:])
+    _runs_on_after_a_rollback_to_2(spark, job, tmp_path, FILES[3:])
+
+
+def _runs_on_after_a_rollback_to_2(
+    spark: SparkSession, job: Job, tmp_path: Path, rest: list[list[Event]]
+) -> None:
+    """After a job rollback to job snapshot 2 (restore epoch 4), the job is given ``rest``,
+    which completes its input to FILES, runs, and matches the model (epochs 5 and 6 read
+    FILES[3] and FILES[4])."""
+    medallion.write_events(tmp_path / "in", rest)
     job.run()
     assert_job_matches(spark, job, {0: 0, 1: 1, 2: 2, 4: 2, 5: 3, 6: 4})
 

@@ -259,8 +259,8 @@ def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_
 ) -> None:
     """Bronze decided epoch 3, then a file it wrote was deleted before its commit. The start
     and a rollback of bronze alone (silver may have read the decided epoch) refuse and name
-    the job rollback; the job rollback replaces the epoch, and the job then gives what the
-    uninterrupted job gives."""
+    the job rollback; the job rollback replaces the epoch (it crashes after, and the next
+    start finishes it), and the job then gives what the uninterrupted job gives."""
     medallion.write_events(tmp_path / "in", FILES[:3])
     job_of(spark, tmp_path).run()
     medallion.write_events(tmp_path / "in", FILES[3:4])
@@ -283,12 +283,14 @@ def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_
         rollback(bronze, 2)
     assert [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)] == before
 
-    job.rollback(2)
+    crashed = AbsConfig(faults=(Fault(FaultStep.AFTER_PREPARED, epoch=4),))
+    with pytest.raises(InjectedFault):  # in bronze, once it has replaced epoch 3
+        job.rollback(2, config=crashed)
     replaced = open_manifest(DeltaStore(), bronze, "bronze").latest(3)
     assert replaced is not None
     assert replaced.status is EpochStatus.ABORTED
     assert "replaced by restore epoch 4" in str(replaced.error)
-    _runs_on_after_a_rollback_to_2(spark, job, tmp_path, FILES[4:])
+    _runs_on_after_a_rollback_to_2(spark, job, tmp_path, FILES[4:])  # finishes the rollback
 
 
 def test_a_decision_whose_state_file_was_deleted_is_abandoned_by_a_job_rollback(

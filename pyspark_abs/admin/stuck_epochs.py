@@ -15,8 +15,8 @@ holds the restore epoch's transaction refuses theirs.
 
 On a job's stage only a job rollback replaces them: a downstream stage may have read a
 PREPARED upstream epoch through its channel, and the job rollback takes it back too. When
-the stuck epoch is the stage's part of the job's unfinished decision (a job rollback that
-crashed, then a VACUUM), the job rollback records that decision ABANDONED with its own.
+the stuck epoch is the stage's part of the job's unfinished decision (say a job rollback
+crashed, then a VACUUM ran), the job rollback records that decision ABANDONED with its own.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _stuck(writer: EpochWriter) -> tuple[ManifestEntry, str] | None:
 
 
 def _way_out(writer: EpochWriter, entry: ManifestEntry) -> str:
-    """The rollback that replaces stuck ``entry``, as the end of a message ('' if none)."""
+    """The rollback that replaces stuck ``entry``, as the end of a message (", or ...")."""
     job = linked_job(writer.store, writer.root)
     if job is None:
         snapshots = writer.epochs.snapshots()
@@ -127,7 +127,7 @@ def missing_for_commit(
             continue
         found = damaged(uri, [f for f in entry.files if f.table == table])
         if found is not None:
-            written, what = found
-            what = "is gone" if what == "is missing" else f"{what}, not {written.size_bytes}"
+            written, size = found
+            what = "is gone" if size is None else f"has {size} bytes, not {written.size_bytes}"
             return f"its file {written.path} of {table} at {uri} {what}"
     return None

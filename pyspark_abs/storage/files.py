@@ -104,15 +104,15 @@ def file_sizes(uri: str, paths: Sequence[str]) -> list[int | None]:
     return [None if i.type == pafs.FileType.NotFound else int(i.size) for i in infos]
 
 
-def damaged(uri: str, files: Sequence[FileEntry]) -> tuple[FileEntry, str] | None:
+def damaged(uri: str, files: Sequence[FileEntry]) -> tuple[FileEntry, int | None] | None:
     """The first of ``files`` (under table root ``uri``) missing or not of its written size.
 
-    Returns the file and what was found ("is missing", "has N bytes"), or None.
+    Returns the file and the size found (None: missing), or None if every file is intact.
     """
     sizes = file_sizes(uri, [f.path for f in files])
     for entry, size in zip(files, sizes, strict=True):
         if size != entry.size_bytes:
-            return entry, "is missing" if size is None else f"has {size} bytes"
+            return entry, size
     return None
 
 

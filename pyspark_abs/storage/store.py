@@ -404,7 +404,8 @@ class DeltaStore:
         """Refuse to commit files that are missing or not the size they were written with."""
         found = damaged(uri, files)
         if found is not None:
-            entry, what = found
+            entry, size = found
+            what = "is missing" if size is None else f"has {size} bytes"
             raise CommitError(
                 f"epoch {epoch}: file {entry.path} of the table at {uri} {what}, it was "
                 f"written with {entry.size_bytes} bytes; nothing was committed to the table. "

@@ -93,7 +93,7 @@ WEIGHTS = {
     "cluster": 1,
 }
 NEED_SNAPSHOTS = {"rollback", "crashed_rollback", "restore", "write_state", "tag", "copy"}
-"""Operations drawn before the job has a job snapshot become runs."""
+"""Operations drawn before the job has a job snapshot follow a clean run."""
 COUNTS = (
     "lost",
     "duplicated",
@@ -720,7 +720,7 @@ class JobNemesis:
             self.append_input()
             started = time.monotonic()
             if kind in NEED_SNAPSHOTS and not self.job_snapshots(self.current):
-                kind = "run"  # nothing to go back to, copy or edit yet
+                self.op_run()  # nothing to go back to, copy or edit yet: a clean run first
             try:
                 outcome = getattr(self, f"op_{kind}")()
             except Exception as err:

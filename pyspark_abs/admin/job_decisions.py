@@ -50,7 +50,7 @@ from pyspark_abs.admin.job_manifest import (
     JobRecord,
     open_job,
     record,
-    record_decision,
+    record_decisions,
 )
 from pyspark_abs.admin.sink_restores import check_sink_restores
 from pyspark_abs.admin.stuck_epochs import recover, unfinishable
@@ -188,11 +188,9 @@ def decide(
             DecisionStatus.PREPARED,
             states={n: s.to_json() for n, s in written.items()},
         )
+        replaced = () if stuck is None else (replace(stuck, status=DecisionStatus.ABANDONED),)
         try:
-            if stuck is not None:
-                abandoned = replace(stuck, status=DecisionStatus.ABANDONED)
-                manifest = record_decision(store, manifest, abandoned)
-            manifest = record_decision(store, manifest, decided)
+            manifest = record_decisions(store, manifest, *replaced, decided)
         except ConcurrentWriteError as err:
             raise ConcurrentWriteError(
                 f"job {manifest.job!r}: another process changed the job manifest while "
@@ -228,7 +226,7 @@ def restore_into(
             source.root,
             dict(source.stages),
         )
-        return _finished(held, record_decision(store, target, decided))
+        return _finished(held, record_decisions(store, target, decided))
 
 
 def finish(
@@ -289,16 +287,14 @@ def _finish(held: _Held, manifest: JobManifest) -> JobManifest:
             decision.kind.value.lower(),
             again.restore_epoch,
         )
-        manifest = record_decision(
-            store, manifest, replace(decision, status=DecisionStatus.ABANDONED)
-        )
-        manifest = record_decision(store, manifest, again)
+        abandoned = replace(decision, status=DecisionStatus.ABANDONED)
+        manifest = record_decisions(store, manifest, abandoned, again)
         decision = again
     for name in decision.stage_epochs:
         root = manifest.stages[name]
         writer = held.writer(name, root, None if decision.source is None else name)
         install_part(writer, manifest, decision, name, held.config_of(name))
-    return record_decision(store, manifest, replace(decision, status=DecisionStatus.COMMITTED))
+    return record_decisions(store, manifest, replace(decision, status=DecisionStatus.COMMITTED))
 
 
 def _blocks(store: DeltaStore, manifest: JobManifest, decision: JobDecision, name: str) -> bool:

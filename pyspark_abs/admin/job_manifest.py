@@ -218,7 +218,35 @@ def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
     Raises:
         ConcurrentWriteError: Another process recorded first; nothing was appended.
     """
-    full = {
+    return _append(store, manifest, [row])
+
+
+def record_decisions(
+    store: DeltaStore, manifest: JobManifest, *decisions: JobDecision
+) -> JobManifest:
+    """Append the decisions' rows, each with its status, in one commit (see :func:`record`).
+
+    An unfinished decision ABANDONED and the decision that replaces it land together or not
+    at all.
+    """
+    rows = [
+        {
+            "record": d.kind.value,
+            "status": d.status.value,
+            "epoch": d.epoch,
+            "restore_epoch": d.restore_epoch,
+            "stage_epochs": dict(d.stage_epochs),
+            "source": d.source,
+            "stages": dict(d.source_stages) if d.source else None,
+            "states": dict(d.states) or None,
+        }
+        for d in decisions
+    ]
+    return _append(store, manifest, rows)
+
+
+def _append(store: DeltaStore, manifest: JobManifest, rows: list[dict[str, Any]]) -> JobManifest:
+    defaults = {
         "job": manifest.job,
         "recorded_at": now(),
         "manifest_version": manifest.version + 1,
@@ -228,26 +256,11 @@ def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:
         "stage_epochs": None,
         "source": None,
         "states": None,
-        **row,
     }
-    for name in ("stages", "stage_epochs", "states"):
-        if full[name] is not None:
-            full[name] = list(full[name].items())
-    store.append(manifest.uri, pa.Table.from_pylist([full], schema=_SCHEMA), manifest.version)
+    full = [{**defaults, **row} for row in rows]
+    for row in full:
+        for name in ("stages", "stage_epochs", "states"):
+            if row[name] is not None:
+                row[name] = list(row[name].items())
+    store.append(manifest.uri, pa.Table.from_pylist(full, schema=_SCHEMA), manifest.version)
     return _read(store, manifest.uri)
-
-
-def record_decision(store: DeltaStore, manifest: JobManifest, decision: JobDecision) -> JobManifest:
-    """Append a decision's row with its status (see :func:`record`)."""
-    return record(
-        store,
-        manifest,
-        record=decision.kind.value,
-        status=decision.status.value,
-        epoch=decision.epoch,
-        restore_epoch=decision.restore_epoch,
-        stage_epochs=dict(decision.stage_epochs),
-        source=decision.source,
-        stages=dict(decision.source_stages) if decision.source else None,
-        states=dict(decision.states) or None,
-    )

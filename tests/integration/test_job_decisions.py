@@ -37,6 +37,8 @@ from pyspark_abs import (
 )
 from pyspark_abs.admin.installing import StateInstall
 from pyspark_abs.admin.job_manifest import DecisionStatus, JobRecord, open_job
+from pyspark_abs.cli import EXIT_PROBLEMS, EXIT_USAGE
+from pyspark_abs.cli import main as cli
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.manifest.table import open_manifest
@@ -255,7 +257,7 @@ def test_stages_restarted_with_other_intervals_and_commit_modes_stay_exact(
 
 
 def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_matches_the_model(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Bronze decided epoch 3, then a file it wrote was deleted before its commit. The start
     and a rollback of bronze alone (silver may have read the decided epoch) refuse and name
@@ -282,6 +284,9 @@ def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_
     with pytest.raises(UncommittableEpochError, match=way_out):
         rollback(bronze, 2)
     assert [(i.epoch, i.status) for i in Snapshots(bronze).list(include_aborted=True)] == before
+    assert cli(["validate", bronze]) == EXIT_PROBLEMS
+    listed = "epoch 3: decided (PREPARED) but no start can commit it: its file"
+    assert listed in capsys.readouterr().out
 
     crashed = AbsConfig(faults=(Fault(FaultStep.AFTER_PREPARED, epoch=4),))
     with pytest.raises(InjectedFault):  # in bronze, once it has replaced epoch 3
@@ -294,7 +299,7 @@ def test_a_stuck_epoch_of_a_job_stage_is_replaced_by_a_job_rollback_and_the_job_
 
 
 def test_a_decision_whose_state_file_was_deleted_is_abandoned_by_a_job_rollback(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """write_state crashed after its decision, then a state file it decided for gold was
     deleted: the decision can never be finished. Each start says so and names the job
@@ -320,6 +325,10 @@ def test_a_decision_whose_state_file_was_deleted_is_abandoned_by_a_job_rollback(
     )
     with pytest.raises(UncommittableEpochError, match=way_out):
         job.run()
+    decisions = open_job(DeltaStore(), job.root, None).decisions
+    assert cli(["job-rollback", job.root, "7"]) == EXIT_USAGE  # no job snapshot 7
+    assert "epoch 7 is not a job snapshot" in capsys.readouterr().err
+    assert open_job(DeltaStore(), job.root, None).decisions == decisions  # nothing recorded
 
     run_block("job.rollback(job.snapshots()[-1].epoch)", {"job": job}, {})
     kinds = [(d.kind, d.status) for d in open_job(DeltaStore(), job.root, None).decisions]

@@ -15,7 +15,7 @@ from pyspark_abs.admin.job_manifest import (
     JobRecord,
     open_job,
     record,
-    record_decision,
+    record_decisions,
 )
 from pyspark_abs.errors import ConcurrentWriteError
 from pyspark_abs.storage.files import FileEntry
@@ -38,10 +38,10 @@ def test_a_rollback_finished_by_a_host_whose_clock_is_behind_is_finished(
     manifest = open_job(store, str(tmp_path / "job"), "j")
     manifest = record(store, manifest, record=JobRecord.STAGES.value, stages={"a": "/a"})
     decided = JobDecision(JobRecord.ROLLBACK, 1, 3, {"a": 1}, DecisionStatus.PREPARED)
-    manifest = record_decision(store, manifest, decided)
+    manifest = record_decisions(store, manifest, decided)
     assert manifest.unfinished == decided
     clock(monkeypatch, -30)
-    manifest = record_decision(store, manifest, replace(decided, status=DecisionStatus.COMMITTED))
+    manifest = record_decisions(store, manifest, replace(decided, status=DecisionStatus.COMMITTED))
     assert manifest.unfinished is None
     again = open_job(store, str(tmp_path / "job"), None)
     assert again.unfinished is None
@@ -75,14 +75,21 @@ def test_a_decision_abandoned_and_decided_again_folds_to_the_new_one(tmp_path: P
     decided = JobDecision(
         JobRecord.MIGRATE, 2, 3, {"a": 2}, DecisionStatus.PREPARED, states={"a": state.to_json()}
     )
-    manifest = record_decision(store, manifest, decided)
-    manifest = record_decision(store, manifest, replace(decided, status=DecisionStatus.ABANDONED))
-    again = replace(decided, restore_epoch=5)
-    manifest = record_decision(store, manifest, again)
+    manifest = record_decisions(store, manifest, decided)
+    abandoned, again = (
+        replace(decided, status=DecisionStatus.ABANDONED),
+        replace(decided, restore_epoch=5),
+    )
+    stale = manifest
+    manifest = record_decisions(store, manifest, abandoned, again)
+    assert manifest.version == stale.version + 1  # one commit: both rows or neither
     read = open_job(store, str(tmp_path / "job"), None)
     assert read.unfinished == again
     assert [d.status for d in read.decisions] == [DecisionStatus.ABANDONED, DecisionStatus.PREPARED]
     assert StateInstall.from_json(read.unfinished.states["a"]) == state
+    with pytest.raises(ConcurrentWriteError):
+        record_decisions(store, stale, abandoned, replace(decided, restore_epoch=6))
+    assert open_job(store, str(tmp_path / "job"), None) == read
 
 
 def test_job_snapshots_made_by_a_decision_say_which() -> None:

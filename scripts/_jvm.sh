@@ -1,11 +1,10 @@
 # Sourced by scripts/test and scripts/test_spark_versions after scripts/_env.sh. The JVMs a
-# test run starts beside its session (its children's, the Kafka broker, Spark Connect's
-# server) live seconds to minutes: they run with C1 alone and the serial collector, which
-# spend less of 2 cores on compiling and collecting, and map the classes a pipeline loads
-# from an archive made once per venv and Java (scripts/_archive_classes.py) instead of
+# test run starts (its session, its children's, the Kafka broker) run with C1 alone and the
+# serial collector, which spend less of 2 cores on compiling and collecting than C2 gains
+# back even in the session that lives through the whole run, and map the classes a pipeline
+# loads from an archive made once per venv and Java (scripts/_archive_classes.py) instead of
 # loading them again. A JVM on another class path (Maven, the broker) silently runs without
-# the archive. The caller's own JAVA_TOOL_OPTIONS come last, so they win; the session of
-# tests/conftest.py keeps only those.
+# the archive. The caller's own JAVA_TOOL_OPTIONS come last, so they win.
 ABS_CALLER_JAVA_OPTIONS="${ABS_CALLER_JAVA_OPTIONS-${JAVA_TOOL_OPTIONS:-}}"
 export ABS_CALLER_JAVA_OPTIONS
 jvm_flags="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xlog:cds=off -Xlog:cds+dynamic=off"

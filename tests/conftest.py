@@ -56,13 +56,7 @@ def spark(temporary_directory: Path) -> Iterator[SparkSession]:
                 "spark.databricks.delta.snapshotPartitions": "2",
             }
         )
-    with pytest.MonkeyPatch.context() as env:
-        # scripts/_jvm.sh tunes the short JVMs of a run for 2 cores; this one lives through
-        # all of it, where the JIT's second tier pays off: it keeps only the caller's options
-        env.delenv("JAVA_TOOL_OPTIONS", raising=False)
-        if os.environ.get("ABS_CALLER_JAVA_OPTIONS"):
-            env.setenv("JAVA_TOOL_OPTIONS", os.environ["ABS_CALLER_JAVA_OPTIONS"])
-        session = testing.session(conf=conf)
+    session = testing.session(conf=conf)
     yield session
     session.stop()
 

@@ -259,6 +259,37 @@ def test_a_job_on_s3_killed_mid_epoch_recovers_as_the_uninterrupted_job(
     assert rows > 0
 
 
+def test_a_decided_epoch_on_s3_whose_sink_file_was_deleted_is_replaced_by_a_rollback(
+    endpoint: str,
+) -> None:
+    """Epoch 1 fails after PREPARED, then a file it wrote to the sink is deleted from the
+    bucket (tests/integration/s3_stuck_run.py): the next start refuses with what to do,
+    validate lists it, a rollback replaces it, and the pipeline then gives the model's
+    counts and sink rows."""
+    bucket = f"s3://{BUCKET}/stuck"
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.integration.s3_stuck_run", bucket],
+        env=spark_on_s3(endpoint),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    root, lost = f"{bucket}/root", report["lost"]
+    assert f"epoch 1 can never be committed: its file {lost}" in report["refusal"]
+    assert f"pyspark_abs.rollback('{root}', 0)" in report["refusal"]
+    assert report["problems"] == [
+        f"epoch 1: decided (PREPARED) but no start can commit it: its file {lost} of "
+        f"sink/output at {root}/sinks/word_counts is gone"
+    ]
+    assert report["replaced"] == EpochStatus.ABORTED.value
+    counts, emitted = running_counts(EPOCHS)
+    assert {r["word"]: r["count"] for r in report["state"]} == counts
+    assert sorted((r["word"], r["count"]) for r in report["sink"]) == sorted(emitted)
+    assert report["problems_after"] == []
+
+
 def sorted_rows(table: pa.Table) -> pa.Table:
     """The rows of ``table`` in the order of all its columns."""
     return table.sort_by([(column, "ascending") for column in table.column_names])

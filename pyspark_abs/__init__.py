@@ -83,7 +83,8 @@ if TYPE_CHECKING:
         vectorized_operator,
     )
     from pyspark_abs.operators.evolution import StateEvolution
-    from pyspark_abs.operators.per_key import KeyState, operator
+    from pyspark_abs.operators.key_state import KeyState
+    from pyspark_abs.operators.per_key import operator
     from pyspark_abs.operators.windows import session_window, tumbling_window
     from pyspark_abs.pipeline.backedge import BackEdge
     from pyspark_abs.pipeline.check import UpgradeReport, check
@@ -126,7 +127,8 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
         "vectorized_operator",
     ),
     "pyspark_abs.operators.evolution": ("StateEvolution",),
-    "pyspark_abs.operators.per_key": ("KeyState", "operator"),
+    "pyspark_abs.operators.key_state": ("KeyState",),
+    "pyspark_abs.operators.per_key": ("operator",),
     "pyspark_abs.operators.windows": ("session_window", "tumbling_window"),
     "pyspark_abs.pipeline.backedge": ("BackEdge",),
     "pyspark_abs.pipeline.check": ("UpgradeReport", "check"),

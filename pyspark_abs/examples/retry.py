@@ -28,7 +28,8 @@ from pyspark.sql import functions as F
 
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.operators.contract import Operator
-from pyspark_abs.operators.per_key import KeyState, operator
+from pyspark_abs.operators.key_state import KeyState
+from pyspark_abs.operators.per_key import operator
 from pyspark_abs.pipeline.backedge import BackEdge
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session

@@ -33,11 +33,12 @@ from pyspark_abs.operators.changelog import duplicate_changes
 from pyspark_abs.operators.schema import EPOCH
 from pyspark_abs.protocol.compaction import Progress, quiet
 from pyspark_abs.storage.commits import commits_between
+from pyspark_abs.storage.delta_errors import brief_error
 from pyspark_abs.storage.files import add_actions, file_sizes
 from pyspark_abs.storage.log_files import log_entries
 from pyspark_abs.storage.rewrites import history
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, MANIFEST_TABLE, STATE_PREFIX
-from pyspark_abs.storage.store import DeltaStore, brief_error, normalize_uri
+from pyspark_abs.storage.store import DeltaStore, normalize_uri
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, app_id
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from pyspark_abs.errors import (
     TableSchemaError,
 )
 from pyspark_abs.operators.arrow_files import read_parquet
+from pyspark_abs.storage.delta_errors import brief_error
 from pyspark_abs.storage.files import FileEntry, damaged, files_after
 from pyspark_abs.storage.schemas import arrow_schema, schema_differences
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
@@ -450,19 +450,3 @@ class DeltaStore:
             f"{table.transaction_version(app_id)}, but no commit of epoch {epoch}; the table "
             f"was changed outside pyspark-abs. Run validate on the snapshot root"
         )
-
-
-_BACKTRACE_LINE = re.compile(r"^\s*\d+: ")
-_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def brief_error(err: BaseException) -> str:
-    """An error's message on one line, without the native backtrace delta-rs appends."""
-    parts = []
-    for line in _ANSI_CODE.sub("", str(err)).splitlines():
-        if _BACKTRACE_LINE.match(line):
-            break
-        line = line.strip().lstrip("\u21b3").strip()
-        if line:
-            parts.append(line)
-    return ": ".join(parts) or type(err).__name__

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 from pyspark_abs import (
-    InjectedFault,
     Snapshots,
     compact,
     restore,
@@ -29,20 +28,13 @@ from pyspark_abs import (
     validate,
 )
 from pyspark_abs.session import local_session
-from tests.support.s3 import land, pipeline
+from tests.support.s3 import crashed_after_prepared, land, pipeline
 
 
 def main(bucket: str, out: str) -> None:
     spark = local_session("s3 lifecycle", shuffle_partitions=2)
     root, copy = f"{bucket}/root", f"{bucket}/copy"
-    land(bucket, 0)
-    pipeline(bucket, root).run()
-    land(bucket, 1)
-    try:
-        pipeline(bucket, root, crash=1).run()
-        raise AssertionError("the crash after PREPARED of epoch 1 did not happen")
-    except InjectedFault:
-        pass
+    crashed_after_prepared(bucket, root)
     recovered = pipeline(bucket, root).run().recovered_epochs
     tag(root, 1, "two")
     land(bucket, 2)

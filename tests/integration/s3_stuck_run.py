@@ -16,7 +16,6 @@ import sys
 import pyarrow.fs as pafs
 
 from pyspark_abs import (
-    InjectedFault,
     Snapshots,
     UncommittableEpochError,
     rollback,
@@ -25,21 +24,14 @@ from pyspark_abs import (
 from pyspark_abs.session import local_session
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import EPOCHS
-from tests.support.s3 import land, pipeline
+from tests.support.s3 import crashed_after_prepared, land, pipeline
 
 
 def main(bucket: str) -> None:
     local_session("s3 stuck epoch", shuffle_partitions=2)
     root = f"{bucket}/root"
     sink = f"{root}/sinks/word_counts"
-    land(bucket, 0)
-    pipeline(bucket, root).run()
-    land(bucket, 1)
-    try:
-        pipeline(bucket, root, crash=1).run()
-        raise AssertionError("the crash after PREPARED of epoch 1 did not happen")
-    except InjectedFault:
-        pass
+    crashed_after_prepared(bucket, root)
     fs, directory = pafs.FileSystem.from_uri(sink)
     written = fs.get_file_info(pafs.FileSelector(directory))
     lost = sorted(i.path for i in written if i.base_name.startswith(f"abs-e{1:012d}-"))[0]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -94,6 +95,19 @@ def spark_on_s3(endpoint: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_SUBMIT_ARGS": arguments}
 
 
+def s3_program(endpoint: str, module: str, *args: str) -> Any:
+    """Run ``module`` as its own program with Spark on the local S3 server; its JSON report."""
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=spark_on_s3(endpoint),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_a_pipeline_with_everything_on_s3_lives_through_its_lifecycle_as_an_uninterrupted_run(
     spark: SparkSession, endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,15 +116,7 @@ def test_a_pipeline_with_everything_on_s3_lives_through_its_lifecycle_as_an_unin
     disks (the live state rebuilt from S3), a restore at other partition and key-group counts,
     vacuum and validate (tests/integration/s3_run.py); then the command line reads the root."""
     out, bucket = tmp_path / "out", f"s3://{BUCKET}/lifecycle"
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.integration.s3_run", bucket, str(out)],
-        env=spark_on_s3(endpoint),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = s3_program(endpoint, "tests.integration.s3_run", bucket, str(out))
     assert report["recovered"] == [1]
     assert report["problems"] == []
     assert report["compacted"] == [["state/word_count", 2]]
@@ -267,15 +273,7 @@ def test_a_decided_epoch_on_s3_whose_sink_file_was_deleted_is_replaced_by_a_roll
     validate lists it, a rollback replaces it, and the pipeline then gives the model's
     counts and sink rows."""
     bucket = f"s3://{BUCKET}/stuck"
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.integration.s3_stuck_run", bucket],
-        env=spark_on_s3(endpoint),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = s3_program(endpoint, "tests.integration.s3_stuck_run", bucket)
     root, lost = f"{bucket}/root", report["lost"]
     assert f"epoch 1 can never be committed: its file {lost}" in report["refusal"]
     assert f"pyspark_abs.rollback('{root}', 0)" in report["refusal"]

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from pyspark_abs import AbsConfig, DeltaSink, Fault, FaultStep, FileSource, Pipeline
+from pyspark_abs import (
+    AbsConfig,
+    DeltaSink,
+    Fault,
+    FaultStep,
+    FileSource,
+    InjectedFault,
+    Pipeline,
+)
 from pyspark_abs.examples import wordcount
 from tests.support.inputs import EPOCHS
 from tests.support.readme import block_with
@@ -88,3 +96,15 @@ def pipeline(
         ),
         transform=wordcount.words_of,
     )
+
+
+def crashed_after_prepared(bucket: str, root: str) -> None:
+    """Land the first two files: epoch 0 commits, epoch 1 fails after PREPARED."""
+    land(bucket, 0)
+    pipeline(bucket, root).run()
+    land(bucket, 1)
+    try:
+        pipeline(bucket, root, crash=1).run()
+        raise AssertionError("the crash after PREPARED of epoch 1 did not happen")
+    except InjectedFault:
+        pass

@@ -1,6 +1,7 @@
 """Roots on an S3 API (moto's server on 127.0.0.1): what delta-rs lists, pyarrow reads, the
-manifest's compare-and-swap, a pipeline's whole lifecycle with everything on S3, and a Kafka
-sink whose table is on S3."""
+manifest's compare-and-swap, a pipeline's whole lifecycle with everything on S3, two racing
+runs, a killed job, a decided epoch whose sink file was deleted, and a Kafka sink whose table
+is on S3."""
 
 from __future__ import annotations
 

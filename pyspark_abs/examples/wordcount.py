@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pyspark_abs.config import AbsConfig
@@ -32,6 +32,7 @@ from pyspark_abs.operators.contract import (
 )
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session
+from pyspark_abs.sources.spark_files import SparkFileSource
 
 
 @vectorized_operator(key="word", state_schema="count long", output_schema="word string, count long")
@@ -52,22 +53,26 @@ def words_of(lines: DataFrame) -> DataFrame:
 
 
 def build(
-    spark: SparkSession,
     input_dir: str,
     root: str,
     *,
     config: AbsConfig | None = None,
     operator: Operator = word_count,
 ) -> Pipeline:
-    """A word-count pipeline over the text files in ``input_dir``, one file per epoch."""
-    lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(input_dir)
+    """A word-count pipeline over the text files in ``input_dir``, one file per epoch.
+
+    It reads them with Spark's own text source through a :class:`SparkFileSource`, so that
+    a rollback or a restore of its root continues after the files its snapshot had read.
+    """
+    lines = SparkFileSource(input_dir, "text", options={"maxFilesPerTrigger": "1"})
     return Pipeline(
         "wordcount",
-        words_of(lines),
+        lines,
         operator,
         root=root,
         sinks={"output": f"{root}/sinks/word_counts"},
         config=config,
+        transform=words_of,
     )
 
 
@@ -130,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--compact-every", type=int, default=0, help="compact the state every N epochs"
     )
     args = parser.parse_args(argv)
-    spark = local_session("wordcount", shuffle_partitions=2)
+    local_session("wordcount", shuffle_partitions=2)
     faults = tuple(f for f in (args.crash, args.pause) if f is not None)
     config = AbsConfig(
         commit_mode=args.commit_mode,
@@ -138,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         compaction_every_epochs=args.compact_every,
         faults=faults,
     )
-    query = build(spark, args.input, args.root, config=config).run()
+    query = build(args.input, args.root, config=config).run()
     if query.recovered_epochs:
         print(f"recovery committed PREPARED epoch(s) {query.recovered_epochs} from the manifest")
     return 0

@@ -39,11 +39,11 @@ def main(workdir: str) -> int:
     root = base / "root"
     faults = (Fault(FaultStep.PRECOMMIT_TASK, epoch=0), Fault(FaultStep.AFTER_PREPARED, epoch=1))
     try:
-        word_pipeline(spark, inputs, root, commit_mode="async", faults=faults).run()
+        word_pipeline(inputs, root, commit_mode="async", faults=faults).run()
         raise AssertionError("the crash after PREPARED of epoch 1 did not happen")
     except InjectedFault:
         pass
-    restarted = word_pipeline(spark, inputs, root, commit_mode="async").run()
+    restarted = word_pipeline(inputs, root, commit_mode="async").run()
     assert restarted.recovered_epochs == [1], restarted.recovered_epochs
     assert_word_counts(spark, root, EPOCHS)
     executors = spark.sparkContext._jsc.sc().statusStore().executorList(True)

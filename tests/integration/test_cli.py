@@ -21,7 +21,7 @@ from tests.support.pipelines import assert_same, word_pipeline
 @pytest.fixture(scope="module")
 def root(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("cli")
-    word_pipeline(spark, write_epochs(base / "in", EPOCHS), base / "root", bronze=True).run()
+    word_pipeline(write_epochs(base / "in", EPOCHS), base / "root", bronze=True).run()
     return base / "root"
 
 
@@ -166,7 +166,7 @@ def test_validate_exits_1_with_a_report(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     damaged = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS[:2]), damaged).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS[:2]), damaged).run()
     victim = sorted((damaged / "state" / "word_count").glob("abs-e000000000001-*.parquet"))[0]
     victim.unlink()
     status, out, _ = run(capsys, "validate", str(damaged))

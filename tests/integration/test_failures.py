@@ -62,7 +62,7 @@ def test_user_error_names_operator_epoch_and_key_and_commits_nothing(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    broken = word_pipeline(spark, inputs, root, op=failing_on("f"))
+    broken = word_pipeline(inputs, root, op=failing_on("f"))
     with pytest.raises(
         OperatorError,
         match=r"operator 'word_count', epoch 2, key group \d+, key \('f',\): the function raised ValueError: cannot count 'f'",
@@ -73,7 +73,7 @@ def test_user_error_names_operator_epoch_and_key_and_commits_nothing(
     assert 'in counting: raise error(f"cannot count {word!r}"))' in str(raised.value)
     assert_epoch_aborted(root, 2, committed=2, message="cannot count 'f'")
     # The fixed function picks up at epoch 2; nothing before or after is lost.
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(inputs, root).run()
     assert_word_counts(spark, root, EPOCHS)
 
 
@@ -88,7 +88,7 @@ def test_wrong_output_schema_commits_nothing(spark: SparkSession, tmp_path: Path
         SchemaMismatchError,
         match=r"epoch 0, key group \d+, key \('\w',\): output 'output': missing column\(s\) \['count'\]; unexpected column\(s\) \['total'\]",
     ):
-        word_pipeline(spark, inputs, tmp_path / "root", op=sloppy).run()
+        word_pipeline(inputs, tmp_path / "root", op=sloppy).run()
     assert_epoch_aborted(tmp_path / "root", 0, committed=0, message="missing column")
 
 
@@ -122,11 +122,11 @@ def test_alignment_failures_commit_nothing_and_replay_cleanly(
     )  # damage every partition's first file
     fault = Fault(FaultStep.PRECOMMIT_TASK, epoch=1, partition=partition, action=action)
     with pytest.raises(error, match=message):
-        word_pipeline(spark, inputs, root, faults=(fault,)).run()
+        word_pipeline(inputs, root, faults=(fault,)).run()
     assert_epoch_aborted(root, 1, committed=1, message=error.__name__)
     leftovers = {p.name for p in (root / "state" / "word_count").glob("abs-e000000000001-*")}
     assert leftovers == set(), "the aborted epoch's listed files were not removed"
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(inputs, root).run()
     assert_word_counts(spark, root, EPOCHS)
 
 
@@ -135,13 +135,13 @@ def test_unwritable_snapshot_root(spark: SparkSession, tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
     with pytest.raises(SnapshotRootError, match=r"snapshot root .*a-file/root is not writable"):
-        word_pipeline(spark, inputs, blocker / "root").start()
+        word_pipeline(inputs, blocker / "root").start()
 
 
 def test_root_of_another_pipeline_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(inputs, root).run()
     lines = spark.readStream.format("text").load(str(inputs))
     other = Pipeline(
         "other",
@@ -160,7 +160,7 @@ def test_root_of_another_pipeline_is_refused(spark: SparkSession, tmp_path: Path
 def test_fresh_checkpoint_on_a_used_root_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(inputs, root).run()
     config = AbsConfig(key_groups=8)
     lines = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(inputs))
     moved = Pipeline(
@@ -180,7 +180,7 @@ def test_fresh_checkpoint_on_a_used_root_is_refused(spark: SparkSession, tmp_pat
 
 def test_used_checkpoint_on_an_empty_root_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
-    word_pipeline(spark, inputs, tmp_path / "root").run()
+    word_pipeline(inputs, tmp_path / "root").run()
     lines = spark.readStream.format("text").load(str(inputs))
     elsewhere = Pipeline(
         "wordcount",
@@ -292,7 +292,7 @@ def test_inconsistent_pipelines_are_refused(
 
 def test_reading_unknown_epochs_and_operators(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
-    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline = word_pipeline(inputs, tmp_path / "root")
     pipeline.run()
     snapshots = pipeline.snapshots
     with pytest.raises(

@@ -48,7 +48,7 @@ FAULTS = [
 def reference(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Snapshots:
     """Snapshots of a failure-free run over EPOCHS, checked against the input."""
     base = tmp_path_factory.mktemp("reference")
-    word_pipeline(spark, write_epochs(base / "in", EPOCHS), base / "root").run()
+    word_pipeline(write_epochs(base / "in", EPOCHS), base / "root").run()
     assert_word_counts(spark, base / "root", EPOCHS)
     return Snapshots(str(base / "root"), spark)
 
@@ -83,14 +83,14 @@ def test_restart_after_fault_equals_failure_free_run(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    crashing = word_pipeline(spark, inputs, root, commit_mode=mode, faults=(fault,))
+    crashing = word_pipeline(inputs, root, commit_mode=mode, faults=(fault,))
     if fault.step is FaultStep.PRECOMMIT_TASK:
         crashing.run()  # Spark retries the failed task; the retry's files are committed
         assert orphans(root / "state" / "word_count"), "the failed attempt left no files"
     else:
         with pytest.raises(InjectedFault, match=f"'{fault.step.value}' of epoch 1"):
             crashing.run()
-        restarted = word_pipeline(spark, inputs, root, commit_mode=mode).run()
+        restarted = word_pipeline(inputs, root, commit_mode=mode).run()
         if fault.step in (FaultStep.AFTER_PREPARED, FaultStep.BETWEEN_TABLE_COMMITS):
             assert 1 in restarted.recovered_epochs
     assert_equals_reference(spark, root, reference)
@@ -179,7 +179,7 @@ def test_maintenance_interrupted_then_run_again_loses_nothing(
     as_of: int | None,
 ) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, bronze=True).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root, bronze=True).run()
     if operation is _vacuum:
         rollback(str(root), 2)
     with pytest.raises(InjectedFault, match=fault.step.value):

@@ -28,9 +28,7 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    first = word_pipeline(spark, inputs, root, bronze=True).start(
-        processing_time="100 milliseconds"
-    )
+    first = word_pipeline(inputs, root, bronze=True).start(processing_time="100 milliseconds")
     try:
         first.process_all_available()
         with pytest.raises(
@@ -39,14 +37,14 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
             rf"{first.run_id} of pipeline 'wordcount' \(host \S+, pid {os.getpid()}, lease "
             rf"renewed \d+ s ago\)\. Stop that run first",
         ):
-            word_pipeline(spark, inputs, root, bronze=True).start()
+            word_pipeline(inputs, root, bronze=True).start()
         with pytest.raises(FencingError, match=rf"held by run {first.run_id} .* is refused"):
             rollback(str(root), 0)
     finally:
         first.stop()
     assert read_lease(str(root)) is None
     write_epochs(inputs, EPOCHS)
-    word_pipeline(spark, inputs, root, bronze=True).run()
+    word_pipeline(inputs, root, bronze=True).run()
     assert_word_counts(spark, root, EPOCHS)
 
 
@@ -66,10 +64,10 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
         with pytest.raises(
             FencingError, match=rf"is held by run {holder.run_id} .*pid {zombie.pid}"
         ):
-            word_pipeline(spark, inputs, root).start()
+            word_pipeline(inputs, root).start()
 
         break_lease(str(root))  # its operator declares it gone; it is only paused
-        taken_over = word_pipeline(spark, inputs, root).run()
+        taken_over = word_pipeline(inputs, root).run()
         assert taken_over.recovered_epochs == [1]
         versions = {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
     finally:
@@ -128,7 +126,7 @@ def test_a_zombie_compaction_commits_nothing_after_the_takeover(
         # JVM too, which would go on planning micro-batches in the checkpoint
         os.killpg(zombie.pid, signal.SIGSTOP)
         break_lease(str(root))
-        word_pipeline(spark, inputs, root).run()
+        word_pipeline(inputs, root).run()
         versions = {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
     finally:
         os.killpg(zombie.pid, signal.SIGCONT)

@@ -116,10 +116,10 @@ def test_a_fresh_checkpoint_with_snapshots_off_writes_every_epoch(
 ) -> None:
     first = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    word_pipeline(spark, first, root, snapshots=False).run()
+    word_pipeline(first, root, snapshots=False).run()
     shutil.rmtree(root / "_checkpoint")
     write_epochs(first, EPOCHS)
-    word_pipeline(spark, first, root, snapshots=False).run()  # reads all files again
+    word_pipeline(first, root, snapshots=False).run()  # reads all files again
 
     sink = spark.read.parquet(*DeltaTable(str(root / "sinks" / "word_counts")).file_uris())
     expected = expected_sink(spark, EPOCHS[:2]).unionByName(expected_sink(spark, EPOCHS))
@@ -196,7 +196,7 @@ def test_a_root_copied_as_a_directory_rolls_back_its_own_tables_never_the_origin
     was; both then go on to what an uninterrupted run gives."""
     inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
     root, copy = tmp_path / "root", tmp_path / "copy"
-    word_pipeline(spark, inputs, root, bronze=True).run()
+    word_pipeline(inputs, root, bronze=True).run()
     shutil.copytree(root, copy)
     tables = [root / "state" / "word_count", root / "sinks" / "word_counts"]
     before = [DeltaTable(str(t)).version() for t in tables]
@@ -205,7 +205,7 @@ def test_a_root_copied_as_a_directory_rolls_back_its_own_tables_never_the_origin
     assert_same(Snapshots(str(copy), spark).state("word_count"), counts_df(spark, EPOCHS[:2]))
     write_epochs(tmp_path / "in", EPOCHS)
     for each in (root, copy):
-        word_pipeline(spark, inputs, each, bronze=True).run()
+        word_pipeline(inputs, each, bronze=True).run()
         snapshots = Snapshots(str(each), spark)
         assert_same(snapshots.state("word_count"), counts_df(spark, EPOCHS))
         assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))

@@ -107,7 +107,7 @@ def test_spark_keeps_markers_and_lost_files_are_rebuilt_from_the_snapshots(
     local = tmp_path / "local"
     inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     values = stored_values(spark, root / "_checkpoint")
     assert values
     assert {(v[:4], len(v)) for v in values} == {(b"ABSM", MARKER_BYTES)}
@@ -115,11 +115,11 @@ def test_spark_keeps_markers_and_lost_files_are_rebuilt_from_the_snapshots(
 
     shutil.rmtree(local)  # a new cluster: the executors' disks are empty
     write_epochs(tmp_path / "in", EPOCHS[:5])
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     for lost in sorted(local.rglob("kg-*/*.abs"))[::2]:  # some key groups lose their file
         lost.unlink()
     write_epochs(tmp_path / "in", EPOCHS)
-    pipeline = word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local))
+    pipeline = word_pipeline(inputs, root, bronze=True, local_state_dir=str(local))
     pipeline.run()
     assert assert_live_state_is_the_snapshot(spark, pipeline, local, root) >= 3
 
@@ -144,12 +144,12 @@ def test_a_replay_after_a_crash_rebuilds_from_a_snapshot_and_later_prepared_epoc
     }
     crash = (Fault(FaultStep.AFTER_PREPARED, 4),)
     with pytest.raises(InjectedFault, match="'after_prepared' of epoch 4"):
-        word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings).run()
+        word_pipeline(inputs, root, bronze=True, faults=crash, **settings).run()
     statuses = [(i.epoch, i.status) for i in Snapshots(str(root)).list()]
     assert statuses[-2:] == [(3, EpochStatus.PREPARED), (4, EpochStatus.PREPARED)]
     if lose:
         shutil.rmtree(local)
-    pipeline = word_pipeline(spark, inputs, root, bronze=True, **settings)
+    pipeline = word_pipeline(inputs, root, bronze=True, **settings)
     pipeline.run()
     assert assert_live_state_is_the_snapshot(spark, pipeline, local, root) >= 3
 
@@ -177,7 +177,7 @@ def test_a_new_cluster_after_a_restore_at_another_key_group_count_finds_every_ke
 
     def run(at: Path, key_groups: int) -> None:
         word_pipeline(
-            spark, inputs, at, bronze=True, local_state_dir=str(local), key_groups=key_groups
+            inputs, at, bronze=True, local_state_dir=str(local), key_groups=key_groups
         ).run()
 
     run(root, 4)
@@ -211,12 +211,12 @@ def test_a_restart_with_snapshots_off_is_refused_and_loses_nothing(
     local = tmp_path / "local"
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     write_epochs(tmp_path / "in", EPOCHS)
-    off = word_pipeline(spark, inputs, root, bronze=True, snapshots=False)
+    off = word_pipeline(inputs, root, bronze=True, snapshots=False)
     with pytest.raises(StateEncodingError, match=r"written with snapshots on\), which this run"):
         off.run()
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []
 
@@ -231,14 +231,14 @@ def test_an_unwritable_local_state_dir_fails_the_epoch_clearly_and_loses_nothing
     root = tmp_path / "root"
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("a file where the directory should be")
-    unwritable = word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(blocked))
+    unwritable = word_pipeline(inputs, root, bronze=True, local_state_dir=str(blocked))
     with pytest.raises(
         StorageError, match=r"epoch 0, key group \d+: cannot write the key group's live state"
     ) as raised:
         unwritable.run()
     assert "local_state_dir (spark.abs.localStateDir)" in str(raised.value)
     assert Snapshots(str(root)).list() == []  # epoch 0 was recorded ABORTED
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(tmp_path / "ok")).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(tmp_path / "ok")).run()
     assert_word_counts(spark, root, EPOCHS[:3])
 
 
@@ -251,7 +251,7 @@ def test_a_rebuild_from_an_unreadable_snapshot_fails_with_the_snapshot_named(
     local = tmp_path / "local"
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     shutil.rmtree(local)
     for data in (root / "state" / "word_count").glob("*.parquet"):
         data.write_bytes(bytes(data.stat().st_size))
@@ -262,7 +262,7 @@ def test_a_rebuild_from_an_unreadable_snapshot_fails_with_the_snapshot_named(
         match=r"rebuilt from snapshot 1 \(version \d+ of state/word_count at .*\), which cannot "
         r"be read: .*Run validate",
     ):
-        word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+        word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     after = [(i.epoch, i.status) for i in Snapshots(str(root)).list()]
     assert after == before
 
@@ -276,9 +276,9 @@ def test_a_root_copied_as_a_directory_runs_beside_its_original_on_one_host(
     local = tmp_path / "local"
     inputs = write_epochs(tmp_path / "in", EPOCHS[:3])
     root, copy = tmp_path / "root", tmp_path / "copy"
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     shutil.copytree(root, copy)
-    shared = word_pipeline(spark, inputs, copy, bronze=True, local_state_dir=str(local))
+    shared = word_pipeline(inputs, copy, bronze=True, local_state_dir=str(local))
     shared_sink = Pipeline(
         "wordcount",
         shared.source,
@@ -291,10 +291,10 @@ def test_a_root_copied_as_a_directory_runs_beside_its_original_on_one_host(
     with pytest.raises(PipelineMismatchError, match=r"is a copy of .*/root \(both have root id"):
         shared_sink.run()
     write_epochs(tmp_path / "in", EPOCHS[:5])
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, copy, bronze=True, local_state_dir=str(local)).run()
-    word_pipeline(spark, inputs, root, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, copy, bronze=True, local_state_dir=str(local)).run()
+    word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     assert len(list((local / "pyspark-abs-state").iterdir())) == 2
     for each in (root, copy):
         assert_word_counts(spark, each, EPOCHS)
@@ -313,7 +313,7 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
     root = tmp_path / "root"
     settings: dict[str, Any] = {"snapshot_interval": 3, "commit_mode": "async"}
     crash = (Fault(FaultStep.AFTER_PREPARED, 4),)
-    pipeline = word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings)
+    pipeline = word_pipeline(inputs, root, bronze=True, faults=crash, **settings)
     with pytest.raises(InjectedFault):
         pipeline.run()
     table = "state/word_count"
@@ -341,11 +341,11 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
 
     first = Snapshots(str(root)).state_table("word_count", 2)["_key_group"][0].as_py()
     assert rebuilt(first, 2) == counts_of(first, 2)  # reads (and keeps) the manifest of now
-    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    word_pipeline(inputs, root, bronze=True, **settings).run()
     compact(str(root))
     at4 = Snapshots(str(root)).state_table("word_count", 4)
     write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    word_pipeline(inputs, root, bronze=True, **settings).run()
     vacuum(str(root), keep_last=1, min_age_seconds=0)
     assert [i.epoch for i in Snapshots(str(root)).list() if i.status.value != "EXPIRED"] == [5]
     at5 = Snapshots(str(root)).state_table("word_count", 5)
@@ -387,7 +387,7 @@ def test_chains_of_change_files_survive_lost_links_a_crash_a_new_cluster_and_rol
     inputs = write_epochs(tmp_path / "in", CHAINED[:5])
     root = tmp_path / "root"
     settings: dict[str, Any] = {"key_groups": 2, "local_state_dir": str(local)}
-    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    word_pipeline(inputs, root, bronze=True, **settings).run()
     links = chain_files(local)
     assert len(links) >= 4, "steady epochs wrote change files"
     largest = max(p.stat().st_size for p in local.rglob("kg-*/*.abs"))
@@ -397,8 +397,8 @@ def test_chains_of_change_files_survive_lost_links_a_crash_a_new_cluster_and_rol
     write_epochs(tmp_path / "in", CHAINED[:8])
     crash = (Fault(FaultStep.AFTER_PREPARED, 6),)
     with pytest.raises(InjectedFault, match="'after_prepared' of epoch 6"):
-        word_pipeline(spark, inputs, root, bronze=True, faults=crash, **settings).run()
-    pipeline = word_pipeline(spark, inputs, root, bronze=True, **settings)
+        word_pipeline(inputs, root, bronze=True, faults=crash, **settings).run()
+    pipeline = word_pipeline(inputs, root, bronze=True, **settings)
     pipeline.run()
     assert assert_live_state_is_the_snapshot(spark, pipeline, local, root) >= 1
     assert_word_counts(spark, root, CHAINED[:8])
@@ -406,11 +406,11 @@ def test_chains_of_change_files_survive_lost_links_a_crash_a_new_cluster_and_rol
     for epoch in (6, 3):  # rolled back twice, the second time past files still on chains
         rollback(str(root), epoch)
     write_epochs(tmp_path / "in", CHAINED[:9])
-    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    word_pipeline(inputs, root, bronze=True, **settings).run()
     assert_uninterrupted(spark, root, CHAINED[:9])
     shutil.rmtree(local)  # a new cluster
     write_epochs(tmp_path / "in", CHAINED)
-    word_pipeline(spark, inputs, root, bronze=True, **settings).run()
+    word_pipeline(inputs, root, bronze=True, **settings).run()
     assert_uninterrupted(spark, root, CHAINED)
     assert validate(str(root)) == []
 
@@ -434,7 +434,6 @@ def test_the_readme_change_share_settings_chain_or_write_whole_files_with_equal_
         local, root = tmp_path / name / "local", tmp_path / name / "root"
         inputs = write_epochs(tmp_path / name / "in", CHAINED[:6])
         word_pipeline(
-            spark,
             inputs,
             root,
             bronze=True,
@@ -458,7 +457,7 @@ def test_restarts_that_switch_the_change_share_keep_the_uninterrupted_results(
         inputs = write_epochs(tmp_path / "in", CHAINED[:upto])
         before = set(chain_files(local))
         pipeline = word_pipeline(
-            spark, inputs, root, bronze=True, local_state_change_share=share, **settings
+            inputs, root, bronze=True, local_state_change_share=share, **settings
         )
         pipeline.run()
         assert bool(set(chain_files(local)) - before) == (share > 0), share

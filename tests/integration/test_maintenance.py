@@ -56,7 +56,7 @@ def live_files(table: Path) -> list[str]:
 
 def test_compaction_keeps_every_epoch_readable(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()
     files_before = live_files(root / STATE)
     assert len(files_before) > 1
 
@@ -72,7 +72,7 @@ def test_compaction_keeps_every_epoch_readable(spark: SparkSession, tmp_path: Pa
 def test_background_compaction_while_the_pipeline_runs(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, root, compaction_every_epochs=2, commit_mode="async").run()
+    word_pipeline(inputs, root, compaction_every_epochs=2, commit_mode="async").run()
     assert any(name.startswith("abs-c") for name in live_files(root / STATE))
     assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []
@@ -82,7 +82,7 @@ def test_the_readme_maintenance_block_runs_on_a_real_root(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()
     block = block_with("from pyspark_abs import compact, vacuum, validate")
     scope: dict[str, Any] = {}
     exec(block.replace("/data/abs/orders", str(root)), scope)
@@ -94,11 +94,11 @@ def test_the_readme_maintenance_block_runs_on_a_real_root(
 def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(inputs, root).run()
     compact(str(root))
     DeltaTable(str(root / STATE)).create_checkpoint()  # below the snapshots vacuum keeps
     write_epochs(inputs, (*EPOCHS, *MORE))
-    word_pipeline(spark, inputs, root).run()
+    word_pipeline(inputs, root).run()
     state_dir = root / STATE
     orphan = state_dir / "abs-e000000000001-p00000-a7-0123456789ab-000.parquet"
     orphan.write_bytes(b"left by a failed task attempt")
@@ -148,7 +148,7 @@ def test_retention_and_vacuum(spark: SparkSession, tmp_path: Path) -> None:
 
 def test_validate_reports_damage(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()
     state_file = sorted((root / STATE).glob("abs-e000000000002-*.parquet"))[0]
     state_file.unlink()
     sink_dir = root / "sinks" / "word_counts"
@@ -217,10 +217,10 @@ def test_two_racing_compactions_resurrect_no_deleted_key(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     root, inputs = tmp_path / "root", tmp_path / "in"
-    word_pipeline(spark, write_epochs(inputs, EPOCHS[:3]), root, op=count_below_three).run()
+    word_pipeline(write_epochs(inputs, EPOCHS[:3]), root, op=count_below_three).run()
     stale = paused_compaction(root)  # as of epoch 2, where "b" is live
     try:
-        word_pipeline(spark, write_epochs(inputs, EPOCHS), root, op=count_below_three).run()
+        word_pipeline(write_epochs(inputs, EPOCHS), root, op=count_below_three).run()
         before = {epoch: live_state(root, epoch) for epoch in range(4)}
         assert "b" in before[2]
         assert "b" not in before[3]
@@ -238,7 +238,7 @@ def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
 ) -> None:
     root = tmp_path / "root"
     word_pipeline(
-        spark, write_epochs(tmp_path / "in", EPOCHS), root, op=count_below_three, bronze=True
+        write_epochs(tmp_path / "in", EPOCHS), root, op=count_below_three, bronze=True
     ).run()
     as_of_1 = live_state(root, 1)
     stale = paused_compaction(root)  # as of epoch 3
@@ -254,7 +254,7 @@ def test_compaction_racing_a_rollback_leaves_the_rolled_back_state(
 
 def test_vacuum_deletes_only_files_it_can_prove_dead(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()
     state, sink = root / STATE, root / "sinks" / "word_counts"
     mine = root_tag(str(root))
     assert all(f"-t{mine}-" in name for name in live_files(sink))
@@ -294,7 +294,7 @@ def test_validate_tells_a_log_expired_by_delta_from_damage(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()
     state = DeltaTable(str(root / STATE))
     for table in (state, DeltaTable(str(root / "sinks" / "word_counts"))):
         assert table.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
@@ -330,7 +330,7 @@ def test_concurrent_rollbacks_and_vacuums_leave_a_loadable_root(
 ) -> None:
     """Two rollbacks, then two vacuums, racing on one root: no transition is recorded twice."""
     root = tmp_path / "root"
-    word_pipeline(spark, write_epochs(tmp_path / "in", EPOCHS), root, bronze=True).run()
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root, bronze=True).run()
     for _round in range(3):
         outcomes = race(lambda: rollback(str(root), 1), lambda: rollback(str(root), 1))
         assert None in outcomes, outcomes

@@ -300,7 +300,7 @@ def test_a_root_on_s3_without_spark_s3_support_is_refused_with_what_to_add(
     """The session has no S3A: the checkpoint under the root cannot live on S3."""
     landing, root = tmp_path / "landing", f"{bucket}/no-s3a"
     write_epochs(landing, EPOCHS[:1])
-    pipeline = wordcount.build(spark, str(landing), root)
+    pipeline = wordcount.build(str(landing), root)
     with pytest.raises(ConfigError, match=r"no file system for s3://.*fs\.s3\.impl"):
         pipeline.run()
     assert Snapshots(root).list(include_aborted=True) == []

@@ -46,7 +46,7 @@ def test_every_epoch_is_snapshotted_and_committed(
     spark: SparkSession, tmp_path: Path, mode: str
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    query = word_pipeline(spark, inputs, tmp_path / "root", commit_mode=mode).run()
+    query = word_pipeline(inputs, tmp_path / "root", commit_mode=mode).run()
     assert query.recovered_epochs == []
     assert query.pending_epochs == 0
     assert_word_counts(spark, tmp_path / "root", EPOCHS)
@@ -63,8 +63,8 @@ def test_every_epoch_is_snapshotted_and_committed(
 
 def test_both_operator_forms_write_the_same_snapshot(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, tmp_path / "vec").run()
-    word_pipeline(spark, inputs, tmp_path / "key", op=word_count_per_key).run()
+    word_pipeline(inputs, tmp_path / "vec").run()
+    word_pipeline(inputs, tmp_path / "key", op=word_count_per_key).run()
     store = DeltaStore()
     tables = []
     for root in ("vec", "key"):
@@ -82,7 +82,7 @@ def test_python_workers_collect_garbage_without_walking_what_they_imported(
     the driver's heap is left alone."""
     frozen_in_driver = gc.get_freeze_count()
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, tmp_path / "root", op=word_count_seeing_the_heap).run()
+    word_pipeline(inputs, tmp_path / "root", op=word_count_seeing_the_heap).run()
 
     snapshots = Snapshots(str(tmp_path / "root"), spark)
     assert_same(state_history(snapshots), expected_history(spark, EPOCHS))
@@ -108,7 +108,7 @@ def test_workers_spark_does_not_reuse_leave_their_heap_and_a_restart_with_reuse_
     )
     assert child.returncode == 0, child.stderr.decode()[-3000:]
     write_epochs(inputs, EPOCHS)
-    word_pipeline(spark, inputs, root, op=word_count_seeing_the_heap).run()
+    word_pipeline(inputs, root, op=word_count_seeing_the_heap).run()
 
     snapshots = Snapshots(str(root), spark)
     assert_same(state_history(snapshots), expected_history(spark, EPOCHS))
@@ -122,16 +122,16 @@ def test_workers_spark_does_not_reuse_leave_their_heap_and_a_restart_with_reuse_
 
 def test_restart_continues_where_it_stopped(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
-    word_pipeline(spark, inputs, tmp_path / "root").run()
+    word_pipeline(inputs, tmp_path / "root").run()
     write_epochs(tmp_path / "in", EPOCHS)
-    query = word_pipeline(spark, inputs, tmp_path / "root").run()
+    query = word_pipeline(inputs, tmp_path / "root").run()
     assert query.recovered_epochs == []
     assert_word_counts(spark, tmp_path / "root", EPOCHS)
 
 
 def test_state_is_typed_and_queryable_with_sql(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    pipeline = word_pipeline(spark, inputs, tmp_path / "root", key_groups=4)
+    pipeline = word_pipeline(inputs, tmp_path / "root", key_groups=4)
     pipeline.run()
     state = pipeline.snapshots.state("word_count", 1, with_metadata=True)
     assert state.schema.simpleString() == (
@@ -147,7 +147,7 @@ def test_state_is_typed_and_queryable_with_sql(spark: SparkSession, tmp_path: Pa
 
 def test_manifest_reads_as_a_dataframe(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
-    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline = word_pipeline(inputs, tmp_path / "root")
     pipeline.run()
     manifest = pipeline.snapshots.manifest()
     transitions = manifest.groupBy("status").count()
@@ -162,7 +162,7 @@ def test_manifest_reads_as_a_dataframe(spark: SparkSession, tmp_path: Path) -> N
 def test_epoch_without_words_commits_nothing_new(spark: SparkSession, tmp_path: Path) -> None:
     epochs = ["a b", "   ", "b"]
     inputs = write_epochs(tmp_path / "in", epochs)
-    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline = word_pipeline(inputs, tmp_path / "root")
     pipeline.run()
     infos = pipeline.snapshots.list()
     assert [i.status for i in infos] == [EpochStatus.COMMITTED] * 3
@@ -232,7 +232,7 @@ def test_several_outputs_commit_to_several_sinks(spark: SparkSession, tmp_path: 
 
 def test_sinks_only_mode_writes_outputs_exactly_once(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
-    word_pipeline(spark, inputs, tmp_path / "root", snapshots=False).run()
+    word_pipeline(inputs, tmp_path / "root", snapshots=False).run()
     store = DeltaStore()
     sink = str(tmp_path / "root" / "sinks" / "word_counts")
     counts = load_dataframe(spark, sink, store.open(sink).version())
@@ -275,7 +275,7 @@ def test_configuration_comes_from_spark_conf(spark: SparkSession, tmp_path: Path
 
 def test_tables_use_only_features_delta_spark_reads(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
-    pipeline = word_pipeline(spark, inputs, tmp_path / "root")
+    pipeline = word_pipeline(inputs, tmp_path / "root")
     pipeline.run()
     store = DeltaStore()
     for table in ("_manifest", "state/word_count", "sinks/word_counts"):
@@ -340,14 +340,14 @@ def test_continuous_query_processes_available_data_and_restarts(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
-    pipeline = word_pipeline(spark, inputs, tmp_path / "root", commit_mode="async")
+    pipeline = word_pipeline(inputs, tmp_path / "root", commit_mode="async")
     query = pipeline.start(processing_time="100 milliseconds")
     query.process_all_available()
     query.stop()
     assert not query.is_active
     assert query.pending_epochs == 0
     write_epochs(tmp_path / "in", EPOCHS)
-    query = word_pipeline(spark, inputs, tmp_path / "root", commit_mode="async").start()
+    query = word_pipeline(inputs, tmp_path / "root", commit_mode="async").start()
     query.process_all_available()
     query.stop()
     assert_word_counts(spark, tmp_path / "root", EPOCHS)

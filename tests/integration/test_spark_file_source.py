@@ -1,5 +1,6 @@
-"""Spark's own file source: crash, rollback (twice, and to a restore epoch) and restore into
-other roots give the uninterrupted run's results, on every Spark version."""
+"""Spark's own file source, as the example word count reads it: crash, rollback (twice, and to
+a restore epoch) and restore into other roots give the uninterrupted run's results, on every
+Spark version."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from pyspark_abs import (
     Pipeline,
     Snapshots,
     SourceError,
-    SparkFileSource,
     restore,
     rollback,
 )
@@ -31,30 +31,28 @@ from tests.support.versions import as_batched, shuffle_partitions, sink_of
 
 
 def native(root: Path, landing: Path, *, key_groups: int = 8, crash: int | None = None) -> Pipeline:
-    """The word count over Spark's own text source, a file per micro-batch; ``crash`` after
-    PREPARED of that epoch."""
-    source = SparkFileSource(str(landing), "text", options={"maxFilesPerTrigger": "1"})
-    return word_count_over(root, source, key_groups=key_groups, crash=crash)
+    """The example word count (Spark's own text source, a file per micro-batch); ``crash``
+    after PREPARED of that epoch."""
+    return wordcount.build(str(landing), str(root), config=settings(key_groups, crash))
 
 
-def word_count_over(
-    root: Path,
-    source: SparkFileSource | DataFrame,
-    *,
-    key_groups: int = 8,
-    crash: int | None = None,
-) -> Pipeline:
-    """The word count over ``source`` at ``root``."""
-    faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
+def word_count_over(root: Path, source: DataFrame) -> Pipeline:
+    """The word count over a streaming DataFrame ``source`` at ``root``."""
     return Pipeline(
         "wordcount",
         source,
         wordcount.word_count,
         root=str(root),
         sinks={"output": sink_of(root)},
-        config=AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults),
+        config=settings(),
         transform=wordcount.words_of,
     )
+
+
+def settings(key_groups: int = 8, crash: int | None = None) -> AbsConfig:
+    """Synchronous commits at ``key_groups``; a crash after PREPARED of epoch ``crash``."""
+    faults = () if crash is None else (Fault(FaultStep.AFTER_PREPARED, epoch=crash),)
+    return AbsConfig(key_groups=key_groups, commit_mode="sync", faults=faults)
 
 
 @pytest.mark.compat

@@ -139,11 +139,11 @@ def test_log_becomes_unwritable_mid_run(
     immutable_dirs.append(delta_log)
     op = sabotaging("f", lambda: chattr(delta_log, "+i"))
     with pytest.raises(error, match=message):
-        word_pipeline(spark, inputs, root, op=op).run()
+        word_pipeline(inputs, root, op=op).run()
     chattr(delta_log, "-i")
     assert_stopped_before(root, 2, status)
 
-    restarted = word_pipeline(spark, inputs, root).run()
+    restarted = word_pipeline(inputs, root).run()
     assert restarted.recovered_epochs == ([2] if status is EpochStatus.PREPARED else [])
     assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []
@@ -226,7 +226,7 @@ def test_a_decided_epoch_whose_file_was_deleted_is_replaced_by_a_rollback(
     root = tmp_path / "root"
     crash = (Fault(FaultStep.AFTER_PREPARED, epoch=2),)
     with pytest.raises(InjectedFault):
-        word_pipeline(spark, inputs, root, bronze=True, faults=crash).run()
+        word_pipeline(inputs, root, bronze=True, faults=crash).run()
     lost = committed_files(root, SINK, 2)[0]
     lost.unlink()
     with pytest.raises(
@@ -236,7 +236,7 @@ def test_a_decided_epoch_whose_file_was_deleted_is_replaced_by_a_rollback(
         rf"files back from a backup and start again, or roll back to a snapshot, which replaces "
         rf"it: pyspark_abs.rollback\('{root}', 1\) or an earlier epoch",
     ):
-        word_pipeline(spark, inputs, root, bronze=True).run()
+        word_pipeline(inputs, root, bronze=True).run()
 
     assert [str(problem) for problem in validate(str(root))] == [
         f"epoch 2: decided (PREPARED) but no start can commit it: its file {lost.name} of "
@@ -252,7 +252,7 @@ def test_a_decided_epoch_whose_file_was_deleted_is_replaced_by_a_rollback(
     assert left, "epoch 2 wrote no state file"
     vacuum(str(root), min_age_seconds=0)
     assert not any(path.exists() for path in left), "vacuum kept the replaced epoch's files"
-    word_pipeline(spark, inputs, root, bronze=True).run()
+    word_pipeline(inputs, root, bronze=True).run()
     snapshots = Snapshots(str(root), spark)
     assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
     assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
@@ -267,7 +267,7 @@ def committed_files(root: Path, table: str, epoch: int) -> list[Path]:
 def test_damaged_data_files_are_reported_and_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root, bronze=True).run()
+    word_pipeline(inputs, root, bronze=True).run()
     snapshots = Snapshots(str(root), spark)
     versions = {i.epoch: i.table_versions for i in snapshots.list()}
     state_file = committed_files(root, STATE, 2)[0]
@@ -296,7 +296,7 @@ def test_damaged_data_files_are_reported_and_refused(spark: SparkSession, tmp_pa
         r"from it. Nothing was changed. Put the files back from a backup, or roll back to the "
         r"newest intact snapshot, epoch 1 \(pyspark_abs.rollback\(.*, 1\)\)",
     ):
-        word_pipeline(spark, inputs, root, bronze=True).start()
+        word_pipeline(inputs, root, bronze=True).start()
     for epoch in (3, 2):
         with pytest.raises(
             SnapshotDamagedError,
@@ -316,7 +316,7 @@ def test_damaged_data_files_are_reported_and_refused(spark: SparkSession, tmp_pa
 def test_damaged_delta_log_is_reported_and_refused(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS)
     root = tmp_path / "root"
-    word_pipeline(spark, inputs, root, bronze=True).run()
+    word_pipeline(inputs, root, bronze=True).run()
     version = Snapshots(str(root)).get(3).table_versions[SINK]
     entry = root / "sinks" / "word_counts" / "_delta_log" / f"{version:020d}.json"
     good = entry.read_bytes()
@@ -334,7 +334,7 @@ def test_damaged_delta_log_is_reported_and_refused(spark: SparkSession, tmp_path
     with pytest.raises(
         SnapshotDamagedError, match=refusal.format(3, "The pipeline cannot continue from it.")
     ):
-        word_pipeline(spark, inputs, root, bronze=True).start()
+        word_pipeline(inputs, root, bronze=True).start()
     with pytest.raises(SnapshotDamagedError, match=refusal.format(1, "It cannot be restored.")):
         rollback(str(root), 1)
 
@@ -343,7 +343,7 @@ def test_damaged_delta_log_is_reported_and_refused(spark: SparkSession, tmp_path
     shutil.move(entry, tmp_path / entry.name)
     assert [str(p).split(":")[0] for p in validate(str(root))] == [f"epoch 3, table {SINK}"]
     with pytest.raises(SnapshotDamagedError, match=r"epoch 3 .* is damaged: .* epoch 2 "):
-        word_pipeline(spark, inputs, root, bronze=True).start()
+        word_pipeline(inputs, root, bronze=True).start()
     restored = rollback(str(root), 2)
     assert_same(
         Snapshots(str(root), spark).sink("output", restored.epoch),

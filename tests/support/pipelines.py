@@ -58,7 +58,6 @@ def word_count_seeing_the_heap(key: tuple[Any, ...], rows: pd.DataFrame, state: 
 
 
 def word_pipeline(
-    spark: SparkSession,
     input_dir: Path,
     root: Path,
     *,
@@ -68,16 +67,13 @@ def word_pipeline(
 ) -> Pipeline:
     """The example word count over ``input_dir`` with small key-group counts for speed.
 
-    With ``bronze``, the files are read through a bronze Delta table (see
-    :func:`bronze_table`) with a ``DeltaSource``, so that the root can be rolled back and
-    restored; Spark's text source cannot be rewound.
+    Spark's own text source reads the files (a ``SparkFileSource``); with ``bronze``, a
+    ``DeltaSource`` reads them from a bronze Delta table (see :func:`bronze_table`).
     """
     settings: dict[str, Any] = {"key_groups": 8, "commit_mode": "sync"}
     settings.update(config)
     if not bronze:
-        return wordcount.build(
-            spark, str(input_dir), str(root), config=AbsConfig(**settings), operator=op
-        )
+        return wordcount.build(str(input_dir), str(root), config=AbsConfig(**settings), operator=op)
     return Pipeline(
         "wordcount",
         DeltaSource(bronze_table(input_dir), max_files_per_trigger=1),

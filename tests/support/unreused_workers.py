@@ -15,8 +15,8 @@ from tests.support.pipelines import word_count_seeing_the_heap, word_pipeline
 
 
 def main(inputs: str, root: str) -> int:
-    spark = local_session("unreused-workers", conf={"spark.python.worker.reuse": "false"})
-    word_pipeline(spark, Path(inputs), Path(root), op=word_count_seeing_the_heap).run()
+    local_session("unreused-workers", conf={"spark.python.worker.reuse": "false"})
+    word_pipeline(Path(inputs), Path(root), op=word_count_seeing_the_heap).run()
     return 0
 
 

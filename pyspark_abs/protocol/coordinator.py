@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark_abs.config import AbsConfig
@@ -54,40 +54,19 @@ from pyspark_abs.protocol.barrier import MARKER_DDL, BarrierMarker
 from pyspark_abs.protocol.committer import Group, OrderedCommitter
 from pyspark_abs.protocol.compaction import BackgroundCompactor, CompactionPolicy
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.listeners import SnapshotListener, notify
-from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, TableTarget, root_tag
+from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, root_tag
 from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import check_replay_reached
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
-from pyspark_abs.storage.files import FileEntry, delete_files, file_sizes
+from pyspark_abs.storage.files import FileEntry, delete_files
 from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logger(__name__)
-
-
-@dataclass(frozen=True)
-class SnapshotLayout:
-    """Where a pipeline's tables live.
-
-    Attributes:
-        pipeline: The pipeline's name.
-        root: The snapshot root.
-        operator: The operator's name.
-        targets: The tables the pre-commit tasks write, state table first.
-    """
-
-    pipeline: str
-    root: str
-    operator: str
-    targets: tuple[TableTarget, ...] = field(default_factory=tuple)
-
-    @property
-    def tables(self) -> dict[str, str]:
-        """Table id to location, in commit order."""
-        return {t.table: t.uri for t in self.targets}
 
 
 class EpochCoordinator:
@@ -286,7 +265,7 @@ class EpochCoordinator:
         started = time.perf_counter()
         try:
             aligned = align(self.layout.operator, epoch, markers, offsets.shuffle_partitions)
-            check_files(epoch, aligned.files, self._file_sizes)
+            check_files(epoch, aligned.files, self.layout.file_sizes)
             self.faults.at(FaultStep.AFTER_ALIGN, epoch)
         except BaseException as err:
             raise self._abort(epoch, [f for m in markers for f in m.files], err) from None
@@ -320,7 +299,7 @@ class EpochCoordinator:
             pending_epochs=self.pending_epochs,
             snapshot_interval=self.config.snapshot_interval,
         )
-        self._record(entry)
+        self.writer.record(entry)
         entry = replace(entry, prepare_ms=_ms_since(started))
         self.faults.at(FaultStep.AFTER_PREPARED, epoch)
         # Step 4: commit the group this epoch closes, now or in the background.
@@ -375,9 +354,9 @@ class EpochCoordinator:
         files = [f for m in markers for f in m.files]
         try:
             aligned = align(self.layout.operator, epoch, markers, offsets.shuffle_partitions)
-            check_files(epoch, aligned.files, self._file_sizes)
+            check_files(epoch, aligned.files, self.layout.file_sizes)
         except BaseException:
-            self._delete(files)
+            self.layout.delete(files)
             raise
         for table, uri in self.layout.tables.items():
             mine = [f for f in aligned.files if f.table == table]
@@ -399,16 +378,6 @@ class EpochCoordinator:
         rows = batch.mapInArrow(PrecommitTask(plan), MARKER_DDL).collect()
         return [BarrierMarker.from_dict(r.asDict(recursive=True)) for r in rows]
 
-    def _file_sizes(self, files: Sequence[FileEntry]) -> list[int | None]:
-        sizes: dict[FileEntry, int | None] = {}
-        for table, uri in self.layout.tables.items():
-            mine = [f for f in files if f.table == table]
-            sizes.update(zip(mine, file_sizes(uri, [f.path for f in mine]), strict=True))
-        return [sizes.get(f) for f in files]
-
-    def _record(self, entry: ManifestEntry) -> None:
-        self.writer.record(entry)
-
     def _entry(self, epoch: int, status: EpochStatus, **fields: Any) -> ManifestEntry:
         """A transition of ``epoch`` by this run, now."""
         return ManifestEntry(
@@ -426,10 +395,10 @@ class EpochCoordinator:
 
     def _abort(self, epoch: int, files: Sequence[FileEntry], err: BaseException) -> BaseException:
         """Record ABORTED (best effort), delete the epoch's listed files, return the error."""
-        self._delete(files)
+        self.layout.delete(files)
         entry = self._entry(epoch, EpochStatus.ABORTED, error=f"{type(err).__name__}: {err}"[:4000])
         try:
-            self._record(entry)
+            self.writer.record(entry)
         except AbsError as record_err:
             log.warning("epoch %d: could not record ABORTED: %s", epoch, record_err)
         notify(self.listeners, SnapshotInfo.from_entry(entry), committed=False)
@@ -441,11 +410,6 @@ class EpochCoordinator:
             return False
         previous = self.checkpoint.offsets(offsets.batch_id - 1)
         return previous.source_offsets == offsets.source_offsets
-
-    def _delete(self, files: Sequence[FileEntry]) -> None:
-        """Delete pre-committed files that no epoch will commit."""
-        for table, uri in self.layout.tables.items():
-            delete_files(uri, [f.path for f in files if f.table == table])
 
     def _current_query_id(self) -> str | None:
         if self._query_id is None:

@@ -12,8 +12,9 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import CommitError, InjectedFault, ManifestError
 from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.manifest.table import open_manifest
-from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.roots import PIPELINE, SINK, make_root, prepared, writer_of

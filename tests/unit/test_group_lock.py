@@ -14,8 +14,9 @@ from deltalake import DeltaTable
 from pyspark_abs.config import AbsConfig, CommitMode
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.envelope import Kind
-from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
 from pyspark_abs.storage.files import FileEntry

@@ -21,7 +21,7 @@ when the query ends) and ``run()`` with processing-time timeouts (its idle detec
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +31,12 @@ from pyspark_abs.faults import FaultInjector
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
-from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
+from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.lease import Lease, LeaseRecord
 from pyspark_abs.protocol.listeners import SnapshotListener
+from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
 from pyspark_abs.storage.store import DeltaStore
 
@@ -76,6 +78,49 @@ def require_supported(pipeline: str, config: AbsConfig, stops_when_idle: bool) -
             f"micro-batch that only the server sees under Spark Connect; use "
             f"start(processing_time=...) and stop() instead"
         )
+
+
+def protocol_run(
+    layout: SnapshotLayout,
+    config: AbsConfig,
+    writer: EpochWriter,
+    checkpoint: CheckpointReader,
+    lease: LeaseRecord,
+    *,
+    remote: bool,
+    epoch_base: int,
+    epoch_limit: int | None,
+    listeners: Sequence[SnapshotListener],
+    publishers: Sequence[KafkaPublisher],
+) -> tuple[EpochCoordinator | ConnectRun, Callable[[DataFrame, int], None]]:
+    """This run of the snapshot protocol, and the function ``foreachBatch`` calls.
+
+    A classic session runs the coordinator in the driver. A Spark Connect client sends a
+    :class:`RemoteCoordinator`, which adopts the run's ``lease`` in the server, and follows
+    the run in the manifest.
+    """
+    if not remote:
+        run = EpochCoordinator(
+            layout,
+            config,
+            writer,
+            checkpoint,
+            epoch_base=epoch_base,
+            epoch_limit=epoch_limit,
+            listeners=listeners,
+            publishers=publishers,
+        )
+        return run, run.process_batch
+    remote_run = RemoteCoordinator(
+        layout,
+        config,
+        checkpoint.location,
+        lease,
+        epoch_base,
+        epoch_limit,
+        listeners,
+    )
+    return ConnectRun(writer), remote_run
 
 
 @dataclass

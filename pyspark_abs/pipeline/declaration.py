@@ -45,12 +45,7 @@ from pyspark_abs.operators.schema import (
     to_spark,
 )
 from pyspark_abs.pipeline.backedge import BackEdge, check_pipeline_back_edges, loop_head
-from pyspark_abs.pipeline.connect import (
-    ConnectRun,
-    RemoteCoordinator,
-    is_connect,
-    require_supported,
-)
+from pyspark_abs.pipeline.connect import is_connect, protocol_run, require_supported
 from pyspark_abs.pipeline.launch import (
     live_state,
     require_same_key_groups,
@@ -66,8 +61,8 @@ from pyspark_abs.pipeline.wiring import (
     with_restore_rows,
     with_watermark_floors,
 )
-from pyspark_abs.protocol.coordinator import EpochCoordinator, SnapshotLayout
 from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
@@ -345,30 +340,18 @@ class Pipeline:
                 publisher.close()
             writer.close()
             raise
-        run: EpochCoordinator | ConnectRun
-        if remote:
-            run = ConnectRun(writer)
-            batch_function: Callable[[DataFrame, int], None] = RemoteCoordinator(
-                layout,
-                self.config,
-                self.checkpoint,
-                lease.record,
-                lineage.epoch_base,
-                epoch_limit,
-                self.listeners,
-            )
-        else:
-            run = EpochCoordinator(
-                layout,
-                self.config,
-                writer,
-                checkpoint,
-                epoch_base=lineage.epoch_base,
-                epoch_limit=epoch_limit,
-                listeners=self.listeners,
-                publishers=publishers,
-            )
-            batch_function = run.process_batch
+        run, batch_function = protocol_run(
+            layout,
+            self.config,
+            writer,
+            checkpoint,
+            lease.record,
+            remote=remote,
+            epoch_base=lineage.epoch_base,
+            epoch_limit=epoch_limit,
+            listeners=self.listeners,
+            publishers=publishers,
+        )
         try:
             plan = replace(
                 with_watermark_floors(self.plan, writer.epochs if self.config.snapshots else None),

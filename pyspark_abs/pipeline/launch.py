@@ -13,7 +13,7 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import ConfigError, UpstreamNotReadyError
 from pyspark_abs.operators.plan import LiveState, OperatorPlan, StateInSpark
 from pyspark_abs.pipeline.wiring import operator_stage
-from pyspark_abs.protocol.coordinator import SnapshotLayout
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.lineage import Lineage
 from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.sources import RewindableSource

@@ -8,7 +8,7 @@ from pyspark_abs.operators.envelope import Kind
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.pipeline.backedge import BackEdge
 from pyspark_abs.pipeline.sinks import DeltaSink
-from pyspark_abs.protocol.coordinator import SnapshotLayout
+from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.snapshots.reading import state_table_description
 from pyspark_abs.storage.root import SnapshotRoot, sink_table, state_table

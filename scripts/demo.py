@@ -1,13 +1,12 @@
 """The pyspark-abs demo: an incremental word count that crashes, recovers and is restored.
 
 1. Runs the word count over a directory of text files (one file per epoch) in a child
-   process, which is killed right after epoch E is PREPARED.
-2. Shows the manifest the crash left behind: epochs before E COMMITTED, epoch E PREPARED.
-3. Restarts the pipeline: recovery commits epoch E from the manifest, Spark replays the
+   process, which is killed right after epoch E is PREPARED, and shows the manifest the
+   crash left behind: epochs before E COMMITTED, epoch E PREPARED.
+2. Restarts the pipeline: recovery commits epoch E from the manifest, Spark replays the
    micro-batch (the replay is discarded), and the run finishes.
-4. Prints a per-epoch summary and checks the final state against a word count computed
-   directly from the input.
-5. Restores the snapshot of epoch E - 1 into a new root and runs the rest of the input again
+3. Checks the final state against a word count computed directly from the input.
+4. Restores the snapshot of epoch E - 1 into a new root and runs the rest of the input again
    at another scale (4 key groups instead of 16): the restored state equals the recovered
    one, and the restored sink holds exactly the rows the recovered run wrote after E - 1.
 

@@ -29,3 +29,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 export PATH="$PWD/$VENV/bin:$PATH"
+# How scripts/test and scripts/test_spark_versions run a whole suite: its test files on
+# ABS_TEST_WORKERS processes (default 2), each with a SparkSession of its own
+pytest_workers=(--numprocesses "${ABS_TEST_WORKERS:-2}" --dist loadfile)

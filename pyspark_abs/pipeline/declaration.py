@@ -294,6 +294,7 @@ class Pipeline:
         recovered: list[int] = []
         publishers: list[KafkaPublisher] = []
         try:
+            checkpoint.clear_unfinished_first_batch()
             writer.epochs = open_manifest(store, self.root, self.name)
             if self.config.snapshots:
                 require_sound_start(self.root, writer.epochs)

@@ -3,14 +3,18 @@
 Spark writes ``offsets/<batch>`` before it runs a micro-batch and ``commits/<batch>`` after
 the sink returns. The offsets file holds the source offsets, the watermark and the session
 configuration the query was started with (including its shuffle partition count, which a
-restarted query keeps). On a classic session, files are read through Hadoop's FileSystem, so
-every checkpoint location Spark supports works; under Spark Connect, where the client has no
-JVM, through pyarrow's file systems (local paths and object stores).
+restarted query keeps). Besides reading, a checkpoint superseded by a rollback is moved
+aside, and what a stop left of writing micro-batch 0's offsets is deleted. On a classic
+session, files are reached through Hadoop's FileSystem, so every checkpoint location Spark
+supports works; under Spark Connect, where the client has no JVM, through pyarrow's file
+systems (local paths and object stores).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,12 +23,26 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pyspark_abs.errors import ConfigError, PipelineMismatchError
+from pyspark_abs.logs import logger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+log = logger(__name__)
+
 SUPERSEDED = "superseded-by-epoch-"
 """How a checkpoint superseded by a restore epoch is renamed: ``<location>-<this><epoch>``."""
+
+_UNFINISHED_WRITE = re.compile(
+    r"\.\.?\d+\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.tmp(\.crc)?"
+)
+"""Spark writes a log file ``<batch>`` as ``.<batch>.<uuid>.tmp`` and renames it when done; a
+local or checksummed file system adds ``.<name>.crc`` beside it."""
+
+
+def unfinished_writes(names: list[str]) -> list[str]:
+    """The names among ``names`` that are temporary files of a log write never finished."""
+    return [name for name in names if _UNFINISHED_WRITE.fullmatch(name)]
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,9 @@ class CheckpointFiles(Protocol):
     def rename(self, source: str, target: str) -> bool:
         """Rename a directory; False if the file system refused."""
 
+    def delete(self, path: str) -> None:
+        """Delete a file; nothing if it does not exist."""
+
 
 class CheckpointReader:
     """Reads a streaming query's checkpoint directory."""
@@ -92,6 +113,31 @@ class CheckpointReader:
     def planned_batches(self) -> list[int]:
         """Micro-batch ids Spark has recorded offsets for (planned, maybe not committed)."""
         return sorted(int(n) for n in self._files.list(f"{self.location}/offsets") if n.isdigit())
+
+    def clear_unfinished_first_batch(self) -> list[str]:
+        """Delete what a stop left of writing micro-batch 0's offsets; return what went.
+
+        A query stopped while Spark wrote its first offsets file leaves that file's temporary
+        copy, and Spark 4.1 and later refuse to run micro-batch 0 beside it
+        (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``). Once Spark has planned a micro-batch,
+        nothing is deleted: Spark itself ignores such files then. Call it with the snapshot
+        root's lease held, so that no run writes the checkpoint meanwhile.
+        """
+        if self.planned_batches():
+            return []
+        gone = []
+        for folder in ("offsets", "commits"):
+            for name in unfinished_writes(self._files.list(f"{self.location}/{folder}")):
+                self._files.delete(f"{self.location}/{folder}/{name}")
+                gone.append(f"{folder}/{name}")
+        if gone:
+            log.warning(
+                "deleted %s from checkpoint %s: a stop interrupted Spark while it wrote "
+                "micro-batch 0's offsets, and Spark refuses to start beside them",
+                ", ".join(gone),
+                self.location,
+            )
+        return gone
 
     def offsets(self, batch_id: int) -> BatchOffsets:
         """The offsets Spark recorded for ``batch_id``.
@@ -181,6 +227,11 @@ class HadoopFiles:
         fs, hadoop_source = self._fs(source)
         return bool(fs.rename(hadoop_source, self._jvm.org.apache.hadoop.fs.Path(target)))
 
+    def delete(self, path: str) -> None:
+        """Delete a file; nothing if it does not exist."""
+        fs, hadoop_path = self._fs(path)
+        fs.delete(hadoop_path, False)
+
     def _fs(self, path: str) -> tuple[Any, Any]:
         hadoop_path = self._jvm.org.apache.hadoop.fs.Path(path)
         try:
@@ -241,6 +292,12 @@ class ArrowFiles:
         except (OSError, pa.ArrowException):
             return False
         return True
+
+    def delete(self, path: str) -> None:
+        """Delete a file; nothing if it does not exist."""
+        fs, local = _arrow_fs(path)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(local)
 
 
 def _arrow_fs(path: str) -> tuple[pafs.FileSystem, str]:

@@ -147,6 +147,38 @@ def test_second_rollback_after_a_failed_first_batch_sets_the_checkpoint_aside(
     assert list(root.glob(f"_checkpoint-superseded-by-epoch-{second.epoch}*"))
 
 
+def test_a_query_stopped_while_spark_wrote_its_first_offsets_starts_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark 4.1+ refuses to run micro-batch 0 unless its checkpoint's offsets log is empty.
+
+    A stop that interrupts the write of micro-batch 0's offsets leaves the file's temporary
+    copy (seen when a job's stage failed and the job stopped stages still in their first
+    micro-batch). The first run here starts on no input, so Spark writes the checkpoint's
+    metadata and plans nothing; the leftover is added as Spark leaves it.
+    """
+    files = tmp_path / "in"
+    files.mkdir()
+    root = tmp_path / "root"
+    word_pipeline(files, root).run()
+    offsets = root / "_checkpoint" / "offsets"
+    assert (root / "_checkpoint" / "metadata").exists()
+    offsets.mkdir(exist_ok=True)
+    leftover = ".0.0a760bad-6f86-4c57-815a-3312a9dbc9d3.tmp"
+    for name in (leftover, f".{leftover}.crc"):
+        (offsets / name).write_bytes(b"")
+    write_epochs(files, EPOCHS)
+
+    word_pipeline(files, root).run()
+
+    assert [p.name for p in offsets.iterdir() if ".tmp" in p.name] == []
+    clean = tmp_path / "clean"
+    word_pipeline(write_epochs(tmp_path / "clean-in", EPOCHS), clean).run()
+    snapshots, uninterrupted = Snapshots(str(root), spark), Snapshots(str(clean), spark)
+    assert_same(snapshots.state(OP), uninterrupted.state(OP))
+    assert_same(snapshots.sink("output"), uninterrupted.sink("output"))
+
+
 @pytest.mark.parametrize("commit_mode", ["sync", "async"])
 def test_a_replayed_decided_epoch_installs_the_decided_state(
     spark: SparkSession, tmp_path: Path, commit_mode: str

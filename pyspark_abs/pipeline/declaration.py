@@ -294,7 +294,6 @@ class Pipeline:
         recovered: list[int] = []
         publishers: list[KafkaPublisher] = []
         try:
-            checkpoint.clear_unfinished_first_batch()
             writer.epochs = open_manifest(store, self.root, self.name)
             if self.config.snapshots:
                 require_sound_start(self.root, writer.epochs)
@@ -336,6 +335,7 @@ class Pipeline:
             )
             for publisher in publishers:
                 publisher.publish(writer.epochs.entries)
+            checkpoint.clear_unfinished_first_batch()
         except BaseException:
             for publisher in publishers:
                 publisher.close()

@@ -20,8 +20,8 @@ SCRIPTS = Path(_costs.__file__).parent
 # A parent that calls itself "java" (as Spark's JVM is named), then on a line of input runs
 # the Python child the line names, reaps it and says so. "burn" burns 0.4 s of CPU time, then
 # idles 0.3 s so that a sampler slowed by a loaded machine still sees all of it; "orphan"
-# forks a grandchild that burns, and exits once it has burnt 0.15 s, which leaves the rest to
-# init.
+# forks a grandchild that burns 0.15 s and idles 0.3 s (so that a slowed sampler sees it), and
+# exits then, which leaves the grandchild's further burn to init.
 FAKE_JVM = """
 import ctypes, subprocess, sys
 ctypes.CDLL(None).prctl(15, b"java", 0, 0, 0)
@@ -29,7 +29,7 @@ print("ready", flush=True)
 burn = "import time\\nwhile time.process_time() < 0.4: pass\\ntime.sleep(0.3)"
 orphan = (
     "import os, time\\nr, w = os.pipe()\\nif os.fork():\\n    os.read(r, 1)\\nelse:\\n"
-    "    while time.process_time() < 0.15: pass\\n    os.write(w, b'x')\\n"
+    "    while time.process_time() < 0.15: pass\\n    time.sleep(0.3)\\n    os.write(w, b'x')\\n"
 ) + "".join("    " + line + "\\n" for line in burn.splitlines())
 for line in sys.stdin:
     subprocess.run([sys.executable, "-c", {"burn": burn, "orphan": orphan}[line.strip()]])

@@ -332,13 +332,37 @@ def _column_equal(a: Any, b: Any) -> BoolArray:
         a.null_count or b.null_count
     ):
         return np.asarray(a.to_numpy(zero_copy_only=False) == b.to_numpy(zero_copy_only=False))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _lists_equal(a, b)
     if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
         return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
     both_null = pc.and_(pc.is_null(a), pc.is_null(b))
     equal = pc.fill_null(pc.equal(a, b), False)
     if pa.types.is_floating(kind):
-        equal = pc.or_(equal, pc.and_(pc.is_nan(a), pc.is_nan(b)))
+        equal = pc.or_(equal, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
     return np.asarray(pc.fill_null(pc.or_(equal, both_null), False).to_numpy(zero_copy_only=False))
+
+
+def _lists_equal(a: Any, b: Any) -> BoolArray:
+    """Row-wise equality of two list arrays.
+
+    Two null lists are equal; else both have the same length and equal values by
+    :func:`_column_equal` (nulls equal nulls, NaN equals NaN).
+    """
+    a_null = np.asarray(a.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    b_null = np.asarray(b.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    a_len = np.asarray(pc.fill_null(pc.list_value_length(a), -1).to_numpy(), dtype=np.int64)
+    b_len = np.asarray(pc.fill_null(pc.list_value_length(b), -1).to_numpy(), dtype=np.int64)
+    both = ~a_null & ~b_null & (a_len == b_len)
+    equal: BoolArray = a_null & b_null
+    rows = np.flatnonzero(both)
+    if len(rows):
+        picked = pa.array(rows)
+        same = _column_equal(a.take(picked).flatten(), b.take(picked).flatten())
+        owner = np.repeat(np.arange(len(rows)), a_len[rows])
+        wrong = np.bincount(owner[~same], minlength=len(rows))
+        equal[rows] = wrong == 0
+    return equal
 
 
 def _few(table: pa.Table, mask: BoolArray, columns: tuple[str, ...]) -> str:

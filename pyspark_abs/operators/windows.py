@@ -30,12 +30,21 @@ from pyspark_abs.operators.contract import (
 )
 from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import TIMEOUT
+from pyspark_abs.operators.window_arrays import (
+    Kind,
+    Windows,
+    flatten,
+    key_ids,
+    merge,
+    nullable,
+    numbers,
+    split_cells,
+)
 
 START, END = "window_start", "window_end"
 _AGGREGATE = re.compile(
     r"^\s*(count|sum|min|max)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*(bigint|long|double)?\s*$"
 )
-_MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 _EPOCH = pd.Timestamp(0, tz="UTC")
 
 
@@ -49,7 +58,7 @@ class Aggregate:
     kind: str
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> Kind:
         """The pandas type its values are kept in while a key group runs."""
         return "float64" if self.kind == "double" else "Int64"
 
@@ -111,17 +120,23 @@ class WindowFunction:
         """Add the rows to their keys' windows, emit those the watermark closed."""
         keys = list(self.keys)
         watermark = ctx.clock.watermark_ms
-        row_ids, timed_ids, state_ids = _key_ids(keys, rows, ctx.timed_out, state)
-        touched = state.loc[np.isin(state_ids, np.concatenate([row_ids, timed_ids]))]
-        windows = pd.concat([self._stored(touched), self._new(rows, watermark)])
-        merged = self._merge(windows)
-        closing = merged[END] <= (watermark if watermark is not None else np.iinfo(np.int64).min)
-        open_ = merged[~closing].sort_values([*keys, START], kind="stable")
-        kept = self._state(open_)
-        touched_ids, kept_ids = _key_ids(keys, touched, kept)
-        gone = ~np.isin(touched_ids, kept_ids)
+        row_ids, timed_ids, state_ids = key_ids(keys, rows, ctx.timed_out, state)
+        hit = np.isin(state_ids, np.concatenate([row_ids, timed_ids]))
+        touched, touched_ids = state.loc[hit], state_ids[hit]
+        at = self._ms(rows)
+        fresh = (at.notna() & (at >= watermark if watermark is not None else True)).to_numpy()
+        key_rows = _rows_of(keys, touched, rows.loc[fresh, keys])
+        windows = self._stored(touched, touched_ids).then(
+            self._new(rows, at[fresh].to_numpy(np.int64), fresh, row_ids[fresh], len(touched))
+        )
+        merged = merge(windows, [a.function for a in self.aggregates], session=self.session)
+        closing = merged.end <= (watermark if watermark is not None else np.iinfo(np.int64).min)
+        open_ = merged.take(~closing)
+        gone = ~np.isin(touched_ids, open_.ids)
         return KeyGroupResult(
-            state=kept, removed=touched.loc[gone, keys], output=self._output(merged[closing])
+            state=self._state(open_, key_rows),
+            removed=touched.loc[gone, keys],
+            output=self._output(merged.take(closing), key_rows),
         )
 
     def input_problem(self, schema: StructType, watermark: str | None) -> str | None:
@@ -150,105 +165,96 @@ class WindowFunction:
                 )
         return None
 
-    def _new(self, rows: pd.DataFrame, watermark: int | None) -> pd.DataFrame:
-        """One window per row that is not late, with the row's aggregate inputs."""
-        at = (pd.to_datetime(rows[self.time], utc=True) - _EPOCH) // pd.Timedelta(milliseconds=1)
-        fresh = at.notna() & (at >= watermark if watermark is not None else True)
-        ms = at[fresh].astype("int64")
+    def _ms(self, rows: pd.DataFrame) -> pd.Series[Any]:
+        """The rows' event times in ms since the Unix epoch (null where null)."""
+        utc = pd.to_datetime(rows[self.time], utc=True, cache=False)
+        return (utc - _EPOCH) // pd.Timedelta(milliseconds=1)
+
+    def _new(
+        self,
+        rows: pd.DataFrame,
+        ms: np.ndarray[Any, Any],
+        fresh: np.ndarray[Any, Any],
+        ids: np.ndarray[Any, Any],
+        first_row: int,
+    ) -> Windows:
+        """One window per row that is not late (``fresh``), at ``ms``, with its inputs.
+
+        The rows' keys are numbered from ``first_row`` on, after the stored keys.
+        """
         start = ms if self.session else ms - ms % self.length_ms
-        frame = rows.loc[fresh, list(self.keys)].assign(
-            **{START: start.to_numpy(), END: (start + self.length_ms).to_numpy()}
-        )
+        values, valid = [], []
         for agg in self.aggregates:
             if agg.column is None:
-                values: pd.Series = pd.Series(1, index=frame.index)
+                data, ok = np.ones(len(ms), np.int64), np.ones(len(ms), bool)
             elif agg.function == "count":
-                values = rows.loc[fresh, agg.column].notna().astype("int64")
+                data = rows[agg.column].notna().to_numpy()[fresh].astype(np.int64)
+                ok = np.ones(len(ms), bool)
             else:
-                values = rows.loc[fresh, agg.column]
-            frame[agg.name] = values.astype(agg.dtype)
-        return frame
+                data, ok = numbers(rows[agg.column].to_numpy()[fresh], agg.dtype)
+            values.append(data)
+            valid.append(ok)
+        at = np.arange(first_row, first_row + len(ms))
+        return Windows(ids, at, start, start + self.length_ms, tuple(values), tuple(valid))
 
-    def _stored(self, state: pd.DataFrame) -> pd.DataFrame:
-        """The open windows of the keys in ``state``, one row each.
+    def _stored(self, state: pd.DataFrame, ids: np.ndarray[Any, Any]) -> Windows:
+        """The open windows of the keys in ``state``, one each.
 
         An aggregate added by evolution (``added={name: None}``) is null in the windows
         opened before it.
         """
-        columns = [START, END, *(a.name for a in self.aggregates)]
-        state = state[[*self.keys, *columns]].copy()
-        for agg in self.aggregates:
-            if not state[agg.name].isna().any():
-                continue
-            filled = [
-                values if isinstance(values, (list, np.ndarray)) else [None] * len(starts)
-                for starts, values in zip(state[START], state[agg.name], strict=True)
-            ]
-            state[agg.name] = pd.Series(filled, index=state.index, dtype=object)
-        long = state.explode(columns).dropna(subset=[START])
-        types = {START: "int64", END: "int64", **{a.name: a.dtype for a in self.aggregates}}
-        return long.astype(types)
-
-    def _merge(self, windows: pd.DataFrame) -> pd.DataFrame:
-        """Windows that overlap (sessions) or share a start (tumbling) as one."""
-        keys = list(self.keys)
-        ordered = windows.sort_values([*keys, START], kind="stable").reset_index(drop=True)
-        group: pd.Series[Any]
-        if self.session:
-            reach = ordered.groupby(keys, dropna=False, sort=False)[END].cummax()
-            previous = reach.groupby([ordered[k] for k in keys], dropna=False).shift()
-            group = (~(ordered[START] < previous)).cumsum()  # a key's first row starts one
-        else:
-            group = ordered.groupby([*keys, START], dropna=False, sort=False).ngroup()
-        how = {START: "min", END: "max"}
-        how.update({a.name: _MERGE[a.function] for a in self.aggregates})
-        merged = ordered.groupby([*(ordered[k] for k in keys), group], dropna=False).agg(
-            {c: f for c, f in how.items()}
+        lengths = np.fromiter(
+            (0 if cell is None else len(cell) for cell in state[START]), np.int64, len(state)
         )
-        counts = ordered.groupby([*(ordered[k] for k in keys), group], dropna=False)
-        for agg in self.aggregates:  # a sum, min or max over only nulls is null
-            if agg.function != "count":
-                valid = counts[agg.name].count()
-                merged[agg.name] = merged[agg.name].where(valid > 0)
-        return merged.reset_index(level=list(range(len(keys)))).reset_index(drop=True)
+        start, end = (flatten(state[c], lengths).astype(np.int64) for c in (START, END))
+        values, valid = [], []
+        for agg in self.aggregates:
+            data, ok = numbers(flatten(state[agg.name], lengths), agg.dtype)
+            values.append(data)
+            valid.append(ok)
+        at = np.repeat(np.arange(len(state)), lengths)
+        return Windows(np.repeat(ids, lengths), at, start, end, tuple(values), tuple(valid))
 
-    def _state(self, open_: pd.DataFrame) -> pd.DataFrame:
+    def _state(self, open_: Windows, key_rows: pd.DataFrame) -> pd.DataFrame:
         """One row per key with windows left, as arrays.
 
         Its ``_timeout`` is the earliest end less one: a timeout fires once the watermark
         is past it, a window closes once the watermark reaches its end.
         """
-        keys = list(self.keys)
-        columns = [START, END, *(a.name for a in self.aggregates)]
-        ids = open_.groupby(keys, dropna=False, sort=False).ngroup().to_numpy()
-        firsts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if len(ids) else ids
-        kept = open_[keys].iloc[firsts].reset_index(drop=True)
-        for column in columns:
-            missing = open_[column].isna().to_numpy()
-            values = open_[column].to_numpy(dtype=object if missing.any() else None)
-            if missing.any():
-                values[missing] = None
-            parts = np.split(values, firsts[1:]) if len(ids) else []
-            cells = np.empty(len(parts), dtype=object)
-            for i, part in enumerate(parts):
-                cells[i] = part
-            kept[column] = cells
-        ends = open_[END].to_numpy(dtype="int64")
-        kept[TIMEOUT] = np.minimum.reduceat(ends, firsts) - 1 if len(ids) else []
+        starts = open_.key_starts()
+        kept = key_rows.iloc[open_.at[starts]].reset_index(drop=True)
+        every = np.ones(len(open_), bool)
+        kept[START] = split_cells(open_.start, every, starts)
+        kept[END] = split_cells(open_.end, every, starts)
+        for agg, data, ok in zip(self.aggregates, open_.values, open_.valid, strict=True):
+            kept[agg.name] = split_cells(data, ok, starts)
+        ends = np.minimum.reduceat(open_.end, starts) if len(starts) else open_.end
+        kept[TIMEOUT] = ends - 1
         return kept
 
-    def _output(self, closed: pd.DataFrame) -> pd.DataFrame:
-        out = closed.copy()
-        for column in (START, END):
-            out[column] = pd.to_datetime(out[column].astype("int64"), unit="ms", utc=True)
-        return out[[*self.keys, START, END, *(a.name for a in self.aggregates)]]
+    def _output(self, closed: Windows, key_rows: pd.DataFrame) -> pd.DataFrame:
+        out = key_rows.iloc[closed.at].reset_index(drop=True)
+        out[START] = pd.to_datetime(closed.start, unit="ms", utc=True, cache=False)
+        out[END] = pd.to_datetime(closed.end, unit="ms", utc=True, cache=False)
+        for agg, data, ok in zip(self.aggregates, closed.values, closed.valid, strict=True):
+            out[agg.name] = nullable(data, ok, agg.dtype)
+        return out
 
 
-def _key_ids(keys: Sequence[str], *frames: pd.DataFrame) -> list[np.ndarray[Any, Any]]:
-    """Each frame's keys as integers, equal for equal keys across the frames (nulls too)."""
-    joined = pd.concat([f[list(keys)].astype(object) for f in frames], ignore_index=True)
-    ids = joined.groupby(list(keys), dropna=False, sort=False).ngroup().to_numpy()
-    return np.split(ids, np.cumsum([len(f) for f in frames])[:-1])
+def _rows_of(keys: Sequence[str], *frames: pd.DataFrame) -> pd.DataFrame:
+    """The key columns of the frames' rows one after the other, numbered from 0.
+
+    A column keeps its type where the frames agree on it; an empty frame adds no type.
+    """
+    filled = [f for f in frames if len(f)] or list(frames[:1])
+    columns: dict[str, pd.Series[Any]] = {}
+    for key in keys:
+        parts = [f[key] for f in filled]
+        if len({part.dtype for part in parts}) == 1:
+            columns[key] = pd.concat(parts, ignore_index=True)
+        else:
+            columns[key] = pd.Series(np.concatenate([p.to_numpy(dtype=object) for p in parts]))
+    return pd.DataFrame(columns)
 
 
 def tumbling_window(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -29,57 +30,98 @@ from tests.support.inputs import arrow_schema
 from tests.support.windows_model import Model
 
 SIZE_MS, GAP_MS = 1_000, 700
-AGGREGATES = {
-    "n": "count(*)",
-    "seen": "count(amount)",
-    "spent": "sum(amount)",
-    "top": "max(amount)",
-}
-INPUT = arrow_schema(
-    ("user", pa.string()), ("ts", pa.timestamp("us", "UTC")), ("amount", pa.float64())
-)
 LISTS = ("window_start", "window_end", "n", "seen", "spent", "top")
-TYPES: tuple[pa.DataType, ...] = (pa.int64(),) * 4 + (pa.float64(),) * 2
-OUT = arrow_schema(
-    ("user", pa.string()),
-    ("window_start", pa.timestamp("us", "UTC")),
-    ("window_end", pa.timestamp("us", "UTC")),
-    *zip(LISTS[2:], TYPES[2:], strict=True),
-)
 
 
-def plan(op: Operator) -> OperatorPlan:
-    return OperatorPlan(
-        name=op.name,
-        key_columns=op.key,
-        input_schema=INPUT,
-        state_schema=pa.schema(
-            [pa.field(c, pa.list_(t)) for c, t in zip(LISTS, TYPES, strict=True)]
-        ),
-        outputs=(("output", OUT),),
-        timeout=op.timeout,
-        function=op.function,
-        event_time="ts",
-    )
+@dataclass(frozen=True)
+class Shape:
+    """The keys and aggregates of one kind of window operator under test."""
+
+    key: dict[str, str]
+    key_types: tuple[pa.DataType, ...]
+    amount: pa.DataType
+    aggregates: dict[str, str]
+
+    def plan(self, op: Operator) -> OperatorPlan:
+        keys = tuple(zip(self.key, self.key_types, strict=True))
+        amount_type = pa.float64() if self.amount == pa.float64() else pa.int64()
+        types = (pa.int64(),) * 4 + (amount_type,) * 2
+        return OperatorPlan(
+            name=op.name,
+            key_columns=op.key,
+            input_schema=arrow_schema(
+                *keys, ("ts", pa.timestamp("us", "UTC")), ("amount", self.amount)
+            ),
+            state_schema=pa.schema(
+                [pa.field(c, pa.list_(t)) for c, t in zip(LISTS, types, strict=True)]
+            ),
+            outputs=(
+                (
+                    "output",
+                    arrow_schema(
+                        *keys,
+                        ("window_start", pa.timestamp("us", "UTC")),
+                        ("window_end", pa.timestamp("us", "UTC")),
+                        *zip(LISTS[2:], types[2:], strict=True),
+                    ),
+                ),
+            ),
+            timeout=op.timeout,
+            function=op.function,
+            event_time="ts",
+        )
+
+    def keys(self, rng: random.Random) -> Any:
+        """A random key: one value, or a tuple of one per key column."""
+        user = rng.choice(["a", "b", None])
+        return user if len(self.key) == 1 else (user, rng.choice([1, 7, None]))
+
+
+SHAPES = {
+    # doubles: sums and maxima of a double column
+    "one_key": Shape(
+        {"user": "string"},
+        (pa.string(),),
+        pa.float64(),
+        {"n": "count(*)", "seen": "count(amount)", "spent": "sum(amount)", "top": "max(amount)"},
+    ),
+    # a key of two columns, one of them a number, and bigint sums and maxima
+    "two_keys": Shape(
+        {"user": "string", "region": "bigint"},
+        (pa.string(), pa.int64()),
+        pa.int64(),
+        {
+            "n": "count(*)",
+            "seen": "count(amount)",
+            "spent": "sum(amount) bigint",
+            "top": "max(amount) bigint",
+        },
+    ),
+}
 
 
 def ms(stamp: Any) -> int:
     return int(pd.Timestamp(stamp).value // 1_000_000)
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("session", [False, True], ids=["tumbling", "session"])
 @pytest.mark.parametrize("seed", range(20))
-def test_random_schedules_emit_each_window_once_as_the_model_does(seed: int, session: bool) -> None:
-    key, one_ms = {"user": "string"}, dt.timedelta(milliseconds=1)
+def test_random_schedules_emit_each_window_once_as_the_model_does(
+    seed: int, session: bool, shape: str
+) -> None:
+    kind, one_ms = SHAPES[shape], dt.timedelta(milliseconds=1)
+    key, aggregates = kind.key, kind.aggregates
     op = (
-        session_window(key=key, time="ts", gap=GAP_MS * one_ms, aggregates=AGGREGATES, name="w")
+        session_window(key=key, time="ts", gap=GAP_MS * one_ms, aggregates=aggregates, name="w")
         if session
         else tumbling_window(
-            key=key, time="ts", size=SIZE_MS * one_ms, aggregates=AGGREGATES, name="w"
+            key=key, time="ts", size=SIZE_MS * one_ms, aggregates=aggregates, name="w"
         )
     )
-    runner = plan(op)
+    runner = kind.plan(op)
     rng = random.Random(seed)
+    amounts = [None, 1.0, 2.0, 5.0] if kind.amount == pa.float64() else [None, 1, -4, 9]
     state = runner.blob_schema.empty_table()
     model = Model(session, GAP_MS if session else SIZE_MS)
     watermark: int | None = None
@@ -87,24 +129,18 @@ def test_random_schedules_emit_each_window_once_as_the_model_does(seed: int, ses
     for epoch in range(10):
         events = [
             (
-                rng.choice(["a", "b", None]),
+                kind.keys(rng),
                 (watermark or 0) + rng.randrange(-300, 2_000),
-                rng.choice([None, 1.0, 2.0, 5.0]),
+                rng.choice(amounts),
             )
             for _ in range(rng.randrange(0, 6))
         ]
-        frame = pd.DataFrame(
-            {
-                "user": pd.Series([u for u, _, _ in events], dtype=object),
-                "ts": pd.to_datetime([t for _, t, _ in events], unit="ms", utc=True),
-                "amount": pd.Series([a for _, _, a in events], dtype="float64"),
-            }
-        )
-        outcome = run_key_group(runner, 0, frame, state, Clock(0, watermark), epoch)
+        outcome = run_key_group(runner, 0, frame(kind, events), state, Clock(0, watermark), epoch)
         expected = model.epoch(events, watermark)
+        width = len(kind.key)
         got = [
             (
-                r["user"],
+                key_of(r, kind),
                 ms(r["window_start"]),
                 ms(r["window_end"]),
                 r["n"],
@@ -115,11 +151,33 @@ def test_random_schedules_emit_each_window_once_as_the_model_does(seed: int, ses
             for r in outcome.outputs[0].to_pylist()
         ]
         assert sorted(got, key=str) == expected, f"seed {seed}, epoch {epoch}"
-        stored = sorted((tuple(r.values()) for r in outcome.state.to_pylist()), key=str)
+        stored = sorted(
+            ((key_of(r, kind), *list(r.values())[width:]) for r in outcome.state.to_pylist()),
+            key=str,
+        )
         assert stored == model.state(), f"seed {seed}, epoch {epoch}"
         state = outcome.state
         newest = max([newest, *(t for _, t, _ in events)])
         watermark = newest - rng.choice([0, 200, 900])
+
+
+def frame(kind: Shape, events: list[tuple[Any, int, Any]]) -> pd.DataFrame:
+    """The events as the operator gets them: key columns, ``ts`` and ``amount``."""
+    keys = [k if len(kind.key) > 1 else (k,) for k, _, _ in events]
+    columns: dict[str, Any] = {
+        name: pd.Series([k[i] for k in keys], dtype="Int64" if t == pa.int64() else object)
+        for i, (name, t) in enumerate(zip(kind.key, kind.key_types, strict=True))
+    }
+    columns["ts"] = pd.to_datetime([t for _, t, _ in events], unit="ms", utc=True)
+    dtype = "float64" if kind.amount == pa.float64() else "Int64"
+    columns["amount"] = pd.Series([a for _, _, a in events], dtype=dtype)
+    return pd.DataFrame(columns)
+
+
+def key_of(row: dict[str, Any], kind: Shape) -> Any:
+    """A row's key, as :meth:`Shape.keys` makes them."""
+    values = tuple(row[k] for k in kind.key)
+    return values[0] if len(values) == 1 else values
 
 
 @pytest.mark.parametrize(

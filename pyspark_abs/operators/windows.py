@@ -5,7 +5,8 @@ Each key keeps its open windows in its state, as parallel arrays (``window_start
 rollback, restore and evolution carry them like any other state, and its ``_timeout`` is
 the earliest end. A window is emitted once, when the watermark reaches its end, and then
 leaves the state; rows older than the watermark are dropped, as Spark drops late rows. The
-work runs over the whole key group at once with pandas, not key by key.
+work runs over the whole key group at once on flat arrays (see
+:mod:`~pyspark_abs.operators.window_arrays`), not key by key.
 """
 
 from __future__ import annotations

@@ -32,19 +32,27 @@ def key_arrays(tables: Sequence[pa.Table], columns: Sequence[str]) -> list[KeyAr
     if len(columns) == 1:
         return [t.column(columns[0]).combine_chunks() for t in tables]
     lengths = [t.num_rows for t in tables]
-    codes: IntArray | None = None
+    encoded_columns = []
     for column in columns:
         values = pa.concat_arrays([t.column(column).combine_chunks() for t in tables])
         encoded: Any = pc.dictionary_encode(values, null_encoding="encode")
         indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-        if codes is None:
-            codes = indices
-        else:
-            pairs = codes * len(encoded.dictionary) + indices
-            codes = np.unique(pairs, return_inverse=True)[1].astype(np.int64)
-    assert codes is not None
+        encoded_columns.append((indices, len(encoded.dictionary)))
+    codes = joint_codes(encoded_columns)
     bounds = np.cumsum([0, *lengths])
     return [pa.array(codes[bounds[i] : bounds[i + 1]]) for i in range(len(tables))]
+
+
+def joint_codes(columns: Sequence[tuple[IntArray, int]]) -> IntArray:
+    """One integer per row, equal exactly where every column's code is equal.
+
+    Args:
+        columns: Per key column, each row's code (from 0) and how many codes there are.
+    """
+    codes, _ = columns[0]
+    for indices, count in columns[1:]:
+        codes = np.unique(codes * count + indices, return_inverse=True)[1].astype(np.int64)
+    return codes.reshape(-1)
 
 
 def positions(keys: KeyArray, among: KeyArray) -> IntArray:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from pyspark_abs.operators.keys import joint_codes
+
 Array = np.ndarray[Any, Any]
 Kind = Literal["Int64", "float64"]
 """The pandas type an aggregate's values are kept in while a key group runs."""
@@ -121,7 +123,7 @@ def _extreme(dtype: np.dtype[Any], *, low: bool) -> Any:
 def key_ids(keys: Sequence[str], *frames: pd.DataFrame) -> list[Array]:
     """Each frame's keys as integers, equal for equal keys across the frames (nulls too)."""
     sizes = [len(f) for f in frames]
-    ids = np.zeros(sum(sizes), dtype=np.int64)
+    encoded = []
     for key in keys:
         columns = [f[key].to_numpy() for f in frames]
         kinds = {c.dtype for c in columns if len(c)}
@@ -129,8 +131,8 @@ def key_ids(keys: Sequence[str], *frames: pd.DataFrame) -> list[Array]:
         joined = np.concatenate([c.astype(kind, copy=False) for c in columns])
         codes, uniques = pd.factorize(joined)
         codes[codes < 0] = len(uniques)  # every kind of null is one key, as Spark groups them
-        ids = np.unique(ids * (len(uniques) + 1) + codes, return_inverse=True)[1].reshape(-1)
-    return np.split(ids, np.cumsum(sizes)[:-1])
+        encoded.append((codes.astype(np.int64), len(uniques) + 1))
+    return np.split(joint_codes(encoded), np.cumsum(sizes)[:-1])
 
 
 def flatten(cells: pd.Series[Any], lengths: Array) -> Array:

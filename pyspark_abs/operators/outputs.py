@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from pyspark_abs.errors import SchemaMismatchError
-from pyspark_abs.operators.schema import check_columns, check_names
+from pyspark_abs.operators.schema import check_columns, check_names, object_frame
 
 
 class OutputRows:
@@ -50,10 +50,17 @@ class OutputRows:
         """All collected rows as one frame, or None if there are none."""
         frames = list(self.frames)
         if self.records:
-            frames.append(pd.DataFrame.from_records(self.records, columns=self.columns))
+            frames.append(object_frame(self.records, self.columns))
         if not frames:
             return None
-        return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        if len(frames) == 1:
+            return frames[0]
+        # frames whose dtypes differ meet as Python values: one key's float column must not
+        # turn another key's integers into floats
+        mixed = [c for c in self.columns if len({str(f[c].dtype) for f in frames}) > 1]
+        if mixed:
+            frames = [f.astype(dict.fromkeys(mixed, object)) for f in frames]
+        return pd.concat(frames, ignore_index=True)
 
 
 def collect(returned: Any, collected: dict[str, OutputRows], where: str) -> None:

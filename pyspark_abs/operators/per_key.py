@@ -31,7 +31,13 @@ from pyspark_abs.operators.contract import (
 from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.key_state import KeyState
 from pyspark_abs.operators.outputs import OutputRows, collect
-from pyspark_abs.operators.schema import TIMEOUT, TIMERS, SchemaLike
+from pyspark_abs.operators.schema import (
+    TIMEOUT,
+    TIMERS,
+    SchemaLike,
+    object_frame,
+    python_value,
+)
 from pyspark_abs.operators.timers import (
     Timers,
     check_timers,
@@ -141,7 +147,10 @@ class PerKeyAdapter:
         existing: dict[tuple[Any, ...], int] = {
             _norm_key(k): i for i, k in enumerate(state[keys].itertuples(index=False, name=None))
         }
-        values: list[dict[str, Any]] = state[fields].to_dict("records")  # type: ignore[assignment]
+        values = [
+            {str(f): python_value(v) for f, v in value.items()}
+            for value in state[fields].to_dict("records")
+        ]
         timeouts = state[TIMEOUT].tolist()
         stored = state[TIMERS].tolist() if self.timers else []
         now = clock_now(self.timeout, ctx.clock)
@@ -202,10 +211,8 @@ class PerKeyAdapter:
             call(_norm_key(key), no_rows, True)
 
         return KeyGroupResult(
-            state=pd.DataFrame.from_records(
-                upserts, columns=[*keys, *fields, *timer_columns, TIMEOUT]
-            ),
-            removed=pd.DataFrame.from_records(removed, columns=keys),
+            state=object_frame(upserts, [*keys, *fields, *timer_columns, TIMEOUT]),
+            removed=object_frame([dict(zip(keys, k, strict=True)) for k in removed], keys),
             output={
                 name: frame
                 for name, rows_ in collected.items()

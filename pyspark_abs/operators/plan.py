@@ -30,6 +30,7 @@ from pyspark_abs.operators.schema import (
     localize,
     resolve_struct,
     to_arrow,
+    to_frame,
 )
 from pyspark_abs.operators.state_codec import BatchCodec, decode_marker
 
@@ -201,7 +202,7 @@ class OperatorPlan:
             return rows
         first = batch_id == 0 and self.first_batch_floor_ms is not None
         floor = self.first_batch_floor_ms if first else self.watermark_floor_ms
-        late = rows[column] < (floor or 0) * 1000
+        late = (rows[column] < (floor or 0) * 1000).fillna(False)  # a null time is not late
         return rows[~late] if late.any() else rows
 
     def watermark(self, spark_watermark_ms: int | None) -> int | None:
@@ -212,8 +213,7 @@ class OperatorPlan:
 
     def frame(self, table: pa.Table) -> pd.DataFrame:
         """An Arrow table as the function sees it: instants aware of the session time zone."""
-        frame = table.to_pandas(use_threads=False)
-        return localize(frame, instant_columns(table.schema), self.time_zone)
+        return localize(to_frame(table), instant_columns(table.schema), self.time_zone)
 
     def to_arrow(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
         """A frame the function returned, checked and converted (see :func:`frame_to_arrow`)."""

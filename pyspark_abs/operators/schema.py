@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -141,6 +142,80 @@ def instant_columns(schema: pa.Schema) -> tuple[str, ...]:
     return tuple(f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz)
 
 
+_NULLABLE_DTYPES: dict[pa.DataType, pd.api.extensions.ExtensionDtype] = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+    pa.float32(): pd.Float32Dtype(),
+    pa.float64(): pd.Float64Dtype(),
+}
+NULL_MASK_PREFIX = "_abs_null_"
+"""Operator input column saying which rows of the integer column after the prefix are null
+(the column itself then holds 0), so that integers reach pandas without passing through
+float (see :func:`exact_columns`)."""
+
+
+def to_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table as pandas, with no value changed.
+
+    A column of integers, booleans or floats that holds nulls becomes pandas' nullable
+    dtype of its type (``Int64``, ``boolean``, ``Float64``...): its integers never pass
+    through float, and a null stays distinct from NaN. Columns without nulls keep NumPy
+    dtypes.
+    """
+    frame = table.to_pandas(use_threads=False)
+    masked = {
+        f.name: pd.Series(
+            table.column(f.name).to_pandas(types_mapper=_NULLABLE_DTYPES.get), copy=False
+        )
+        for f in table.schema
+        if f.type in _NULLABLE_DTYPES and table.column(f.name).null_count
+    }
+    if not masked:
+        return frame
+    return pd.DataFrame({c: masked.get(c, frame[c]) for c in frame.columns}, copy=False)
+
+
+def exact_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows from Spark's pandas conversion with each masked integer column made whole again.
+
+    Spark hands a nullable integer column with nulls to pandas as float (2**60 + 1 becomes
+    2**60); the plan therefore sends such a column with its nulls as 0 beside a mask column
+    (:data:`NULL_MASK_PREFIX`). Here the column becomes pandas' nullable integer dtype where
+    the mask has a null, and stays int64 where it has none; the mask columns are dropped.
+    """
+    masks = [c for c in frame.columns if c.startswith(NULL_MASK_PREFIX)]
+    if not masks:
+        return frame
+    changed: dict[str, pd.Series] = {}
+    for mask in masks:
+        name = mask[len(NULL_MASK_PREFIX) :]
+        nulls = frame[mask].to_numpy(dtype=bool)
+        if nulls.any():
+            values = pd.arrays.IntegerArray(frame[name].to_numpy(), nulls)
+            changed[name] = pd.Series(values, index=frame.index, name=name)
+    return pd.DataFrame(
+        {c: changed.get(c, frame[c]) for c in frame.columns if c not in masks}, copy=False
+    )
+
+
+def object_frame(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
+    """Rows of Python values as a frame of object columns.
+
+    No dtype is inferred, so one row's None never turns another row's integer into a float.
+    """
+    return pd.DataFrame(
+        {c: pd.Series([r[c] for r in records], dtype=object) for c in columns}, copy=False
+    )
+
+
+def python_value(value: Any) -> Any:
+    """A pandas cell as a function sees it in a state dict: None for any kind of null."""
+    return None if value is None or value is pd.NA or value is pd.NaT else value
+
+
 def localize(frame: pd.DataFrame, columns: Sequence[str], time_zone: str) -> pd.DataFrame:
     """``frame`` with ``columns`` as datetimes aware of ``time_zone``.
 
@@ -192,13 +267,21 @@ def _aware(value: object) -> bool:
 
 
 def frame_to_arrow(
-    frame: pd.DataFrame, schema: pa.Schema, what: str, time_zone: str = "UTC"
+    frame: pd.DataFrame,
+    schema: pa.Schema,
+    what: str,
+    time_zone: str = "UTC",
+    *,
+    nan_is_null: bool = True,
 ) -> pa.Table:
     """Convert a pandas frame to ``schema``, column by column, with a precise error.
 
     The frame must already have every column of ``schema`` (see :func:`check_columns`);
     other columns are ignored. Naive datetimes in a ``timestamp`` column are wall-clock
-    times in ``time_zone``.
+    times in ``time_zone``. A NaN in a float column is null (pandas' convention, and
+    Spark's for the frames a pandas function returns), except in an object column of
+    Python values converted with ``nan_is_null=False``: there only None, ``pd.NA`` and
+    ``pd.NaT`` are null, as in Spark's ``GroupState``.
 
     Raises:
         SchemaMismatchError: A column cannot be converted to its declared type, or holds
@@ -213,9 +296,13 @@ def frame_to_arrow(
         # NumPy columns convert the same but several times faster without pandas in between.
         numpy = isinstance(column.dtype, np.dtype) and column.dtype.kind in "biuf"
         try:
-            array = pa.array(
-                column.to_numpy() if numpy else column, type=field.type, from_pandas=True
-            )
+            if not nan_is_null and column.dtype == object and pa.types.is_floating(field.type):
+                values = [python_value(v) for v in column]
+                array = pa.array(values, type=field.type, from_pandas=False)
+            else:
+                array = pa.array(
+                    column.to_numpy() if numpy else column, type=field.type, from_pandas=True
+                )
         except (
             pa.ArrowInvalid,
             pa.ArrowTypeError,

@@ -70,15 +70,17 @@ class Converted:
 
     def __init__(self, time_zone: str) -> None:
         self.time_zone = time_zone
-        self._done: dict[int, tuple[pd.DataFrame, pa.Schema, pa.Table]] = {}
+        self._done: dict[int, tuple[pd.DataFrame, pa.Schema, bool, pa.Table]] = {}
 
-    def __call__(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
+    def __call__(
+        self, frame: pd.DataFrame, schema: pa.Schema, what: str, *, nan_is_null: bool = True
+    ) -> pa.Table:
         """``frame_to_arrow(frame, schema, what, time_zone)``, reusing an earlier conversion."""
         done = self._done.get(id(frame))
-        if done is not None and done[0] is frame and done[1].equals(schema):
-            return done[2]
-        table = frame_to_arrow(frame, schema, what, self.time_zone)
-        self._done[id(frame)] = (frame, schema, table)
+        if done is not None and done[0] is frame and done[1:3] == (schema, nan_is_null):
+            return done[3]
+        table = frame_to_arrow(frame, schema, what, self.time_zone, nan_is_null=nan_is_null)
+        self._done[id(frame)] = (frame, schema, nan_is_null, table)
         return table
 
 
@@ -258,9 +260,10 @@ def _upsert_table(
         )
     what = f"{where}: returned state"
     check_columns(frame, plan.upsert_schema.names, what, optional=[TIMEOUT])
+    # a NaN set as a state value stays NaN (as in Spark's GroupState); see frame_to_arrow
     if TIMEOUT in frame.columns:
-        return converted(frame, plan.blob_schema, what)
-    table = converted(frame, plan.upsert_schema, what)
+        return converted(frame, plan.blob_schema, what, nan_is_null=False)
+    table = converted(frame, plan.upsert_schema, what, nan_is_null=False)
     return table.append_column(plan.blob_schema.field(TIMEOUT), pa.nulls(len(frame), pa.int64()))
 
 

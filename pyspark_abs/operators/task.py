@@ -35,6 +35,7 @@ from pyspark_abs.operators.schema import (
     DELETED,
     KEY_GROUP,
     RESTORE,
+    exact_columns,
     instant_columns,
     localize,
 )
@@ -74,7 +75,7 @@ class KeyGroupTask:
         chunks = [f for f in frames if len(f)]
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            rows = plan.without_late_rows(_without(rows, KEY_GROUP), batch_id)
+            rows = plan.without_late_rows(exact_columns(_without(rows, KEY_GROUP)), batch_id)
             inputs = [c for c in plan.input_instants if c in rows.columns]
             rows = localize(rows, inputs, plan.time_zone)
         else:
@@ -225,7 +226,7 @@ def _split_restore(
             f"only in the first micro-batch of a new checkpoint"
         )
     picked = rows[is_restore]
-    values = pd.DataFrame(picked[RESTORE].tolist(), index=picked.index)
+    values = pd.DataFrame(picked[RESTORE].tolist(), index=picked.index, dtype=object)
     held_in = values.pop(KEY_GROUP)
     regrouped = (held_in.isna() | (held_in != key_group)).to_numpy(dtype=bool)
     values = localize(values, instant_columns(plan.state_schema), plan.time_zone)

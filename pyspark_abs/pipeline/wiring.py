@@ -19,7 +19,13 @@ from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.schema import KEY_GROUP, RESTORE, TIMEOUT, instant_columns
+from pyspark_abs.operators.schema import (
+    KEY_GROUP,
+    NULL_MASK_PREFIX,
+    RESTORE,
+    TIMEOUT,
+    instant_columns,
+)
 from pyspark_abs.operators.task import KeyGroupTask
 from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource, SparkFileSource
 from pyspark_abs.sources.backedge_log import split_offsets
@@ -43,7 +49,7 @@ def operator_stage(keyed: DataFrame, plan: OperatorPlan) -> DataFrame:
     Its rows are envelopes: encoded state changes and outputs per key group and target.
     """
     return (
-        as_micros(keyed)
+        exact_for_pandas(keyed)
         .groupBy(KEY_GROUP)
         .applyInPandasWithState(
             KeyGroupTask(plan), ENVELOPE_DDL, STATE_DDL, "update", _TIMEOUT_CONF[plan.timeout]
@@ -85,26 +91,32 @@ def with_restore_rows(
     return keyed.withColumn(RESTORE, no_restore).unionByName(restore_rows, allowMissingColumns=True)
 
 
-def as_micros(frame: DataFrame) -> DataFrame:
-    """``frame`` with its top-level ``timestamp`` columns as microseconds since the Unix epoch.
+def exact_for_pandas(frame: DataFrame) -> DataFrame:
+    """``frame`` as the operator's rows cross into pandas without a value changing.
 
-    So they reach the operator as exact instants (see
-    :func:`~pyspark_abs.operators.schema.localize`).
+    Top-level ``timestamp`` columns become microseconds since the Unix epoch, so they reach
+    the operator as exact instants (see :func:`~pyspark_abs.operators.schema.localize`).
+    Spark turns a nullable integer column that holds nulls into float in pandas, so each
+    such column (instants included) is sent with its nulls as 0 beside a mask column, and
+    becomes whole again in the worker (:func:`~pyspark_abs.operators.schema.exact_columns`).
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampType
+    from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType, TimestampType
 
-    if not any(isinstance(f.dataType, TimestampType) for f in frame.schema.fields):
-        return frame
-    return frame.select(
-        *(
+    integral = (ByteType, ShortType, IntegerType, LongType, TimestampType)
+    columns = []
+    for f in frame.schema.fields:
+        column = frame[f.name]
+        if isinstance(f.dataType, TimestampType):
+            column = F.unix_micros(column)
+        if f.name == KEY_GROUP or not (f.nullable and isinstance(f.dataType, integral)):
             # the metadata keeps a watermark column's mark (event-time timeouts need one)
-            F.unix_micros(frame[f.name]).alias(f.name, metadata=f.metadata)
-            if isinstance(f.dataType, TimestampType)
-            else frame[f.name]
-            for f in frame.schema.fields
-        )
-    )
+            columns.append(column.alias(f.name, metadata=f.metadata))
+            continue
+        zero = F.lit(0).cast(LongType() if isinstance(f.dataType, TimestampType) else f.dataType)
+        columns.append(F.coalesce(column, zero).alias(f.name, metadata=f.metadata))
+        columns.append(frame[f.name].isNull().alias(NULL_MASK_PREFIX + f.name))
+    return frame.select(*columns)
 
 
 def with_watermark_floors(plan: OperatorPlan, epochs: EpochLog | None) -> OperatorPlan:

@@ -37,12 +37,13 @@ def same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def as_stored(a: Any) -> Any:
-    """What a returned value is stored as: pandas holds a null float as NaN, so a NaN a
-    function returns becomes null."""
+def as_stored(a: Any, *, in_list: bool = False) -> Any:
+    """What a returned value is stored as. A float cell of an object column keeps NaN (as
+    Spark's GroupState does); inside a list, pandas holds a null float as NaN, so a NaN
+    there becomes null."""
     if isinstance(a, list):
-        return [as_stored(x) for x in a]
-    return None if isinstance(a, float) and math.isnan(a) else a
+        return [as_stored(x, in_list=True) for x in a]
+    return None if in_list and isinstance(a, float) and math.isnan(a) else a
 
 
 def value(rng: random.Random, column: str) -> Any:

@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
-from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMERS, ddl_type, same_type
+from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMERS, ddl_type, same_type, to_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -364,9 +364,9 @@ def evolve_rows(
         value = evolution.added.get(declared.name)
         if callable(value):
             if old_state is None:
-                old_state = rows.select(
-                    [*key, *(n for n in rows.column_names if n in stored | dropped)]
-                ).to_pandas()
+                old_state = to_frame(
+                    rows.select([*key, *(n for n in rows.column_names if n in stored | dropped)])
+                )
             value = _called(value, old_state, declared.name, operator)
         columns[declared.name] = _column(
             value, declared.type, rows.num_rows, declared.name, operator

@@ -91,14 +91,18 @@ def with_restore_rows(
     return keyed.withColumn(RESTORE, no_restore).unionByName(restore_rows, allowMissingColumns=True)
 
 
+_WATERMARK_MARK = "spark.watermarkDelayMs"
+
+
 def exact_for_pandas(frame: DataFrame) -> DataFrame:
     """``frame`` as the operator's rows cross into pandas without a value changing.
 
     Top-level ``timestamp`` columns become microseconds since the Unix epoch, so they reach
     the operator as exact instants (see :func:`~pyspark_abs.operators.schema.localize`).
     Spark turns a nullable integer column that holds nulls into float in pandas, so each
-    such column (instants included) is sent with its nulls as 0 beside a mask column, and
-    becomes whole again in the worker (:func:`~pyspark_abs.operators.schema.exact_columns`).
+    such column (instants included, but not the watermark's) is sent with its nulls as 0
+    beside a mask column, and becomes whole again in the worker
+    (:func:`~pyspark_abs.operators.schema.exact_columns`).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType, TimestampType
@@ -109,7 +113,14 @@ def exact_for_pandas(frame: DataFrame) -> DataFrame:
         column = frame[f.name]
         if isinstance(f.dataType, TimestampType):
             column = F.unix_micros(column)
-        if f.name == KEY_GROUP or not (f.nullable and isinstance(f.dataType, integral)):
+        # Spark drops input rows older than the watermark by the marked column itself: a 0
+        # in place of null would drop restore rows; instants up to 2255 are exact as float
+        watermark = _WATERMARK_MARK in f.metadata
+        if (
+            f.name == KEY_GROUP
+            or watermark
+            or not (f.nullable and isinstance(f.dataType, integral))
+        ):
             # the metadata keeps a watermark column's mark (event-time timeouts need one)
             columns.append(column.alias(f.name, metadata=f.metadata))
             continue

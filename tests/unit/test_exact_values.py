@@ -1,0 +1,110 @@
+"""No value changes on its way through pandas: nulls are None (state) or pd.NA (columns),
+integers never pass through float, and one key's nulls leave another key's values alone.
+
+The reference is plain Python values; the functions under test are the conversions at the
+operator's edges and a per-key operator run on one key group.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from pyspark_abs.operators.contract import Clock, TimeoutMode
+from pyspark_abs.operators.key_group import run_key_group
+from pyspark_abs.operators.key_state import KeyState
+from pyspark_abs.operators.per_key import PerKeyAdapter
+from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import NULL_MASK_PREFIX, exact_columns, to_frame
+from tests.support.inputs import arrow_schema
+
+BIG = 2**60 + 1
+STATE = arrow_schema(("n", pa.int64()), ("d", pa.float64()), ("b", pa.bool_()))
+
+
+def test_a_column_with_nulls_becomes_nullable_and_keeps_every_integer() -> None:
+    table = pa.table(
+        {
+            "n": pa.array([BIG, None], pa.int64()),
+            "d": pa.array([math.nan, None], pa.float64()),
+            "b": pa.array([True, None]),
+            "whole": pa.array([BIG, 3], pa.int64()),
+        }
+    )
+    frame = to_frame(table)
+    assert [str(t) for t in frame.dtypes] == ["Int64", "Float64", "boolean", "int64"]
+    assert frame["n"].tolist()[0] == BIG
+    assert frame["n"].isna().tolist() == [False, True]
+    assert math.isnan(frame["d"].iloc[0])
+    assert frame["d"].iloc[1] is pd.NA
+    assert frame["whole"].tolist() == [BIG, 3]
+
+
+def test_masked_input_columns_are_whole_again_and_the_masks_dropped() -> None:
+    rows = pd.DataFrame(
+        {
+            "n": np.array([BIG, 0], dtype=np.int64),
+            NULL_MASK_PREFIX + "n": [False, True],
+            "i": np.array([7, 8], dtype=np.int32),
+            NULL_MASK_PREFIX + "i": [False, False],
+            "s": ["x", None],
+        }
+    )
+    exact = exact_columns(rows)
+    assert list(exact.columns) == ["n", "i", "s"]
+    assert str(exact["n"].dtype) == "Int64"
+    assert str(exact["i"].dtype) == "int32"
+    assert exact["n"].iloc[0] == BIG
+    assert exact["n"].iloc[1] is pd.NA
+
+
+def _plan(function: Any) -> OperatorPlan:
+    return OperatorPlan(
+        name="probe",
+        key_columns=("k",),
+        input_schema=arrow_schema(("k", pa.string()), ("v", pa.int64())),
+        state_schema=STATE,
+        outputs=(("output", arrow_schema(("k", pa.string()), ("v", pa.int64()))),),
+        timeout=TimeoutMode.NONE,
+        function=PerKeyAdapter(function, ("k",), TimeoutMode.NONE),
+    )
+
+
+def test_one_keys_nulls_leave_another_keys_state_and_outputs_exact() -> None:
+    seen: dict[str, dict[str, Any]] = {}
+    new: dict[str, dict[str, Any]] = {
+        "big": {"n": BIG + 2, "d": math.nan, "b": False},
+        "nul": {"n": None, "d": None, "b": None},
+    }
+
+    def probe(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        seen[key[0]] = state.get()
+        state.update(new[key[0]])
+        return {"k": key[0], "v": rows["v"].iloc[0]}
+
+    plan = _plan(probe)
+    stored: list[dict[str, Any]] = [
+        {"k": "big", "n": BIG, "d": math.nan, "b": True, "_timeout": None},
+        {"k": "nul", "n": None, "d": None, "b": None, "_timeout": None},
+    ]
+    state = pa.Table.from_pylist(stored, schema=plan.blob_schema)
+    rows = pd.DataFrame({"k": ["big", "nul"], "v": pd.array([BIG, None], dtype="Int64")})
+    outcome = run_key_group(plan, 0, rows, state, Clock(0, None), 1)
+
+    assert seen["nul"] == {"n": None, "d": None, "b": None}
+    assert seen["big"]["n"] == BIG
+    assert type(seen["big"]["n"]) is int
+    assert math.isnan(seen["big"]["d"])
+    assert seen["big"]["b"] is True
+    written = {r["k"]: r for r in outcome.state.to_pylist()}
+    assert written["big"]["n"] == BIG + 2
+    assert math.isnan(written["big"]["d"])
+    assert written["nul"] == {"k": "nul", "n": None, "d": None, "b": None, "_timeout": None}
+    assert sorted(outcome.outputs[0].to_pylist(), key=lambda r: r["k"]) == [
+        {"k": "big", "v": BIG},
+        {"k": "nul", "v": None},
+    ]

@@ -120,6 +120,11 @@ class EpochCoordinator:
         )
         self._idle = threading.Condition()
         self._idle_epochs = 0
+        planned = checkpoint.planned_batches()
+        # Micro-batches an earlier run planned but did not finish: Spark runs them again
+        # first, with their old offsets, so one that read nothing says nothing about what
+        # landed since (a run that stopped on it would skip that input).
+        self._planned_before = planned[-1] if planned else -1
         self._query_id: str | None = None
         self._group_lock = threading.Lock()
         self._group: list[ManifestEntry] = []
@@ -178,7 +183,7 @@ class EpochCoordinator:
 
     @property
     def idle_epochs(self) -> int:
-        """How many idle epochs (no input, no change) this run has seen."""
+        """How many idle epochs (no input, no change) this run has planned and seen."""
         with self._idle:
             return self._idle_epochs
 
@@ -272,9 +277,10 @@ class EpochCoordinator:
         align_ms = _ms_since(started)
         if not aligned.files and self._is_idle(offsets):
             log.debug("epoch %d read no input and changed nothing; it is not recorded", epoch)
-            with self._idle:
-                self._idle_epochs += 1
-                self._idle.notify_all()
+            if batch_id > self._planned_before:
+                with self._idle:
+                    self._idle_epochs += 1
+                    self._idle.notify_all()
             return
         # Step 3: prepare.
         started = time.perf_counter()

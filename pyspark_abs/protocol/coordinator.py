@@ -162,6 +162,9 @@ class EpochCoordinator:
         except BaseException as err:
             if self.failure is None:
                 self.failure = err
+            interrupted = spark_interruption(err)
+            if interrupted is not None:
+                raise InterruptedError(interrupted) from None
             raise
 
     def _raise_if_failed(self, what: str) -> None:
@@ -421,6 +424,35 @@ class EpochCoordinator:
         if self._query_id is None:
             self._query_id = self.checkpoint.query_id()
         return self._query_id
+
+
+_INTERRUPTIONS = (
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+)
+
+
+def spark_interruption(err: BaseException) -> str | None:
+    """What to tell Spark when a stop interrupted ``foreachBatch``, or None if none did.
+
+    Spark recognises a stop by matching its own pattern against the Python traceback of
+    the error, and that pattern recurses once per character: a traceback holding a Java
+    stack trace overflows the stream thread's stack (``StackOverflowError``). A short
+    error in the form Spark matches ends the query as a stop.
+    """
+    texts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        texts.append(str(current))
+        current = current.__cause__ or current.__context__
+    text = "\n".join(texts)
+    name = next((n for n in _INTERRUPTIONS if n in text), None)
+    if name is None:
+        return None
+    return f"py4j.protocol.Py4JJavaError: An error occurred while calling foreachBatch: {name}"
 
 
 def _task_error(err: BaseException) -> BaseException:

@@ -11,8 +11,9 @@ rollback, never change the state of an epoch.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -125,6 +126,7 @@ def vacuum(
     *,
     keep_last: int | None = None,
     min_age_seconds: float = 3600.0,
+    removed_file_retention_seconds: float | None = None,
     dry_run: bool = False,
     progress: Progress = quiet,
     config: AbsConfig | None = None,
@@ -147,13 +149,27 @@ def vacuum(
             that was never committed younger than this or a day, whichever is longer (a
             compaction that has not committed within a day crashed). Files written for an
             epoch are deleted by what the manifest says of the epoch, not by age.
+        removed_file_retention_seconds: Keep a file of a sink that a commit removed (a
+            rollback, a restore, a compaction, a user's ``OPTIMIZE``) this long after its
+            removal, as Delta's own ``VACUUM`` does, so that a reader lagging behind (a
+            ``readStream`` on the sink) can still read the versions that added it. None:
+            the sink's ``delta.deletedFileRetentionDuration``, or Delta's default of 7
+            days. State tables and back-edge logs, which only the root reads, follow
+            ``min_age_seconds``.
         dry_run: List what would expire and be deleted, and change nothing.
         progress: Receives a line per table.
         config: Only its injected faults matter.
 
     Raises:
         SnapshotNotFoundError: The root does not exist.
+        ConfigError: ``removed_file_retention_seconds`` is negative (nothing is changed).
     """
+    if removed_file_retention_seconds is not None and not removed_file_retention_seconds >= 0:
+        raise ConfigError(
+            f"vacuum of {root}: removed_file_retention_seconds must be 0 or more seconds, got "
+            f"{removed_file_retention_seconds!r}; None keeps each sink's own "
+            f"delta.deletedFileRetentionDuration"
+        )
     faults = FaultInjector((config or AbsConfig()).faults)
     expired = expire(root, keep_last, dry_run=dry_run) if keep_last is not None else []
     root = normalize_uri(root)
@@ -176,11 +192,17 @@ def vacuum(
         in_flight = {f.path for e in epochs.pending() for f in e.files if f.table == table}
         replaced = removed_paths(uri)
         doomed = []
-        rule = _DeadFile(table, tag, newest_decided, min_age_seconds)
+        sink = not table.startswith((STATE_PREFIX, BACKEDGE_PREFIX))
+        kept_removed = None
+        if sink:
+            kept_removed = removed_file_retention_seconds
+            if kept_removed is None:
+                kept_removed = deleted_file_retention_seconds(store.properties(uri))
+        rule = _DeadFile(table, tag, newest_decided, min_age_seconds, kept_removed, time.time())
         for path, age in data_files(uri):
             if path in referenced:
                 continue
-            if path not in in_flight and rule.dead(path, age, path in replaced):
+            if path not in in_flight and rule.dead(path, age, path in replaced, replaced.get(path)):
                 doomed.append(path)
             else:
                 kept += 1
@@ -212,24 +234,73 @@ class _DeadFile:
     tag: str
     newest_decided: int
     min_age_seconds: float
+    removed_retention_seconds: float | None
+    """How long a sink keeps a file after a commit removed it; None: not a sink."""
+    now: float
 
-    def dead(self, path: str, age: float, replaced: bool) -> bool:
+    def dead(self, path: str, age: float, replaced: bool, removed_at_ms: int | None) -> bool:
         """Whether a file no retained version references and no PREPARED epoch lists is dead.
 
         Args:
             path: The file's path under the table root.
             age: Seconds since it was last modified.
             replaced: Whether the table's log removes it (it was committed, then replaced).
+            removed_at_ms: When the newest remove of it was committed (None: unknown).
         """
         name = file_name(path)
         if name is None:
             return False  # not written by pyspark-abs
         if not self.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)) and name.tag != self.tag:
             return False  # a sink another pipeline (or an older pyspark-abs) writes too
+        if replaced and self.removed_retention_seconds is not None:
+            # a reader of the sink that lags behind still reads the versions that added it
+            if removed_at_ms is None:
+                return False
+            if self.now - removed_at_ms / 1000 < self.removed_retention_seconds:
+                return False
         if name.compaction:
             old_enough = age >= max(self.min_age_seconds, _ABANDONED_AFTER_SECONDS)
             return (replaced and age >= self.min_age_seconds) or old_enough
         return name.epoch <= self.newest_decided
+
+
+DELTA_DELETED_FILE_RETENTION_SECONDS = 7 * 86_400.0
+"""Delta's default ``delta.deletedFileRetentionDuration``: one week."""
+_INTERVAL_UNITS = {
+    "millisecond": 0.001,
+    "second": 1.0,
+    "minute": 60.0,
+    "hour": 3600.0,
+    "day": 86_400.0,
+    "week": 604_800.0,
+}
+
+
+def deleted_file_retention_seconds(properties: Mapping[str, str]) -> float:
+    """A table's ``delta.deletedFileRetentionDuration`` in seconds (Delta's default: 7 days).
+
+    The value is Delta's interval, such as ``interval 7 days`` or ``interval 1 hour``; one
+    that cannot be read counts as the default, the longer wait that loses nothing.
+    """
+    text = properties.get("delta.deletedFileRetentionDuration")
+    if text is None:
+        return DELTA_DELETED_FILE_RETENTION_SECONDS
+    parts = text.strip().lower().split()
+    if parts and parts[0] == "interval":
+        parts = parts[1:]
+    if len(parts) % 2 or not parts:
+        return DELTA_DELETED_FILE_RETENTION_SECONDS
+    total = 0.0
+    for amount, unit in zip(parts[::2], parts[1::2], strict=True):
+        scale = _INTERVAL_UNITS.get(unit.removesuffix("s"))
+        try:
+            value = float(amount)
+        except ValueError:
+            return DELTA_DELETED_FILE_RETENTION_SECONDS
+        if scale is None or value < 0:
+            return DELTA_DELETED_FILE_RETENTION_SECONDS
+        total += value * scale
+    return total
 
 
 def _referenced(store: DeltaStore, uri: str, versions: Iterable[int]) -> set[str]:

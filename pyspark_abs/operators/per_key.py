@@ -189,7 +189,11 @@ class PerKeyAdapter:
             pending = [] if timers is None else timers.pending()
             if handle.removed:
                 removed.append(key)
-            elif handle.exists:
+            elif handle.exists and (
+                handle.updated or timers is not None or handle.new_timeout_ms is not None
+            ):
+                # a key only read keeps its row: a TTL's expiry restarts on a write alone, and
+                # a timeout not set again is cleared by the call (see apply_state)
                 row = dict(zip(keys, key, strict=True))
                 row.update(handle.get())
                 if timers is not None:

@@ -126,11 +126,15 @@ def delete_files(uri: str, paths: Sequence[str]) -> None:
             continue
 
 
-def removed_paths(uri: str) -> set[str]:
-    """Files the table's JSON log entries remove (committed once, replaced since)."""
+def removed_paths(uri: str) -> dict[str, int | None]:
+    """Files the table's JSON log entries remove (committed once, replaced since).
+
+    Each with the newest ``deletionTimestamp`` of its removes, in ms since the Unix epoch
+    (None where a remove has none).
+    """
     fs, base = pafs.FileSystem.from_uri(uri)
     selector = pafs.FileSelector(f"{base}/_delta_log", allow_not_found=True)
-    removed: set[str] = set()
+    removed: dict[str, int | None] = {}
     for info in fs.get_file_info(selector):
         if info.type != pafs.FileType.File or not info.path.endswith(".json"):
             continue
@@ -145,7 +149,11 @@ def removed_paths(uri: str) -> set[str]:
             except json.JSONDecodeError:
                 continue
             if isinstance(action, dict) and isinstance(action.get("remove"), dict):
-                removed.add(unquote(str(action["remove"].get("path", ""))))
+                path = unquote(str(action["remove"].get("path", "")))
+                stamp = action["remove"].get("deletionTimestamp")
+                when = int(stamp) if isinstance(stamp, int) else None
+                earlier = removed.get(path, when)
+                removed[path] = None if when is None or earlier is None else max(when, earlier)
     return removed
 
 

@@ -163,3 +163,24 @@ def test_a_row_without_an_event_time_counts_as_the_watermark() -> None:
         "a": 15_000,
         "b": 19_000,
     }
+
+
+def read_only(key: tuple[Any, ...], frame: pd.DataFrame, state: KeyState) -> Any:
+    """Writes a key's state on its first call only, then just reads it."""
+    if not state.exists:
+        state.update({"count": len(frame)})
+    return {"word": key[0], "count": state.get()["count"]}
+
+
+@pytest.mark.parametrize("clock", [TimeoutMode.PROCESSING_TIME, TimeoutMode.EVENT_TIME])
+def test_a_call_that_only_reads_a_key_leaves_its_ttl_clock_alone(clock: TimeoutMode) -> None:
+    """As Spark's TTL state: the clock restarts on an update, not on every call."""
+    plan = ttl_plan(clock, PerKeyAdapter(read_only, ("word",), TimeoutMode.NONE))
+    empty = plan.blob_schema.empty_table()
+    first = run_key_group(plan, 0, rows("a", ts=1_000_000), empty, Clock(1_000, 1_000), 0)
+    [written] = first.state.to_pylist()
+    assert written["_timeout"] == 1_000 + TTL_MS  # the clock or the event time, 1 s
+    second = run_key_group(plan, 0, rows("a", ts=5_000_000), first.state, Clock(5_000, 5_000), 1)
+    assert second.changes.num_rows == 0
+    assert second.state.to_pylist() == [written]
+    assert sort(second.outputs[0]) == [{"word": "a", "count": 1}]

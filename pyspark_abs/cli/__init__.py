@@ -111,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
         default=3600.0,
         help="seconds a replaced compaction output must be old to go (default 3600)",
     )
+    clean.add_argument(
+        "--removed-file-retention",
+        type=float,
+        default=None,
+        help="seconds a sink keeps a file after a commit removed it (default: the sink's "
+        "delta.deletedFileRetentionDuration, 7 days unless set)",
+    )
     clean.add_argument("--dry-run", action="store_true", help="list, do not delete")
     return parser
 
@@ -299,6 +306,7 @@ def _vacuum(args: argparse.Namespace) -> int:
         args.root,
         keep_last=args.keep_last,
         min_age_seconds=args.min_age,
+        removed_file_retention_seconds=args.removed_file_retention,
         dry_run=args.dry_run,
         progress=progress,
     )

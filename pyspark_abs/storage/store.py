@@ -180,6 +180,10 @@ class DeltaStore:
             ) from None
         return True
 
+    def properties(self, uri: str) -> dict[str, str]:
+        """The table's properties (``delta.*`` settings among them)."""
+        return dict(self.open(uri).metadata().configuration)
+
     def add_missing_columns(self, spec: TableSpec) -> list[str]:
         """Add the columns of ``spec.schema`` that the existing table lacks, as nullable.
 

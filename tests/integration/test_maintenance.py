@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pandas as pd
 import pytest
@@ -19,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import (
     CommitError,
+    ConfigError,
     KeyState,
     ManifestError,
     SnapshotNotFoundError,
@@ -33,6 +36,7 @@ from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.protocol.precommit import root_tag
+from pyspark_abs.storage.root import sink_table
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import EPOCHS, race, write_epochs
 from tests.support.pipelines import (
@@ -45,6 +49,7 @@ from tests.support.pipelines import (
     word_pipeline,
 )
 from tests.support.readme import block_with
+from tests.support.versions import land_and_run, sink_of
 
 STATE = "state/word_count"
 MORE = ("a l m", "b a n")
@@ -365,3 +370,64 @@ def test_concurrent_rollbacks_and_vacuums_leave_a_loadable_root(
     assert [s.status.value for s in snapshots].count("EXPIRED") == len(snapshots) - 1
     assert_same(Snapshots(str(root), spark).state("word_count"), expected_state(spark, EPOCHS[:2]))
     assert validate(str(root)) == []
+
+
+def test_vacuum_keeps_a_sinks_removed_files_for_its_retention(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Files a rollback removed from a sink stay for the sink's deletedFileRetentionDuration
+    (Delta's 7 days by default), so every version a lagging reader may still read stays
+    readable; a retention of 0, given or set on the table, lets vacuum delete them."""
+    landing, root = tmp_path / "landing", tmp_path / "root"
+    sink = sink_of(root)
+    for first in range(5):
+        land_and_run(landing, root, [EPOCHS[first % len(EPOCHS)]], first=first)
+    caught_up = version_of_epoch(root, 2)
+    rollback(str(root), 2)
+    for first in range(5, 7):
+        land_and_run(landing, root, [EPOCHS[first % len(EPOCHS)]], first=first)
+    versions = range(caught_up, int(DeltaTable(sink).version()) + 1)
+
+    def readable() -> dict[int, list[Any]]:
+        return {
+            v: sorted(DeltaTable(sink, version=v).to_pyarrow_table().to_pylist(), key=str)
+            for v in versions
+        }
+
+    before = readable()
+    rolled_back = [p for p in removed_by_log(sink) if re.search(r"abs-e00000000000[34]-", p)]
+    assert rolled_back
+
+    kept = vacuum(str(root), keep_last=2)
+    assert readable() == before
+    assert not set(kept.deleted.get(sink_table("output"), [])) & set(rolled_back)
+    with pytest.raises(ConfigError, match="removed_file_retention_seconds must be 0 or more"):
+        vacuum(str(root), keep_last=1, removed_file_retention_seconds=-1)
+    assert readable() == before
+
+    DeltaTable(sink).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "interval 0 seconds"}
+    )
+    gone = vacuum(str(root), keep_last=2)
+    assert set(rolled_back) <= set(gone.deleted[sink_table("output")])
+    assert not any((Path(sink) / p).exists() for p in rolled_back)
+    # the sink as it is now reads as before
+    latest = max(versions)
+    now = sorted(DeltaTable(sink).to_pyarrow_table().to_pylist(), key=str)
+    assert now == before[latest]
+
+
+def version_of_epoch(root: Path, epoch: int) -> int:
+    (entry,) = [e for e in open_root(DeltaStore(), str(root)).snapshots() if e.epoch == epoch]
+    return int(entry.table_versions[sink_table("output")])
+
+
+def removed_by_log(sink: str) -> list[str]:
+    """Paths the sink's log removes, read from its JSON entries."""
+    removed = []
+    for log in sorted((Path(sink) / "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            action = json.loads(line) if line else {}
+            if "remove" in action:
+                removed.append(unquote(action["remove"]["path"]))
+    return removed

@@ -19,7 +19,6 @@ from pyspark_abs.operators.schema import STATELESS_COLUMN
 from pyspark_abs.operators.timers import (
     Millis,
     Timers,
-    clock_now,
     to_epoch_ms,
 )
 
@@ -195,6 +194,11 @@ class KeyState:
                 f"with timeout='event_time' (it has {self._timeout_mode.value!r})"
             )
         ms = to_epoch_ms(timestamp, self._time_zone)
+        if ms <= 0:
+            raise InvalidTimeoutError(
+                f"set_timeout_timestamp for key {self._key!r}: {ms} is not after the Unix "
+                f"epoch; Spark takes only positive timeout timestamps"
+            )
         watermark = self._clock.watermark_ms
         if watermark is not None and ms < watermark:
             raise InvalidTimeoutError(
@@ -213,12 +217,13 @@ class KeyState:
             timestamp: Milliseconds since the Unix epoch, or a datetime (naive: a wall-clock
                 time in the session time zone).
 
+        A timer at or before the clock (the current watermark, say) fires in this
+        micro-batch, in a call right after this one, as in Spark's ``transformWithState``.
+
         Raises:
-            InvalidTimeoutError: The operator was declared without ``timers=True``, or the
-                time is before the clock.
+            InvalidTimeoutError: The operator was declared without ``timers=True``.
         """
-        timers = self._timers("register_timer")
-        timers.register(to_epoch_ms(timestamp, self._time_zone), self._now())
+        self._timers("register_timer").register(to_epoch_ms(timestamp, self._time_zone))
 
     def delete_timer(self, timestamp: Millis | dt.datetime) -> None:
         """Delete the key's timer at ``timestamp`` (nothing happens if it has none there)."""
@@ -247,6 +252,3 @@ class KeyState:
                 f"{call} for key {self._key!r}: the operator was declared with timers=True; "
                 f"use state.register_timer and state.delete_timer"
             )
-
-    def _now(self) -> int | None:
-        return clock_now(self._timeout_mode, self._clock)

@@ -157,46 +157,59 @@ class PerKeyAdapter:
         upserts: list[dict[str, Any]] = []
         removed: list[tuple[Any, ...]] = []
         collected = {name: OutputRows(columns) for name, columns in ctx.outputs}
+        no_rows = rows.iloc[0:0]
 
         def call(key: tuple[Any, ...], key_rows: pd.DataFrame, timed_out: bool) -> None:
             where = f"{ctx.where}, key {key!r}"
             position = existing.get(key)
-            timers = None
-            if self.timers:
-                had = (
-                    [] if position is None else stored_timers(stored[position], timeouts[position])
+            value = None if position is None else values[position]
+            fired: list[int] = []
+            pending: list[int] = []
+            if self.timers and position is not None:
+                fired, pending = split_due(stored_timers(stored[position], timeouts[position]), now)
+            written = False
+            for _ in range(_TIMER_CALLS):
+                timers = Timers(key, pending, fired) if self.timers else None
+                handle = KeyState(
+                    key,
+                    fields,
+                    value,
+                    timeout_mode=self.timeout,
+                    clock=ctx.clock,
+                    time_zone=ctx.time_zone,
+                    has_timed_out=timed_out,
+                    timeout_ms=None if position is None else _ms_or_none(timeouts[position]),
+                    timers=timers,
                 )
-                fired, pending = split_due(had, now)
-                timers = Timers(key, pending, fired)
-            handle = KeyState(
-                key,
-                fields,
-                None if position is None else values[position],
-                timeout_mode=self.timeout,
-                clock=ctx.clock,
-                time_zone=ctx.time_zone,
-                has_timed_out=timed_out,
-                timeout_ms=None if position is None else _ms_or_none(timeouts[position]),
-                timers=timers,
-            )
-            try:
-                returned = self.function(key, key_rows, handle)
-            except AbsError as err:
-                raise err.at(where) from err
-            except Exception as err:
-                raise OperatorError(f"{where}: the function raised {describe(err)}") from err
-            collect(returned, collected, where)
-            pending = [] if timers is None else timers.pending()
+                try:
+                    returned = self.function(key, key_rows, handle)
+                except AbsError as err:
+                    raise err.at(where) from err
+                except Exception as err:
+                    raise OperatorError(f"{where}: the function raised {describe(err)}") from err
+                collect(returned, collected, where)
+                value = handle.get() if handle.exists else None
+                written = written or handle.updated
+                # timers the call registered at or before the clock fire right after it
+                fired, pending = split_due([] if timers is None else timers.pending(), now)
+                if not fired:
+                    break
+                key_rows, timed_out = no_rows, True
+            else:
+                raise InvalidTimeoutError(
+                    f"{where}: the function registered timers at or before the clock ({now} "
+                    f"ms) in each of {_TIMER_CALLS} calls in a row; register later times"
+                )
             if handle.removed:
                 removed.append(key)
-            elif handle.exists and (
-                handle.updated or timers is not None or handle.new_timeout_ms is not None
+            elif value is not None and (
+                written or self.timers or handle.new_timeout_ms is not None
             ):
                 # a key only read keeps its row: a TTL's expiry restarts on a write alone, and
                 # a timeout not set again is cleared by the call (see apply_state)
                 row = dict(zip(keys, key, strict=True))
-                row.update(handle.get())
-                if timers is not None:
+                row.update(value)
+                if self.timers:
                     row[TIMERS] = pending
                 row[TIMEOUT] = pending[0] if pending else handle.new_timeout_ms
                 upserts.append(row)
@@ -210,7 +223,6 @@ class PerKeyAdapter:
             groups = rows.groupby(keys, sort=False, dropna=False).indices
             for key, at in groups.items():
                 call(_norm_key(key if isinstance(key, tuple) else (key,)), rows.iloc[at], False)
-        no_rows = rows.iloc[0:0]
         for key in ctx.timed_out[keys].itertuples(index=False, name=None):
             call(_norm_key(key), no_rows, True)
 
@@ -223,6 +235,10 @@ class PerKeyAdapter:
                 if (frame := rows_.frame()) is not None
             },
         )
+
+
+_TIMER_CALLS = 100
+"""The most calls of one key in one micro-batch: its rows, then its timers due at once."""
 
 
 def _norm_key(key: tuple[Any, ...]) -> tuple[Any, ...]:

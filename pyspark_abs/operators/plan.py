@@ -229,6 +229,15 @@ class OperatorPlan:
         """New state a function returns: key and state columns (``_timeout`` optional)."""
         return pa.schema([*self.key_schema, *self.state_schema])
 
+    @cached_property
+    def has_timers(self) -> bool:
+        """Whether each key keeps several timers (``timers=True``).
+
+        Timers fire once the clock has reached their time; a key's one timeout fires once
+        the clock has passed it.
+        """
+        return TIMERS in self.state_schema.names
+
     @property
     def stateless(self) -> bool:
         """Whether the operator was declared without state."""

@@ -261,7 +261,10 @@ def _set_timeout(
     if timeout_ms is None:
         return
     if plan.timeout is TimeoutMode.EVENT_TIME:
-        group_state.setTimeoutTimestamp(timeout_ms)
+        # Spark calls once the watermark has passed the timestamp; timers are due once it
+        # has reached theirs. Spark takes no timestamp at or below 0, or below the watermark.
+        due = timeout_ms - 1 if plan.has_timers else timeout_ms
+        group_state.setTimeoutTimestamp(max(due, 1, clock.watermark_ms or 0))
     elif plan.timeout is TimeoutMode.PROCESSING_TIME:
         group_state.setTimeoutDuration(max(1, timeout_ms - clock.processing_time_ms))
 

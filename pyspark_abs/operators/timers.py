@@ -3,8 +3,10 @@
 A key's timers live in its state row, in the column ``_timers`` (sorted ms since the Unix
 epoch), and its ``_timeout`` is the earliest of them: Spark calls the key's group when that
 one passes, and snapshots, rollback, restore, rescaling and migration carry the timers as
-they carry any state column. A timer fires in the first call of its key after the clock has
-passed it, with or without rows, and is then gone.
+they carry any state column. As in Spark's ``transformWithState``, a timer fires once the
+clock has reached it (at or after its time), in the same micro-batch as the rows: a key's
+due timers arrive with its rows, and a timer the call registers at or before the clock fires
+in a call of its own right after it. Then it is gone.
 """
 
 from __future__ import annotations
@@ -85,11 +87,11 @@ def clock_now(mode: TimeoutMode, clock: Clock) -> int | None:
 
 
 def split_due(timers: Iterable[int], now: int | None) -> tuple[list[int], list[int]]:
-    """The timers that fire at clock ``now`` (strictly before it), and those left pending."""
+    """The timers that fire at clock ``now`` (at or before it), and those left pending."""
     ordered = sorted(timers)
     if now is None:
         return [], ordered
-    return [t for t in ordered if t < now], [t for t in ordered if t >= now]
+    return [t for t in ordered if t <= now], [t for t in ordered if t > now]
 
 
 def to_epoch_ms(value: Millis | dt.datetime, time_zone: str) -> int:
@@ -125,17 +127,11 @@ class Timers:
         self._pending = set(pending)
         self.fired = tuple(fired)
 
-    def register(self, ms: int, now: int | None) -> None:
+    def register(self, ms: int) -> None:
         """Add a timer at ``ms``; registering one twice keeps one.
 
-        Raises:
-            InvalidTimeoutError: ``ms`` is before the clock ``now``: it would never fire.
+        One at or before the clock fires right after the call.
         """
-        if now is not None and ms < now:
-            raise InvalidTimeoutError(
-                f"register_timer for key {self._key!r}: {ms} is before the operator's clock "
-                f"({now} ms); the timer would never fire. Register a later time"
-            )
         self._pending.add(ms)
 
     def delete(self, ms: int) -> None:

@@ -27,12 +27,17 @@ def threshold(plan: OperatorPlan, clock: Clock) -> int | None:
 
 
 def due(plan: OperatorPlan, state: pa.Table, clock: Clock) -> BoolArray:
-    """Keys whose ``_timeout`` is before the clock of the operator's timeout mode."""
+    """Keys whose ``_timeout`` the clock of the operator's timeout mode has passed.
+
+    For timers: reached (at or after their time, as in Spark's ``transformWithState``).
+    """
     now = threshold(plan, clock)
     if plan.timeout is TimeoutMode.NONE or now is None or not state.num_rows:
         return np.zeros(state.num_rows, dtype=bool)
-    timeouts = state[TIMEOUT].to_numpy(zero_copy_only=False)
-    return np.asarray(np.nan_to_num(timeouts.astype(float), nan=np.inf) < now, dtype=bool)
+    timeouts = np.nan_to_num(
+        state[TIMEOUT].to_numpy(zero_copy_only=False).astype(float), nan=np.inf
+    )
+    return np.asarray(timeouts <= now if plan.has_timers else timeouts < now, dtype=bool)
 
 
 def lapsed(plan: OperatorPlan, state: pa.Table, clock: Clock) -> BoolArray:

@@ -53,8 +53,9 @@ def plan_of(op: Any) -> OperatorPlan:
 
 
 class Model:
-    """Each key's count and set of timers; a timer fires in its key's first call after the
-    watermark passed it."""
+    """Each key's count and set of timers; as in Spark's transformWithState, a timer fires in
+    the first micro-batch whose watermark has reached it, with its key's rows, or right after
+    them if the rows registered it."""
 
     def __init__(self) -> None:
         self.keys: dict[str, tuple[int, set[int]]] = {}
@@ -64,20 +65,26 @@ class Model:
         by_key: dict[str, list[int]] = {}
         for word, ts in events:
             by_key.setdefault(word, []).append(ts)
-        due = {w for w, (_, timers) in self.keys.items() if any(t < watermark for t in timers)}
+        due = {w for w, (_, timers) in self.keys.items() if any(t <= watermark for t in timers)}
         for word in sorted(set(by_key) | due):
             count, timers = self.keys.get(word, (0, set()))
-            fired = sorted(t for t in timers if t < watermark)
-            timers = timers - set(fired)
-            out += [(word, t) for t in fired]
-            for ts in by_key.get(word, []):
-                timers |= {ts + FIRST, ts + SECOND}
-                if ts % 7 == 0:
-                    timers = {t for t in timers if t <= ts + FIRST}
-            if word not in by_key and not timers:
-                self.keys.pop(word, None)
-            else:
-                self.keys[word] = (count + len(by_key.get(word, [])), timers)
+            times = by_key.get(word, [])
+            while True:
+                fired = sorted(t for t in timers if t <= watermark)
+                timers = timers - set(fired)
+                out += [(word, t) for t in fired]
+                for ts in times:
+                    timers |= {ts + FIRST, ts + SECOND}
+                    if ts % 7 == 0:
+                        timers = {t for t in timers if t <= ts + FIRST}
+                if not times and not timers:
+                    self.keys.pop(word, None)
+                    break
+                count += len(times)
+                self.keys[word] = (count, timers)
+                if not any(t <= watermark for t in timers):
+                    break
+                times = []
         return sorted(out)
 
     def state(self) -> list[dict[str, Any]]:
@@ -143,12 +150,12 @@ def test_timers_are_refused_where_they_cannot_work() -> None:
     with pytest.raises(InvalidTimeoutError, match=r"declared with timers=True; use state\.reg"):
         run_key_group(plan_of(timed(fn)), 0, rows("a"), empty(), Clock(0, 0), 0)
 
-    def early(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+    def again(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
         state.update({"count": 1})
-        state.register_timer(10)
+        state.register_timer(10)  # at or before the clock: due again after every call
 
-    with pytest.raises(InvalidTimeoutError, match="10 is before the operator's clock"):
-        run_key_group(plan_of(timed(early)), 0, rows("a"), empty(), Clock(0, 50), 0)
+    with pytest.raises(InvalidTimeoutError, match=r"before the clock \(50 ms\) in each of 100"):
+        run_key_group(plan_of(timed(again)), 0, rows("a"), empty(), Clock(0, 50), 0)
 
     def stateless_key(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
         state.register_timer(10_000)
@@ -221,7 +228,7 @@ def test_a_stored_timeout_becomes_the_one_timer_of_a_key() -> None:
     assert stored_timers(None, 500) == [500]
     assert stored_timers(None, None) == []
     assert stored_timers([300, 100, 300], 100) == [100, 300]
-    assert split_due([300, 100, 200], 200) == ([100], [200, 300])
+    assert split_due([300, 100, 200], 200) == ([100, 200], [300])
     assert split_due([100], None) == ([], [100])
 
 
@@ -231,3 +238,25 @@ def empty() -> pa.Table:
 
 def empty_plain() -> pa.Table:
     return word_plan(None).blob_schema.empty_table()
+
+
+def test_a_timer_at_or_before_the_watermark_fires_after_the_rows_in_the_same_batch() -> None:
+    """Spark's EventTimeStatefulProcessor: each event registers a timer at the watermark
+    (0 in the first batch), which fires in the same batch, after the rows."""
+
+    def at_watermark(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        out = [{"word": key[0], "count": len(rows)}] if len(rows) else []
+        if len(rows):
+            state.update({"count": len(rows)})
+            state.register_timer(state.current_watermark_ms or 0)
+        return out + [{"word": f"{key[0]}-expired", "count": t} for t in state.expired_timers]
+
+    plan = plan_of(operator(**TIMERS_OPERATOR)(at_watermark))
+    first = run_key_group(plan, 0, rows("a"), empty(), Clock(0, 0), 0)
+    assert sort(first.outputs[0]) == [{"word": "a", "count": 1}, {"word": "a-expired", "count": 0}]
+    assert sort(first.state) == [{"word": "a", "count": 1, "_timers": [], "_timeout": None}]
+    second = run_key_group(plan, 0, rows("a"), first.state, Clock(0, 10_000), 1)
+    assert sort(second.outputs[0]) == [
+        {"word": "a", "count": 1},
+        {"word": "a-expired", "count": 10_000},
+    ]

@@ -52,7 +52,7 @@ def test_the_readme_function_sees_none_and_exact_integers(
         path.write_text("".join(json.dumps({"user": u, "amount": a}) + "\n" for u, a in rows))
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
     ns: dict[str, object] = {"operator": operator}
-    run_block('    total = old["total"]                        # None, never NaN', ns, {})
+    run_block('total = old["total"]  # None, never NaN', ns, {})
     pipeline = Pipeline(
         "totals",
         FileSource(

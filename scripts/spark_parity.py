@@ -3,11 +3,18 @@ and through a pyspark-abs per-key operator, on the same input files; outputs mus
 
 Spark is the oracle: nothing here uses pyspark-abs's own conversions. Each seed draws a state
 schema from every scalar Spark SQL type (each nullable, with extremes, empty strings and
-unicode, NaN and infinities, dates and instants before 1970), a schedule of micro-batches
+unicode, NaN and infinities, dates and instants before 1970) and arrays, maps and structs
+(integers beyond 2**53 beside nulls, NaN inside), a schedule of micro-batches
 (one Parquet file each) whose rows set, merge, keep or remove a key's state, several rows
 per key, and keys sharing key groups. Every call outputs the state it read, as typed columns
 and as the ``repr`` of its Python values (a NaN and a null differ there), so a value that
 changes on its way through pandas, the state blob, the state table or the output shows.
+
+Spark's own ``applyInPandasWithState`` (4.2, 4.3) cannot keep an array or a map in its
+state (its worker fails to parse the state schema: ``KeyError: 'elementType'``), so the oracle
+keeps the nested columns pickled in one binary state column, in the forms its ``GroupState``
+gives a struct (a ``Row``) and would give an array (a list) and a map (a dict); their values
+still cross Spark's own row and output conversions.
 
     python scripts/spark_parity.py --seeds 200 [--first-seed 0]
 """
@@ -18,6 +25,7 @@ import argparse
 import datetime as dt
 import math
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -56,6 +64,20 @@ TYPES: dict[str, tuple[pa.DataType, list[Any]]] = {
         ],
     ),
 }
+# nested kinds: (Spark DDL, Arrow type, values drawn for it)
+NESTED: dict[str, tuple[pa.DataType, list[Any]]] = {
+    "array<bigint>": (pa.list_(pa.int64()), [[2**60 + 1, -(2**63)], [1, None], []]),
+    "array<double>": (pa.list_(pa.float64()), [[math.nan, 1.5], [None, -math.inf]]),
+    "map<string,bigint>": (
+        pa.map_(pa.string(), pa.int64()),
+        [[("a", 2**60 + 1), ("b", None)], [("ü", -1)], []],
+    ),
+    "struct<x:bigint,y:string>": (
+        pa.struct([("x", pa.int64()), ("y", pa.string())]),
+        [{"x": 2**60 + 1, "y": None}, {"x": None, "y": "ü"}],
+    ),
+}
+TYPES.update(NESTED)
 OPS = ("set", "merge", "keep", "remove", "nan")
 
 
@@ -87,6 +109,15 @@ class Schedule:
         return ", ".join(f"{n} {k}" for n, k in self.columns.items())
 
     @property
+    def scalars(self) -> list[str]:
+        return [n for n, k in self.columns.items() if k not in NESTED]
+
+    @property
+    def spark_state_ddl(self) -> str:
+        """The oracle's state: the scalar columns, and the nested ones pickled."""
+        return ", ".join([*(f"{n} {self.columns[n]}" for n in self.scalars), "nested binary"])
+
+    @property
     def input_ddl(self) -> str:
         return f"id string, batch int, op string, {self.state_ddl}"
 
@@ -115,6 +146,8 @@ def plain(value: Any, kind: str, time_zone: str) -> Any:
     """A cell as a Python value of its Spark type, whichever engine handed it over."""
     if value is None or value is pd.NA or value is pd.NaT:
         return None
+    if kind in NESTED:
+        return _nested(value, NESTED[kind][0])
     if kind in ("float", "double"):
         return float(value)
     if isinstance(value, float) and math.isnan(value):
@@ -133,6 +166,22 @@ def plain(value: Any, kind: str, time_zone: str) -> Any:
     if kind == "date" and isinstance(value, dt.datetime):
         return value.date()
     return value
+
+
+def _nested(value: Any, kind: pa.DataType) -> Any:
+    """A nested value (a NumPy array, a list, a dict or a Row) in ``GroupState``'s forms."""
+    from pyspark.sql import Row
+
+    if value is None:
+        return None
+    if pa.types.is_map(kind):
+        pairs = value.items() if isinstance(value, dict) else value
+        return {k: _nested(v, kind.item_type) for k, v in pairs}
+    if pa.types.is_list(kind):
+        return [_nested(v, kind.value_type) for v in value]
+    if pa.types.is_struct(kind):
+        return Row(**{f.name: _nested(value[f.name], f.type) for f in kind})
+    return value.item() if hasattr(value, "item") else value
 
 
 def _utc(stamp: pd.Timestamp) -> dt.datetime:
@@ -174,6 +223,7 @@ def spark_function(
 ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], Any], Iterator[pd.DataFrame]]:
     """The step logic through Spark's ``applyInPandasWithState``."""
     names = list(columns)
+    scalars = [c for c in names if columns[c] not in NESTED]
 
     def function(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: Any) -> Any:
         rows = [
@@ -183,14 +233,15 @@ def spark_function(
         ]
         old = None
         if state.exists:
-            old = {
-                c: plain(v, columns[c], time_zone) for c, v in zip(names, state.get, strict=True)
-            }
+            *values, nested = state.get
+            old = {c: plain(v, columns[c], time_zone) for c, v in zip(scalars, values, strict=True)}
+            old = {c: old[c] if c in old else pickle.loads(nested)[c] for c in names}
         new, output = step(columns, rows, old)
         if new is None:
             state.remove()
         elif isinstance(new, dict):
-            state.update(tuple(new[c] for c in names))
+            nested = pickle.dumps({c: new[c] for c in names if c not in scalars})
+            state.update((*(new[c] for c in scalars), nested))
         out = {k: pd.Series([v], dtype=object) for k, v in output.items()}
         for c in names:
             if columns[c] == "timestamp":
@@ -241,7 +292,7 @@ def run_spark(spark: Any, schedule: Schedule, source: Path, out: Path) -> None:
             .applyInPandasWithState(
                 spark_function(schedule.columns, time_zone),
                 schedule.output_ddl,
-                schedule.state_ddl,
+                schedule.spark_state_ddl,
                 "append",
                 GroupStateTimeout.NoTimeout,
             )
@@ -282,13 +333,19 @@ def run_abs(spark: Any, schedule: Schedule, source: Path, base: Path) -> Any:
 
 
 def comparable(frame: Any, schedule: Schedule) -> Any:
-    """Outputs with instants as microseconds (collected datetimes depend on the local zone)."""
+    """Outputs with instants as microseconds (collected datetimes depend on the local zone),
+    and maps as their sorted entries (rows cannot be sorted by a map)."""
     from pyspark.sql import functions as F
 
-    instants = [c for c, k in schedule.columns.items() if k == "timestamp"]
-    return frame.select(
-        *(F.unix_micros(c).alias(c) if c in instants else F.col(c) for c in frame.columns)
-    )
+    def column(name: str) -> Any:
+        kind = schedule.columns.get(name, "")
+        if kind == "timestamp":
+            return F.unix_micros(name).alias(name)
+        if kind.startswith("map<"):
+            return F.array_sort(F.map_entries(name)).alias(name)
+        return F.col(name)
+
+    return frame.select(*(column(c) for c in frame.columns))
 
 
 def check(spark: Any, seed: int, workdir: Path) -> None:

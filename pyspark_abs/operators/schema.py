@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import Row, StructType
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
 
@@ -163,19 +163,26 @@ def to_frame(table: pa.Table) -> pd.DataFrame:
     A column of integers, booleans or floats that holds nulls becomes pandas' nullable
     dtype of its type (``Int64``, ``boolean``, ``Float64``...): its integers never pass
     through float, and a null stays distinct from NaN. Columns without nulls keep NumPy
-    dtypes.
+    dtypes. An array, map or struct column holds the Python values Spark's ``GroupState``
+    gives (:func:`spark_value`), exact at every depth: Arrow's own conversion would turn an
+    array of integers into floats wherever any row's array holds a null.
     """
-    frame = table.to_pandas(use_threads=False)
-    masked = {
-        f.name: pd.Series(
-            table.column(f.name).to_pandas(types_mapper=_NULLABLE_DTYPES.get), copy=False
-        )
-        for f in table.schema
-        if f.type in _NULLABLE_DTYPES and table.column(f.name).null_count
-    }
-    if not masked:
-        return frame
-    return pd.DataFrame({c: masked.get(c, frame[c]) for c in frame.columns}, copy=False)
+    special: dict[str, pd.Series] = {}
+    for field in table.schema:
+        column = table.column(field.name)
+        if pa.types.is_nested(field.type):
+            values = np.empty(len(column), dtype=object)
+            values[:] = [spark_value(v, field.type) for v in column.to_pylist()]
+            special[field.name] = pd.Series(values, copy=False)
+        elif field.type in _NULLABLE_DTYPES and column.null_count:
+            nullable = column.to_pandas(types_mapper=_NULLABLE_DTYPES.get)
+            special[field.name] = pd.Series(nullable, copy=False)
+    if not special:
+        return table.to_pandas(use_threads=False)
+    rest = table.drop_columns(list(special)).to_pandas(use_threads=False)
+    return pd.DataFrame(
+        {c: special[c] if c in special else rest[c] for c in table.column_names}, copy=False
+    )
 
 
 def exact_columns(frame: pd.DataFrame) -> pd.DataFrame:
@@ -214,6 +221,22 @@ def object_frame(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -
 def python_value(value: Any) -> Any:
     """A pandas cell as a function sees it in a state dict: None for any kind of null."""
     return None if value is None or value is pd.NA or value is pd.NaT else value
+
+
+def spark_value(value: Any, kind: pa.DataType) -> Any:
+    """A nested Arrow value (as ``to_pylist`` gives it) as Spark's ``GroupState`` gives it.
+
+    An array is a list, a map a dict, a struct a ``Row``, at every depth.
+    """
+    if value is None:
+        return None
+    if pa.types.is_map(kind):
+        return {k: spark_value(v, kind.item_type) for k, v in value}
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [spark_value(v, kind.value_type) for v in value]
+    if pa.types.is_struct(kind):
+        return Row(**{f.name: spark_value(value[f.name], f.type) for f in kind})
+    return value
 
 
 def localize(frame: pd.DataFrame, columns: Sequence[str], time_zone: str) -> pd.DataFrame:
@@ -299,6 +322,8 @@ def frame_to_arrow(
             if not nan_is_null and column.dtype == object and pa.types.is_floating(field.type):
                 values = [python_value(v) for v in column]
                 array = pa.array(values, type=field.type, from_pandas=False)
+            elif not nan_is_null and column.dtype == object and pa.types.is_nested(field.type):
+                array = _nested_array(column, field.type)
             else:
                 array = pa.array(
                     column.to_numpy() if numpy else column, type=field.type, from_pandas=True
@@ -322,6 +347,19 @@ def frame_to_arrow(
             )
         arrays.append(array)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _nested_array(column: pd.Series, kind: pa.DataType) -> pa.Array[Any]:
+    """Nested Python values as Arrow, a NaN inside them kept, as in Spark's ``GroupState``.
+
+    Values Arrow takes only with pandas' conventions (NumPy arrays of floats standing for
+    integers, ``pd.NA`` inside) are converted with them, their NaN then null.
+    """
+    values = [python_value(v) for v in column]
+    try:
+        return pa.array(values, type=kind, from_pandas=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return pa.array(values, type=kind, from_pandas=True)
 
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark.sql import Row
 
 from pyspark_abs.operators.contract import Clock, TimeoutMode
 from pyspark_abs.operators.key_group import run_key_group
@@ -62,12 +63,12 @@ def test_masked_input_columns_are_whole_again_and_the_masks_dropped() -> None:
     assert exact["n"].iloc[1] is pd.NA
 
 
-def _plan(function: Any) -> OperatorPlan:
+def _plan(function: Any, state_schema: pa.Schema = STATE) -> OperatorPlan:
     return OperatorPlan(
         name="probe",
         key_columns=("k",),
         input_schema=arrow_schema(("k", pa.string()), ("v", pa.int64())),
-        state_schema=STATE,
+        state_schema=state_schema,
         outputs=(("output", arrow_schema(("k", pa.string()), ("v", pa.int64()))),),
         timeout=TimeoutMode.NONE,
         function=PerKeyAdapter(function, ("k",), TimeoutMode.NONE),
@@ -108,3 +109,49 @@ def test_one_keys_nulls_leave_another_keys_state_and_outputs_exact() -> None:
         {"k": "big", "v": BIG},
         {"k": "nul", "v": None},
     ]
+
+
+NESTED = arrow_schema(
+    ("a", pa.list_(pa.int64())),
+    ("m", pa.map_(pa.string(), pa.float64())),
+    ("s", pa.struct([("x", pa.int64()), ("y", pa.list_(pa.float64()))])),
+)
+
+
+def test_nested_state_is_exact_at_every_depth_in_spark_groupstate_forms() -> None:
+    """Arrays are lists, maps dicts, structs Rows (as Spark's GroupState gives them); a null
+    inside one key's array leaves another key's integers whole; a NaN inside stays NaN."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def probe(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        old = seen[key[0]] = state.get()
+        if key[0] == "big":
+            state.update({"a": [*old["a"], BIG], "m": {**old["m"], "n": None}, "s": old["s"]})
+        else:
+            state.update(old)  # written back as read: Rows, dicts and lists
+        return None
+
+    stored: list[dict[str, Any]] = [
+        {"k": "big", "a": [BIG, 5], "m": [("k", math.nan)], "s": {"x": BIG, "y": [math.nan, 1.0]}},
+        {"k": "nul", "a": [1, None], "m": [("j", None)], "s": {"x": None, "y": None}},
+    ]
+    plan = _plan(probe, NESTED)
+    state = pa.Table.from_pylist([{**r, "_timeout": None} for r in stored], schema=plan.blob_schema)
+    rows = pd.DataFrame({"k": ["big", "nul"], "v": [1, 2]})
+    outcome = run_key_group(plan, 0, rows, state, Clock(0, None), 1)
+
+    assert seen["big"]["a"] == [BIG, 5]
+    assert [type(v) for v in seen["big"]["a"]] == [int, int]
+    assert list(seen["big"]["m"]) == ["k"]
+    assert math.isnan(seen["big"]["m"]["k"])
+    assert isinstance(seen["big"]["s"], Row)
+    assert seen["big"]["s"].x == BIG
+    assert math.isnan(seen["big"]["s"]["y"][0])
+    assert seen["nul"] == {"a": [1, None], "m": {"j": None}, "s": Row(x=None, y=None)}
+    written = {r["k"]: r for r in outcome.state.to_pylist()}
+    assert written["big"]["a"] == [BIG, 5, BIG]
+    assert written["big"]["m"][1] == ("n", None)
+    assert math.isnan(written["big"]["m"][0][1])
+    assert math.isnan(written["big"]["s"]["y"][0])
+    assert written["big"]["s"]["x"] == BIG
+    assert outcome.changes.column("k").to_pylist() == ["big"]  # "nul" is as it was

@@ -37,15 +37,6 @@ def same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def as_stored(a: Any, *, in_list: bool = False) -> Any:
-    """What a returned value is stored as. A float cell of an object column keeps NaN (as
-    Spark's GroupState does); inside a list, pandas holds a null float as NaN, so a NaN
-    there becomes null."""
-    if isinstance(a, list):
-        return [as_stored(x, in_list=True) for x in a]
-    return None if in_list and isinstance(a, float) and math.isnan(a) else a
-
-
 def value(rng: random.Random, column: str) -> Any:
     if column == "floats":
         return rng.choice([None, 0.5, -1.0, math.nan, 3.0])
@@ -107,7 +98,7 @@ def test_a_key_is_written_exactly_when_its_list_state_changed(seed: int) -> None
     outcome = run_key_group(plan, 0, rows, state, Clock(0, None), 1)
 
     expected = sorted(
-        k for k in keys if not all(same(stored[k][c], as_stored(returned[k][c])) for c in COLUMNS)
+        k for k in keys if not all(same(stored[k][c], returned[k][c]) for c in COLUMNS)
     )
     written = outcome.changes.column("k").to_pylist()
     assert sorted(written, key=lambda k: -1 if k is None else k) == expected

@@ -13,8 +13,10 @@ changes on its way through pandas, the state blob, the state table or the output
 Spark's own ``applyInPandasWithState`` (4.2, 4.3) cannot keep an array or a map in its
 state (its worker fails to parse the state schema: ``KeyError: 'elementType'``), so the oracle
 keeps the nested columns pickled in one binary state column, in the forms its ``GroupState``
-gives a struct (a ``Row``) and would give an array (a list) and a map (a dict); their values
-still cross Spark's own row and output conversions.
+gives a struct (a ``Row``) and would give an array (a list) and a map (a dict). Its output
+conversion fails on some schedules with an array column (``convert_array``: ``'float' object
+is not iterable``, seed 7), so the oracle outputs nested values as :func:`canonical` text;
+they still cross Spark's own row conversion.
 
     python scripts/spark_parity.py --seeds 200 [--first-seed 0]
 """
@@ -125,6 +127,13 @@ class Schedule:
     def output_ddl(self) -> str:
         return f"id string, batch int, rows int, had string, {self.state_ddl}"
 
+    @property
+    def spark_output_ddl(self) -> str:
+        """The oracle's output: nested columns as :func:`canonical` text."""
+        kinds = ("string" if k in NESTED else k for k in self.columns.values())
+        columns = ", ".join(f"{n} {k}" for n, k in zip(self.columns, kinds, strict=True))
+        return f"id string, batch int, rows int, had string, {columns}"
+
     def arrow_schema(self) -> pa.Schema:
         fields: list[pa.Field[Any]] = [pa.field("id", pa.string()), pa.field("batch", pa.int32())]
         fields.append(pa.field("op", pa.string()))
@@ -182,6 +191,25 @@ def _nested(value: Any, kind: pa.DataType) -> Any:
     if pa.types.is_struct(kind):
         return Row(**{f.name: _nested(value[f.name], f.type) for f in kind})
     return value.item() if hasattr(value, "item") else value
+
+
+def canonical(value: Any, kind: pa.DataType) -> str | None:
+    """A nested output value as comparable text: maps sorted by key, and a NaN inside null,
+    as Spark's own output conversion stores it (``pa.array(..., from_pandas=True)``)."""
+
+    def text(value: Any, kind: pa.DataType) -> Any:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if pa.types.is_map(kind):
+            pairs = value.items() if isinstance(value, dict) else value
+            return sorted((k, text(v, kind.item_type)) for k, v in pairs)
+        if pa.types.is_list(kind):
+            return [text(v, kind.value_type) for v in value]
+        if pa.types.is_struct(kind):
+            return [(f.name, text(value[f.name], f.type)) for f in kind]
+        return value
+
+    return None if value is None else repr(text(value, kind))
 
 
 def _utc(stamp: pd.Timestamp) -> dt.datetime:
@@ -244,6 +272,8 @@ def spark_function(
             state.update((*(new[c] for c in scalars), nested))
         out = {k: pd.Series([v], dtype=object) for k, v in output.items()}
         for c in names:
+            if columns[c] in NESTED:
+                out[c] = pd.Series([canonical(output[c], NESTED[columns[c]][0])], dtype=object)
             if columns[c] == "timestamp":
                 # Spark reads naive output datetimes as wall-clock times in the session zone
                 stamp = pd.to_datetime(pd.Series([output[c]], dtype=object), utc=True)
@@ -291,7 +321,7 @@ def run_spark(spark: Any, schedule: Schedule, source: Path, out: Path) -> None:
             .groupBy("id")
             .applyInPandasWithState(
                 spark_function(schedule.columns, time_zone),
-                schedule.output_ddl,
+                schedule.spark_output_ddl,
                 schedule.spark_state_ddl,
                 "append",
                 GroupStateTimeout.NoTimeout,
@@ -334,15 +364,16 @@ def run_abs(spark: Any, schedule: Schedule, source: Path, base: Path) -> Any:
 
 def comparable(frame: Any, schedule: Schedule) -> Any:
     """Outputs with instants as microseconds (collected datetimes depend on the local zone),
-    and maps as their sorted entries (rows cannot be sorted by a map)."""
+    and nested values as :func:`canonical` text (the oracle's already are)."""
     from pyspark.sql import functions as F
 
     def column(name: str) -> Any:
         kind = schedule.columns.get(name, "")
         if kind == "timestamp":
             return F.unix_micros(name).alias(name)
-        if kind.startswith("map<"):
-            return F.array_sort(F.map_entries(name)).alias(name)
+        if kind in NESTED and dict(frame.dtypes)[name] != "string":
+            text = F.udf(lambda v: canonical(v, NESTED[kind][0]), "string")
+            return text(name).alias(name)
         return F.col(name)
 
     return frame.select(*(column(c) for c in frame.columns))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,10 +14,35 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import testing
 from pyspark_abs.storage.spark import spark_reads_delta
+from tests.support import timing
 from tests.support.kafka import KAFKA_JARS
 
 DELTA_JARS = "ABS_DELTA_JARS"
 """Comma-separated Delta Lake jars for the session (set by scripts/test_spark_versions)."""
+_UNIT_TESTS = Path(__file__).parent / "unit"
+_DURATIONS: list[tuple[str, float]] = []
+_STARTED = time.monotonic()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests under ``tests/unit`` ``unit`` (the fast lane selects them so)."""
+    for item in items:
+        if item.path.is_relative_to(_UNIT_TESTS):
+            item.add_marker(pytest.mark.unit)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each phase's time, on the process that prints the summary (xdist sends it there)."""
+    _DURATIONS.append((report.nodeid, report.duration))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The ten slowest test files, those over the budget of one, and the run's wall time."""
+    if _DURATIONS and not hasattr(terminalreporter.config, "workerinput"):
+        wall_s = time.monotonic() - _STARTED
+        for line in timing.report(timing.file_seconds(_DURATIONS), wall_s):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session", autouse=True)

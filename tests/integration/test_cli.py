@@ -31,6 +31,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+@pytest.mark.smoke
 def test_snapshots_and_describe(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(capsys, "snapshots", str(root), "--json")
     assert status == 0

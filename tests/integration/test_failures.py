@@ -57,6 +57,7 @@ def assert_epoch_aborted(root: Path, epoch: int, committed: int, message: str) -
     assert message in (aborted.error or "")
 
 
+@pytest.mark.smoke
 def test_user_error_names_operator_epoch_and_key_and_commits_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:

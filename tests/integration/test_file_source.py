@@ -36,6 +36,7 @@ def pipeline(inputs: Path, root: Path) -> Pipeline:
     )
 
 
+@pytest.mark.smoke
 def test_a_rollback_resumes_right_after_the_files_of_the_snapshot(
     spark: SparkSession, tmp_path: Path
 ) -> None:

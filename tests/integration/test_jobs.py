@@ -50,6 +50,7 @@ ALL = {n: n for n in range(len(FILES))}
 """A failure-free run: job snapshot n has read files 0..n."""
 
 
+@pytest.mark.smoke
 def test_every_job_snapshot_is_the_cut_the_input_gives(
     spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -59,6 +59,7 @@ def live_files(table: Path) -> list[str]:
     return [Path(u).name for u in DeltaTable(str(table)).file_uris()]
 
 
+@pytest.mark.smoke
 def test_compaction_keeps_every_epoch_readable(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "root"
     word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()

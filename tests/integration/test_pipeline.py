@@ -42,6 +42,7 @@ pytestmark = pytest.mark.compat
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.smoke
 def test_every_epoch_is_snapshotted_and_committed(
     spark: SparkSession, tmp_path: Path, mode: str
 ) -> None:
@@ -120,6 +121,7 @@ def test_workers_spark_does_not_reuse_leave_their_heap_and_a_restart_with_reuse_
     assert min(row.frozen for row in sink.subtract(unreused).collect()) > 10_000
 
 
+@pytest.mark.smoke
 def test_restart_continues_where_it_stopped(spark: SparkSession, tmp_path: Path) -> None:
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     word_pipeline(inputs, tmp_path / "root").run()

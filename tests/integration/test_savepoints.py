@@ -82,6 +82,7 @@ def pipeline(
     )
 
 
+@pytest.mark.smoke
 def test_rollback_then_fixed_code_equals_a_clean_run(spark: SparkSession, tmp_path: Path) -> None:
     words = word_table(tmp_path / "words", EPOCHS)
     root = tmp_path / "root"

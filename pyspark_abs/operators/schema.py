@@ -322,8 +322,8 @@ def frame_to_arrow(
             if not nan_is_null and column.dtype == object and pa.types.is_floating(field.type):
                 values = [python_value(v) for v in column]
                 array = pa.array(values, type=field.type, from_pandas=False)
-            elif not nan_is_null and column.dtype == object and pa.types.is_nested(field.type):
-                array = _nested_array(column, field.type)
+            elif column.dtype == object and pa.types.is_nested(field.type):
+                array = _nested_array(column, field.type, nan_is_null)
             else:
                 array = pa.array(
                     column.to_numpy() if numpy else column, type=field.type, from_pandas=True
@@ -349,17 +349,46 @@ def frame_to_arrow(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _nested_array(column: pd.Series, kind: pa.DataType) -> pa.Array[Any]:
-    """Nested Python values as Arrow, a NaN inside them kept, as in Spark's ``GroupState``.
+def _nested_array(column: pd.Series, kind: pa.DataType, nan_is_null: bool) -> pa.Array[Any]:
+    """Nested Python values as Arrow, in any form Spark's pandas functions take.
 
-    Values Arrow takes only with pandas' conventions (NumPy arrays of floats standing for
-    integers, ``pd.NA`` inside) are converted with them, their NaN then null.
+    A struct may be a ``Row``, a dict or a tuple; an array any sequence; a map a dict or
+    pairs.
+
+    With ``nan_is_null=False`` a NaN inside is kept, as in Spark's ``GroupState``; values
+    Arrow takes only with pandas' conventions (NumPy arrays of floats standing for integers)
+    are then converted with them, their NaN null.
     """
-    values = [python_value(v) for v in column]
+    values = [_arrow_ready(v, kind) for v in column]
+    if nan_is_null:
+        return pa.array(values, type=kind, from_pandas=True)
     try:
         return pa.array(values, type=kind, from_pandas=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
         return pa.array(values, type=kind, from_pandas=True)
+
+
+def _arrow_ready(value: Any, kind: pa.DataType) -> Any:
+    """A nested value with each struct a dict by field name, each map a list of pairs."""
+    value = python_value(value)
+    if value is None:
+        return None
+    if pa.types.is_struct(kind):
+        if isinstance(value, Row):
+            value = value.asDict()
+        elif isinstance(value, tuple):
+            value = dict(zip([f.name for f in kind], value, strict=False))
+        if not isinstance(value, Mapping):
+            return value  # Arrow names the problem
+        return {f.name: _arrow_ready(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_map(kind):
+        pairs = value.items() if isinstance(value, Mapping) else value
+        return [(k, _arrow_ready(v, kind.item_type)) for k, v in pairs]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        if isinstance(value, (str, bytes, Mapping)):
+            return value
+        return [_arrow_ready(v, kind.value_type) for v in value]
+    return value
 
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:

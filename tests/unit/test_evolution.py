@@ -185,3 +185,26 @@ def test_an_operator_that_becomes_stateless_drops_its_columns_only_when_told() -
     rows = pa.table({"user": ["ann"], "total": [3], "n": [1], "first": ["x"]})
     dropping = StateEvolution(dropped=["total", "n", "first"])
     assert evolve_rows(rows, ["user"], told, STATELESS, dropping, "op").num_rows == 0
+
+
+def test_an_added_column_is_computed_from_exact_old_values() -> None:
+    """The function of an added column sees the old state with no value changed: a long
+    beside a null stays whole (Int64), an array of longs beside a null too (lists)."""
+    big = 2**60 + 1
+    old = arrow_schema(("total", pa.int64()), ("seen", pa.list_(pa.int64())))
+    new = arrow_schema(("total", pa.int64()), ("seen", pa.list_(pa.int64())), ("top", pa.int64()))
+    rules = StateEvolution(
+        added={"top": lambda s: s["seen"].map(lambda v: max(x for x in v if x is not None))}
+    )
+    rows = pa.table(
+        {
+            "user": ["ann", "bob"],
+            "total": pa.array([big, None], pa.int64()),
+            "seen": pa.array([[big, 1], [None, 2]], pa.list_(pa.int64())),
+            "_timeout": pa.array([None, None], pa.int64()),
+        }
+    )
+    comparison = compare_state(KEY, old, KEY, new, rules)
+    evolved = evolve_rows(rows, ["user"], comparison, new, rules, "spend")
+    assert evolved.column("top").to_pylist() == [big, 2]
+    assert evolved.column("total").to_pylist() == [big, None]

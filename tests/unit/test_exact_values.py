@@ -8,6 +8,7 @@ operator's edges and a per-key operator run on one key group.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -155,3 +156,39 @@ def test_nested_state_is_exact_at_every_depth_in_spark_groupstate_forms() -> Non
     assert math.isnan(written["big"]["s"]["y"][0])
     assert written["big"]["s"]["x"] == BIG
     assert outcome.changes.column("k").to_pylist() == ["big"]  # "nul" is as it was
+
+
+def test_nested_values_go_out_in_every_form_spark_takes() -> None:
+    """A struct as a Row (by name), a tuple (by position) or a dict; an array as a list or a
+    NumPy array; a map as a dict or pairs: in state and in outputs alike."""
+    forms: dict[str, dict[str, Any]] = {
+        "row": {"a": np.array([BIG, 1]), "m": {"k": 1.5}, "s": Row(y=[2.5], x=BIG)},
+        "tuple": {"a": (BIG, None), "m": [("k", None)], "s": (BIG, [math.nan])},
+        "dict": {"a": [], "m": {}, "s": {"x": None, "y": None}},
+    }
+    struct = pa.struct([("x", pa.int64()), ("y", pa.list_(pa.float64()))])
+    output = arrow_schema(("k", pa.string()), ("s", struct))
+
+    def probe(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
+        state.update(forms[key[0]])
+        return {"k": key[0], "s": forms[key[0]]["s"]}
+
+    plan = replace(_plan(probe, NESTED), outputs=(("output", output),))
+    state = pa.Table.from_pylist([], schema=plan.blob_schema)
+    rows = pd.DataFrame({"k": list(forms), "v": [1, 2, 3]})
+    outcome = run_key_group(plan, 0, rows, state, Clock(0, None), 1)
+
+    written = {r["k"]: r for r in outcome.state.to_pylist()}
+    assert written["row"]["a"] == [BIG, 1]
+    assert written["row"]["s"] == {"x": BIG, "y": [2.5]}
+    assert written["tuple"]["a"] == [BIG, None]
+    assert written["tuple"]["m"] == [("k", None)]
+    assert written["tuple"]["s"]["x"] == BIG
+    assert math.isnan(written["tuple"]["s"]["y"][0])  # kept in state
+    assert written["dict"]["s"] == {"x": None, "y": None}
+    out = {r["k"]: r["s"] for r in outcome.outputs[0].to_pylist()}
+    assert out == {
+        "row": {"x": BIG, "y": [2.5]},
+        "tuple": {"x": BIG, "y": [None]},  # a NaN in an output is null, as in Spark
+        "dict": {"x": None, "y": None},
+    }

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -164,16 +165,21 @@ def to_frame(table: pa.Table) -> pd.DataFrame:
     dtype of its type (``Int64``, ``boolean``, ``Float64``...): its integers never pass
     through float, and a null stays distinct from NaN. Columns without nulls keep NumPy
     dtypes. An array, map or struct column holds the Python values Spark's ``GroupState``
-    gives (:func:`spark_value`), exact at every depth: Arrow's own conversion would turn an
-    array of integers into floats wherever any row's array holds a null.
+    gives (an array a list, a map a dict, a struct a ``Row``, at every depth), exact: Arrow's
+    own conversion would turn an array of integers into floats wherever any row's array
+    holds a null.
     """
     special: dict[str, pd.Series] = {}
     for field in table.schema:
         column = table.column(field.name)
         if pa.types.is_nested(field.type):
-            values = np.empty(len(column), dtype=object)
-            values[:] = [spark_value(v, field.type) for v in column.to_pylist()]
-            special[field.name] = pd.Series(values, copy=False)
+            values: Iterable[Any] = column.to_pylist()
+            convert = _to_spark(field.type)
+            if convert is not None:
+                values = map(convert, values)
+            # fromiter: filling an object array from a list probes each Row as a sequence
+            objects = np.fromiter(values, dtype=object, count=len(column))
+            special[field.name] = pd.Series(objects, copy=False)
         elif field.type in _NULLABLE_DTYPES and column.null_count:
             nullable = column.to_pandas(types_mapper=_NULLABLE_DTYPES.get)
             special[field.name] = pd.Series(nullable, copy=False)
@@ -221,22 +227,6 @@ def object_frame(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -
 def python_value(value: Any) -> Any:
     """A pandas cell as a function sees it in a state dict: None for any kind of null."""
     return None if value is None or value is pd.NA or value is pd.NaT else value
-
-
-def spark_value(value: Any, kind: pa.DataType) -> Any:
-    """A nested Arrow value (as ``to_pylist`` gives it) as Spark's ``GroupState`` gives it.
-
-    An array is a list, a map a dict, a struct a ``Row``, at every depth.
-    """
-    if value is None:
-        return None
-    if pa.types.is_map(kind):
-        return {k: spark_value(v, kind.item_type) for k, v in value}
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return [spark_value(v, kind.value_type) for v in value]
-    if pa.types.is_struct(kind):
-        return Row(**{f.name: spark_value(value[f.name], f.type) for f in kind})
-    return value
 
 
 def localize(frame: pd.DataFrame, columns: Sequence[str], time_zone: str) -> pd.DataFrame:
@@ -359,7 +349,8 @@ def _nested_array(column: pd.Series, kind: pa.DataType, nan_is_null: bool) -> pa
     Arrow takes only with pandas' conventions (NumPy arrays of floats standing for integers)
     are then converted with them, their NaN null.
     """
-    values = [_arrow_ready(v, kind) for v in column]
+    convert = _to_arrow(kind) or python_value  # Arrow takes arrays and maps in every form
+    values = [convert(v) for v in column]
     if nan_is_null:
         return pa.array(values, type=kind, from_pandas=True)
     try:
@@ -368,27 +359,86 @@ def _nested_array(column: pd.Series, kind: pa.DataType, nan_is_null: bool) -> pa
         return pa.array(values, type=kind, from_pandas=True)
 
 
-def _arrow_ready(value: Any, kind: pa.DataType) -> Any:
-    """A nested value with each struct a dict by field name, each map a list of pairs."""
-    value = python_value(value)
-    if value is None:
-        return None
-    if pa.types.is_struct(kind):
-        if isinstance(value, Row):
-            value = value.asDict()
-        elif isinstance(value, tuple):
-            value = dict(zip([f.name for f in kind], value, strict=False))
-        if not isinstance(value, Mapping):
-            return value  # Arrow names the problem
-        return {f.name: _arrow_ready(value.get(f.name), f.type) for f in kind}
+Convert = Callable[[Any], Any]
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _to_spark(kind: pa.DataType) -> Convert | None:
+    """How a nested value ``to_pylist`` gives becomes the one Spark's ``GroupState`` gives.
+
+    A map becomes a dict and a struct a ``Row``; None where the value already is one.
+    """
     if pa.types.is_map(kind):
-        pairs = value.items() if isinstance(value, Mapping) else value
-        return [(k, _arrow_ready(v, kind.item_type)) for k, v in pairs]
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        if isinstance(value, (str, bytes, Mapping)):
-            return value
-        return [_arrow_ready(v, kind.value_type) for v in value]
-    return value
+        item = _to_spark(kind.item_type)
+        if item is None:
+            return lambda v: None if v is None else dict(v)
+        return lambda v: None if v is None else {k: item(x) for k, x in v}
+    if _is_list(kind):
+        element = _to_spark(cast("pa.ListType[Any]", kind).value_type)
+        if element is None:
+            return None
+        return lambda v: None if v is None else [element(x) for x in v]
+    if pa.types.is_struct(kind):
+        names = [f.name for f in kind]
+        fields = [(f.name, _to_spark(f.type)) for f in kind]
+        row = Row(*names)
+        return lambda v: (
+            None if v is None else row(*(v[n] if c is None else c(v[n]) for n, c in fields))
+        )
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _to_arrow(kind: pa.DataType) -> Convert | None:
+    """How a nested value in any form Spark's pandas functions take becomes one Arrow takes.
+
+    A struct becomes a dict by field name (a ``Row`` by its names, a tuple by position);
+    None where Arrow takes every form of ``kind`` as it is.
+    """
+    if pa.types.is_map(kind):
+        item = _to_arrow(kind.item_type)
+        if item is None:
+            return None
+
+        def pairs(v: Any) -> Any:
+            v = python_value(v)
+            if v is None:
+                return None
+            return [(k, item(x)) for k, x in (v.items() if isinstance(v, Mapping) else v)]
+
+        return pairs
+    if _is_list(kind):
+        element = _to_arrow(cast("pa.ListType[Any]", kind).value_type)
+        if element is None:
+            return None
+
+        def elements(v: Any) -> Any:
+            v = python_value(v)
+            return v if v is None or isinstance(v, (str, bytes)) else [element(x) for x in v]
+
+        return elements
+    if pa.types.is_struct(kind):
+        names = [f.name for f in kind]
+        fields = [(f.name, _to_arrow(f.type) or python_value) for f in kind]
+
+        def struct(v: Any) -> Any:
+            v = python_value(v)
+            if isinstance(v, Row):
+                v = v.asDict()
+            elif isinstance(v, tuple):
+                v = dict(zip(names, v, strict=False))
+            if not isinstance(v, Mapping):
+                return v  # None, or a value Arrow names the problem of
+            return {n: c(v.get(n)) for n, c in fields}
+
+        return struct
+    return None
 
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:

@@ -3,8 +3,10 @@ restore, a job started streaming, and a TTL operator in another session time zon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +77,9 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "PYTHONPATH": str(REPO),
     }
     with log.open("w") as out:
-        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 180
         while not listening(port):
@@ -91,6 +95,9 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=60)
+        # a Python worker the server's JVM started may outlive it: end what is left of its group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
 
 
 def client_report(module: str, connect_url: str, workdir: Path) -> dict[str, Any]:

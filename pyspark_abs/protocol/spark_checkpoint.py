@@ -195,7 +195,10 @@ class HadoopFiles:
     """Checkpoint files through the JVM's Hadoop FileSystem (classic sessions)."""
 
     def __init__(self, jvm: Any, conf: Any) -> None:
-        self._jvm = jvm
+        # Py4J finds ``jvm.org.apache...`` one name at a time, each miss a search of every
+        # jar on the class path: the classes are looked up once, not on every file read
+        self._path_class = jvm.org.apache.hadoop.fs.Path
+        self._io_utils = jvm.org.apache.commons.io.IOUtils
         self._conf = conf
 
     def read(self, path: str) -> str | None:
@@ -205,7 +208,7 @@ class HadoopFiles:
             return None
         stream = fs.open(hadoop_path)
         try:
-            text: str = self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            text: str = self._io_utils.toString(stream, "UTF-8")
         finally:
             stream.close()
         return text
@@ -225,7 +228,7 @@ class HadoopFiles:
     def rename(self, source: str, target: str) -> bool:
         """Rename a directory; False if the file system refused."""
         fs, hadoop_source = self._fs(source)
-        return bool(fs.rename(hadoop_source, self._jvm.org.apache.hadoop.fs.Path(target)))
+        return bool(fs.rename(hadoop_source, self._path_class(target)))
 
     def delete(self, path: str) -> None:
         """Delete a file; nothing if it does not exist."""
@@ -233,7 +236,7 @@ class HadoopFiles:
         fs.delete(hadoop_path, False)
 
     def _fs(self, path: str) -> tuple[Any, Any]:
-        hadoop_path = self._jvm.org.apache.hadoop.fs.Path(path)
+        hadoop_path = self._path_class(path)
         try:
             return hadoop_path.getFileSystem(self._conf), hadoop_path
         except Exception as err:  # Py4J's error carries Hadoop's

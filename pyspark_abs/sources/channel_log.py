@@ -110,11 +110,16 @@ class ManifestFollower:
 
         Raises:
             ManifestError: The manifest cannot be read or breaks the epoch state machine.
+            SourceError: Its Delta log cannot be listed.
         """
         if self._epochs is None and not store.exists(self.uri):
             return None
-        table = store.open(self.uri)
-        version = int(table.version())
+        if self._log is None:
+            version = int(store.open(self.uri).version())
+        else:
+            # a stream polls this between micro-batches: a look for the next commit file
+            # instead of bringing the table up to date (a listing of its whole log)
+            version = self._log.latest_version()
         if self._epochs is not None and version == self._version:
             return self._epochs
         appended = self._appended(version) if self._log is not None else None
@@ -123,6 +128,7 @@ class ManifestFollower:
             from pyspark_abs.operators.schema import to_spark
             from pyspark_abs.storage.schemas import arrow_schema
 
+            table = store.open(self.uri)
             rows, version = store.read_versioned(self.uri)
             self._entries = [ManifestEntry.from_row(r) for r in rows.to_pylist()]
             self._log = DeltaLog(self.uri, ReadSchema(to_spark(arrow_schema(table)), (), version))

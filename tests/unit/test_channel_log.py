@@ -61,3 +61,39 @@ def test_new_versions_are_read_alone_and_a_rewrite_makes_a_full_read(tmp_path: P
     assert _statuses(follower.read(store)) == _statuses(load_epoch_log(store, spec.uri))
     assert follower.full_reads == 2
     assert 0 not in {e.epoch for e in follower.read(store).entries}  # type: ignore[union-attr]
+
+
+class _CountingStore(DeltaStore):
+    """The store, counting how often a table is brought up to date."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = 0
+
+    def open(self, uri: str) -> DeltaTable:
+        self.opened += 1
+        return super().open(uri)
+
+
+def test_a_reader_polling_an_unchanged_manifest_only_looks_for_its_next_commit(
+    tmp_path: Path,
+) -> None:
+    """A stream asks for new epochs between micro-batches, a hundred times a second while
+    it waits: no poll may bring the table up to date (a listing of its whole log)."""
+    store = _CountingStore()
+    root = str(tmp_path / "up")
+    store.ensure_root(root)
+    spec = manifest_spec(root, "up")
+    store.ensure_table(spec)
+    version = _epoch(store, spec.uri, 0, 0)
+    follower = ManifestFollower(root)
+    first = follower.read(store)
+    opened = store.opened
+    assert all(follower.read(store) is first for _ in range(20))
+    assert store.opened == opened, "an unchanged manifest is not opened again"
+    version = _epoch(store, spec.uri, 1, version)
+    followed = follower.read(store)
+    assert followed is not None
+    assert followed.version == version
+    assert _statuses(followed) == _statuses(load_epoch_log(store, spec.uri))
+    assert (store.opened, follower.full_reads) == (opened, 1), "appends are read on their own"

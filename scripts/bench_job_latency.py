@@ -16,11 +16,14 @@ a file's landing to that commit, at each stage; epoch time is each stage's media
 a p50 latency at the last stage of at most 1.5x the sum of the stages' epoch times. The job
 first runs once over one file with ``availableNow``, which is not measured; then it starts,
 every stage at once, and the trickle begins. The first file after the start is also reported
-alone: it would pay a stage's start-up if a stage waited for it. Variants (the stages' commit
-mode) are interleaved; the last line printed is one JSON object.
+alone: it would pay a stage's start-up if a stage waited for it. Before the trickle, the job
+waits for its first file for IDLE seconds: the cores it takes meanwhile (driver, JVM and
+Python workers) are reported beside those of as many Spark streaming queries waiting on an
+empty directory. Variants (the stages' commit mode) are interleaved; the last line printed
+is one JSON object.
 
     python scripts/bench_job_latency.py [--files N] [--interval S] [--records-per-file N]
-        [--keys N] [--key-groups K] [--repeats N]
+        [--keys N] [--key-groups K] [--repeats N] [--idle-seconds IDLE]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import _bench
 import bench_latency
 import numpy as np
 import pandas as pd
+from _costs import CostSampler
 
 from pyspark_abs import AbsConfig, Job, KeyGroupContext, KeyGroupResult, Pipeline
 from pyspark_abs import vectorized_operator as vectorized
@@ -100,9 +104,10 @@ def run_job(
     trickle: bench_latency.Trickle,
     interval: float,
     config: AbsConfig,
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Run the job over the trickle: each stage's epoch times, and when each measured file
-    became visible at each stage."""
+    idle_s: float,
+) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
+    """Run the job over the trickle: each stage's epoch times, when each measured file
+    became visible at each stage, and the cores the job took waiting for the first one."""
 
     def land_one() -> None:
         first = sorted(trickle.staged.iterdir())[0]
@@ -115,6 +120,7 @@ def run_job(
     try:
         for stage in STAGES:
             bench_latency.waiting_for_data(query.stages[stage].query)
+        idle = idle_cores(spark, idle_s)
         trickle.land_all(interval)
         bench_latency.wait_until(
             lambda: bench_latency.shown_total(sinks["last"]) >= trickle.totals[-1],
@@ -130,18 +136,54 @@ def run_job(
             )
     epochs = {s: bench_latency.epoch_ms(query.stages[s].query) for s in STAGES}
     visible = {s: bench_latency.visible_times_from_delta(sinks[s], trickle.totals) for s in STAGES}
-    return epochs, {s: times[UNMEASURED:] for s, times in visible.items()}
+    return epochs, {s: times[UNMEASURED:] for s, times in visible.items()}, idle
+
+
+def idle_cores(spark: SparkSession, seconds: float) -> float:
+    """The cores the session's application (driver, JVM, Python workers) takes over
+    ``seconds`` in which it is left alone."""
+    started = time.perf_counter()
+    with CostSampler([_bench.jvm_pid(spark)]) as sampler:
+        time.sleep(seconds)
+    return sampler.costs.cpu_seconds[-1] / (time.perf_counter() - started)
+
+
+def spark_idle_cores(spark: SparkSession, work: Path, seconds: float) -> float:
+    """:func:`idle_cores` of one Spark streaming query per stage (a count over a text
+    directory, to memory) waiting for its first file."""
+    empty = work / "spark-idle" / "in"
+    empty.mkdir(parents=True)
+    queries = [
+        spark.readStream.text(str(empty))
+        .groupBy("value")
+        .count()
+        .writeStream.outputMode("complete")
+        .format("memory")
+        .queryName(f"idle_{stage}")
+        .option("checkpointLocation", str(work / "spark-idle" / stage))
+        .start()
+        for stage in STAGES
+    ]
+    try:
+        for query in queries:
+            bench_latency.waiting_for_data(query)
+        return idle_cores(spark, seconds)
+    finally:
+        for query in queries:
+            query.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the job over a trickle in each commit mode; print a table and a JSON line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     bench_latency.add_trickle_arguments(parser, interval=2.0)
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
     args = parser.parse_args(argv)
     spark = _bench.session(args.partitions)
     epochs: dict[str, dict[str, list[float]]] = {v: {s: [] for s in STAGES} for v in VARIANTS}
     latencies: dict[str, dict[str, list[float]]] = {v: {s: [] for s in STAGES} for v in VARIANTS}
     first_files: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    idle: dict[str, list[float]] = {v: [] for v in [*VARIANTS, "spark"]}
     with _bench.workdir(args.workdir) as work:
         runs = 0
 
@@ -153,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             trickle = bench_latency.Trickle(scratch, files, args.records_per_file, args.keys, runs)
             config = AbsConfig(key_groups=args.key_groups, commit_mode=VARIANTS[variant])
             started = time.perf_counter()
-            stage_epochs, visible = run_job(spark, scratch, trickle, args.interval, config)
+            stage_epochs, visible, job_idle = run_job(
+                spark, scratch, trickle, args.interval, config, args.idle_seconds
+            )
             seconds = time.perf_counter() - started
             if keep:
                 for stage in STAGES:
@@ -163,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         for v, t in zip(visible[stage], trickle.landed_at, strict=True)
                     ]
                 first_files[variant].append(1000 * (visible["last"][0] - trickle.landed_at[0]))
+                idle[variant].append(job_idle)
+                idle["spark"].append(spark_idle_cores(spark, scratch, args.idle_seconds))
             shutil.rmtree(scratch, ignore_errors=True)
             return seconds
 
@@ -184,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "latency_ms_p99": p99,
             "last_p50_vs_epoch_sum": round(p50["last"] / summed, 3),
             "first_file_at_last_ms_median": round(statistics.median(first_files[variant]), 1),
+            "idle_cores_median": round(statistics.median(idle[variant]), 3),
             "files": len(latencies[variant]["last"]),
         }
     header = " ".join(f"{s + ' ms':>10}" for s in STAGES)
@@ -197,8 +244,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{variant:<10}       {stage_epochs}  |             {stage_p50}  | {ratio:.3f} "
             f"{verdict} <= {TARGET}  | {f['first_file_at_last_ms_median']:>7.1f} ms"
         )
+    spark_idle = round(statistics.median(idle["spark"]), 3)
+    print(
+        f"waiting for data: the job takes {figures_by_variant['job_async']['idle_cores_median']}"
+        f" cores (async), {len(STAGES)} Spark streaming queries {spark_idle}"
+    )
     figures = {
         **bench_latency.trickle_settings(args),
+        "idle_seconds": args.idle_seconds,
+        "spark_idle_cores_median": spark_idle,
         "variants": figures_by_variant,
         "target_last_p50_vs_epoch_sum": TARGET,
         "targets_met": figures_by_variant["job_async"]["last_p50_vs_epoch_sum"] <= TARGET,

@@ -111,7 +111,8 @@ def test_latency(spark: SparkSession, tmp_path: Path) -> None:
 def test_job_latency(spark: SparkSession, tmp_path: Path) -> None:
     argv = ["--files", "2", "--interval", "0.1", "--repeats", "1", "--no-warm-up"]
     argv += ["--key-groups", "4", "--partitions", "2", "--workdir", str(tmp_path)]
-    figures = bench_job_latency.main(argv)
+    figures = bench_job_latency.main([*argv, "--idle-seconds", "1"])
+    assert 0 < figures["spark_idle_cores_median"] < 2
     variants = figures["variants"]
     assert set(variants) == {"job_async", "job_sync"}
     for variant, f in variants.items():
@@ -122,6 +123,7 @@ def test_job_latency(spark: SparkSession, tmp_path: Path) -> None:
         ratio = f["latency_ms_p50"]["last"] / sum(f["epoch_ms_median"].values())
         assert f["last_p50_vs_epoch_sum"] == pytest.approx(ratio, rel=0.01)
         assert f["first_file_at_last_ms_median"] > 0, (variant, f)
+        assert 0 < f["idle_cores_median"] < 2, (variant, f)
 
 
 def test_builtin(spark: SparkSession, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from pyspark_abs.errors import SchemaMismatchError, StateEvolutionError
 from pyspark_abs.logs import logger
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
+from pyspark_abs.operators.arrow_types import same_type
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.evolution import (
@@ -44,7 +45,6 @@ from pyspark_abs.operators.schema import (
     KEY_GROUP,
     RESERVED_COLUMNS,
     TIMEOUT,
-    same_type,
 )
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.root import SnapshotRoot, state_table

@@ -29,7 +29,8 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
-from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMERS, ddl_type, same_type, to_frame
+from pyspark_abs.operators.arrow_types import same_type
+from pyspark_abs.operators.schema import STATELESS_COLUMN, TIMERS, ddl_type, to_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

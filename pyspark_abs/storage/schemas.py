@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.schema import Schema
 
-from pyspark_abs.operators.schema import same_type
+from pyspark_abs.operators.arrow_types import same_type
 
 
 def schema_differences(declared: pa.Schema, actual: pa.Schema) -> list[str]:

@@ -10,7 +10,11 @@ import of a module's parent packages never counts.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = "pyspark_abs"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
@@ -217,3 +221,18 @@ def test_test_modules_import_only_the_test_support() -> None:
         if not target.startswith("tests.support") and target != "tests"
     ]
     assert crossing == []
+
+
+@pytest.mark.parametrize(
+    "module", ["pyspark_abs.sources.channel_stream", "pyspark_abs.sources.files_stream"]
+)
+def test_the_python_data_sources_load_no_pandas(module: str) -> None:
+    """Spark starts a fresh Python process for a streaming Python data source (one per
+    stage of a job reading channels) that imports it: pandas would double its start-up."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, {module}; print('pandas' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "False"

@@ -169,25 +169,28 @@ def to_frame(table: pa.Table) -> pd.DataFrame:
     own conversion would turn an array of integers into floats wherever any row's array
     holds a null.
     """
-    special: dict[str, pd.Series] = {}
-    for field in table.schema:
-        column = table.column(field.name)
-        if pa.types.is_nested(field.type):
+    columns: dict[str, Any] = {}
+    for field, column in zip(table.schema, table.columns, strict=True):
+        kind = field.type
+        if pa.types.is_nested(kind):
             values: Iterable[Any] = column.to_pylist()
-            convert = _to_spark(field.type)
+            convert = _to_spark(kind)
             if convert is not None:
                 values = map(convert, values)
             # fromiter: filling an object array from a list probes each Row as a sequence
-            objects = np.fromiter(values, dtype=object, count=len(column))
-            special[field.name] = pd.Series(objects, copy=False)
-        elif field.type in _NULLABLE_DTYPES and column.null_count:
-            nullable = column.to_pandas(types_mapper=_NULLABLE_DTYPES.get)
-            special[field.name] = pd.Series(nullable, copy=False)
-    if not special:
-        return table.to_pandas(use_threads=False)
-    rest = table.drop_columns(list(special)).to_pandas(use_threads=False)
+            columns[field.name] = np.fromiter(values, dtype=object, count=len(column))
+        elif kind in _NULLABLE_DTYPES:
+            # what Arrow's own conversion gives these columns, without its fixed cost
+            if column.null_count:
+                columns[field.name] = cast(Any, _NULLABLE_DTYPES[kind]).__from_arrow__(column)
+            else:
+                values = column.to_numpy()
+                columns[field.name] = values if values.flags.writeable else values.copy()
+    if len(columns) == table.num_columns:
+        return pd.DataFrame(columns, copy=False)
+    rest = table.drop_columns(list(columns)).to_pandas(use_threads=False)
     return pd.DataFrame(
-        {c: special[c] if c in special else rest[c] for c in table.column_names}, copy=False
+        {c: columns[c] if c in columns else rest[c] for c in table.column_names}, copy=False
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,18 +71,37 @@ class Converted:
 
     def __init__(self, time_zone: str) -> None:
         self.time_zone = time_zone
-        self._done: dict[int, tuple[pd.DataFrame, pa.Schema, bool, pa.Table]] = {}
+        self._done: dict[int, tuple[pd.DataFrame, pa.Schema, bool | None, pa.Table]] = {}
 
     def __call__(
         self, frame: pd.DataFrame, schema: pa.Schema, what: str, *, nan_is_null: bool = True
     ) -> pa.Table:
         """``frame_to_arrow(frame, schema, what, time_zone)``, reusing an earlier conversion."""
+        nan_rule = nan_is_null if _holds_floats(schema) else None
         done = self._done.get(id(frame))
-        if done is not None and done[0] is frame and done[1:3] == (schema, nan_is_null):
+        if done is not None and done[0] is frame and done[1:3] == (schema, nan_rule):
             return done[3]
         table = frame_to_arrow(frame, schema, what, self.time_zone, nan_is_null=nan_is_null)
-        self._done[id(frame)] = (frame, schema, nan_is_null, table)
+        self._done[id(frame)] = (frame, schema, nan_rule, table)
         return table
+
+
+@functools.lru_cache(maxsize=256)
+def _holds_floats(schema: pa.Schema) -> bool:
+    """Whether a float can sit anywhere in ``schema`` (only there does a NaN rule matter)."""
+
+    def floats(kind: pa.DataType) -> bool:
+        if pa.types.is_floating(kind):
+            return True
+        if isinstance(kind, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+            return floats(kind.value_type)
+        if isinstance(kind, pa.MapType):
+            return floats(kind.key_type) or floats(kind.item_type)
+        if isinstance(kind, pa.StructType):
+            return any(floats(field.type) for field in kind)
+        return False
+
+    return any(floats(field.type) for field in schema)
 
 
 def apply_state(
@@ -181,10 +201,9 @@ def apply_state(
     written = upserts.filter(changed)
     new_state = pa.concat_tables([state.filter(keep), written])
 
-    removals = tombstones(plan, removed.filter(gone))
-    changes = pa.concat_tables(
-        [written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool))), removals]
-    )
+    changes = written.append_column(DELETED, pa.array(np.zeros(written.num_rows, bool)))
+    if gone.any():
+        changes = pa.concat_tables([changes, tombstones(plan, removed.filter(gone))])
     return KeyGroupOutcome(
         state=new_state,
         kept=keep,

@@ -46,6 +46,29 @@ def test_a_column_with_nulls_becomes_nullable_and_keeps_every_integer() -> None:
     assert frame["whole"].tolist() == [BIG, 3]
 
 
+def test_columns_without_nulls_are_what_arrow_gives_and_a_function_may_change_them() -> None:
+    table = pa.table(
+        {
+            "n": pa.array([BIG, 2], pa.int64()),
+            "i": pa.array([7, 8], pa.int32()),
+            "f": pa.array([math.nan, 1.5], pa.float32()),
+            "b": pa.array([True, False]),
+            "u": pa.array([1, 2], pa.uint16()),
+            "s": pa.array(["x", None]),
+            "none": pa.array([None, None], pa.int64()),
+        }
+    )
+    table = pa.concat_tables([table.slice(0, 1), table.slice(1)])  # two chunks, as a chain read
+    frame = to_frame(table)
+    arrow = table.drop_columns(["none"]).to_pandas()
+    pd.testing.assert_frame_equal(frame.drop(columns=["none"]), arrow, check_exact=True)
+    assert str(frame["none"].dtype) == "Int64"
+    frame.loc[0, "n"] = 1  # the state frame belongs to the function, which may write to it
+    frame.loc[0, "i"] = 1
+    assert table.column("n").to_pylist() == [BIG, 2]
+    assert table.column("i").to_pylist() == [7, 8]
+
+
 def test_masked_input_columns_are_whole_again_and_the_masks_dropped() -> None:
     rows = pd.DataFrame(
         {

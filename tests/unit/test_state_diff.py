@@ -19,6 +19,8 @@ import pytest
 from pyspark_abs.operators.contract import Clock, KeyGroupContext, KeyGroupResult, TimeoutMode
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.state_diff import Converted
+from tests.support.inputs import arrow_schema
 
 COLUMNS = {
     "score": pa.float64(),
@@ -103,3 +105,19 @@ def test_a_key_is_written_exactly_when_its_list_state_changed(seed: int) -> None
     written = outcome.changes.column("k").to_pylist()
     assert sorted(written, key=lambda k: -1 if k is None else k) == expected
     assert [not w for w in outcome.kept.tolist()] == [k in expected for k in keys]
+
+
+def test_a_frame_returned_as_state_and_output_is_converted_once_unless_its_nans_differ() -> None:
+    convert = Converted("UTC")
+    counts = pd.DataFrame({"k": ["a"], "n": [1], "tags": [["x"]]})
+    whole = arrow_schema(("k", pa.string()), ("n", pa.int64()), ("tags", pa.list_(pa.string())))
+    as_output = convert(counts, whole, "output")
+    assert convert(counts, whole, "state", nan_is_null=False) is as_output
+
+    scores = pd.DataFrame({"k": ["a"], "score": pd.Series([math.nan], dtype=object)})
+    floats = arrow_schema(("k", pa.string()), ("score", pa.float64()))
+    output = convert(scores, floats, "output")
+    state = convert(scores, floats, "state", nan_is_null=False)
+    assert output.column("score").null_count == 1  # a NaN output is null, as in Spark
+    assert state.column("score").null_count == 0  # a NaN state value stays NaN
+    assert math.isnan(state.column("score")[0].as_py())

@@ -75,11 +75,13 @@ if TYPE_CHECKING:
     from pyspark_abs.manifest.info import SnapshotInfo
     from pyspark_abs.manifest.job_cut import JobSnapshot
     from pyspark_abs.operators.contract import (
+        ArrowContext,
         Clock,
         KeyGroupContext,
         KeyGroupResult,
         Operator,
         TimeoutMode,
+        arrow_operator,
         vectorized_operator,
     )
     from pyspark_abs.operators.evolution import StateEvolution
@@ -119,11 +121,13 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.manifest.entries": ("EpochStatus",),
     "pyspark_abs.manifest.info": ("SnapshotInfo",),
     "pyspark_abs.operators.contract": (
+        "ArrowContext",
         "Clock",
         "KeyGroupContext",
         "KeyGroupResult",
         "Operator",
         "TimeoutMode",
+        "arrow_operator",
         "vectorized_operator",
     ),
     "pyspark_abs.operators.evolution": ("StateEvolution",),

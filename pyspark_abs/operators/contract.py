@@ -2,7 +2,8 @@
 
 An operator is one key-group function, ``fn(rows, state, ctx) -> KeyGroupResult``, run once
 per key group and epoch over all rows and all state of the group
-(:func:`vectorized_operator`). The per-key form, ``fn(key, rows, state) -> rows`` with a
+(:func:`vectorized_operator`; :func:`arrow_operator` is the same contract on ``pyarrow``
+tables instead of pandas frames). The per-key form, ``fn(key, rows, state) -> rows`` with a
 :class:`KeyState` much like Spark's ``GroupState`` (:func:`operator`), is an adapter that
 produces such a function (:mod:`pyspark_abs.operators.per_key`). Only keys whose state
 changed are written to the snapshot.
@@ -14,9 +15,10 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 
 import pandas as pd
+import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.evolution import StateEvolution
@@ -43,6 +45,13 @@ class TimeoutMode(str, Enum):
 KeyGroupFunction: TypeAlias = (
     "Callable[[pd.DataFrame, pd.DataFrame, KeyGroupContext], KeyGroupResult | None]"
 )
+ArrowKeyGroupFunction: TypeAlias = (
+    "Callable[[pa.Table, pa.Table, ArrowContext], KeyGroupResult | None]"
+)
+AnyKeyGroupFunction: TypeAlias = "Callable[..., KeyGroupResult | None]"
+"""A :data:`KeyGroupFunction` or an :data:`ArrowKeyGroupFunction` (see ``Operator.arrow``)."""
+Rows: TypeAlias = "pd.DataFrame | pa.Table"
+"""Rows a function returns: a pandas frame or a ``pyarrow.Table``, whatever form it was given."""
 InputCheck: TypeAlias = "Callable[[StructType, str | None], str | None]"
 """See :attr:`Operator.input_problem`."""
 
@@ -60,8 +69,11 @@ class Clock:
     watermark_ms: int | None
 
 
+Keys = TypeVar("Keys", pd.DataFrame, pa.Table)
+
+
 @dataclass(frozen=True)
-class KeyGroupContext:
+class _Context(Generic[Keys]):
     """What a key-group function knows about its call.
 
     Attributes:
@@ -80,7 +92,7 @@ class KeyGroupContext:
     epoch: int | None
     key_group: int
     clock: Clock
-    timed_out: pd.DataFrame
+    timed_out: Keys
     time_zone: str = "UTC"
     outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -88,6 +100,14 @@ class KeyGroupContext:
     def where(self) -> str:
         """The call's place, as error messages name it."""
         return place(self.operator, self.epoch, self.key_group)
+
+
+class KeyGroupContext(_Context[pd.DataFrame]):
+    """The call of a :func:`vectorized_operator`'s function; ``timed_out`` is a frame."""
+
+
+class ArrowContext(_Context[pa.Table]):
+    """The call of an :func:`arrow_operator`'s function; ``timed_out`` is a ``pyarrow.Table``."""
 
 
 def place(operator: str, epoch: int | None, key_group: int) -> str:
@@ -99,19 +119,22 @@ def place(operator: str, epoch: int | None, key_group: int) -> str:
 class KeyGroupResult:
     """What a key-group function returns for one key group.
 
+    Each part is a pandas frame or a ``pyarrow.Table``, whichever form the operator works in
+    (either is taken from any operator).
+
     Attributes:
         state: New state of the keys that changed: key columns, state columns and
             optionally ``_timeout`` (ms since the Unix epoch; missing or null means no
             timeout). Keys not listed keep their state. Returning unchanged keys is allowed
             but they are not written to the snapshot.
         removed: Key columns of the keys whose state is removed.
-        output: Output rows: a frame for an operator with one output, or a dict from output
-            name to frame.
+        output: Output rows: rows for an operator with one output, or a dict from output
+            name to rows.
     """
 
-    state: pd.DataFrame | None = None
-    removed: pd.DataFrame | None = None
-    output: pd.DataFrame | Mapping[str, pd.DataFrame] | None = None
+    state: Rows | None = None
+    removed: Rows | None = None
+    output: Rows | Mapping[str, Rows] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,7 @@ class Operator:
         outputs: Output names and their schemas, in declaration order.
         function: The key-group function; for an operator declared per key, the adapter
             around the per-key function.
+        arrow: The function takes ``pyarrow`` tables (:func:`arrow_operator`), not frames.
         timeout: The clock key timeouts follow; with ``ttl_ms``, the clock of the TTL.
         evolution: How state stored by an earlier version becomes ``state_schema``.
         ttl_ms: State time-to-live: a key whose state was not written for longer is
@@ -140,10 +164,11 @@ class Operator:
     key: tuple[str, ...]
     state_schema: SchemaLike
     outputs: tuple[tuple[str, SchemaLike], ...]
-    function: KeyGroupFunction = field(repr=False)
+    function: AnyKeyGroupFunction = field(repr=False)
     timeout: TimeoutMode = TimeoutMode.NONE
     evolution: StateEvolution | None = None
     ttl_ms: int | None = None
+    arrow: bool = False
     input_problem: InputCheck | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -225,8 +250,64 @@ def vectorized_operator(
     return build
 
 
+def arrow_operator(
+    *,
+    key: str | Sequence[str],
+    state_schema: SchemaLike | None = None,
+    output_schema: SchemaLike | None = None,
+    outputs: Mapping[str, SchemaLike] | None = None,
+    timeout: TimeoutMode | str = TimeoutMode.NONE,
+    name: str | None = None,
+    evolution: StateEvolution | None = None,
+    ttl: dt.timedelta | None = None,
+    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
+) -> Callable[[ArrowKeyGroupFunction], Operator]:
+    """Declare a vectorized operator on ``pyarrow`` tables: ``fn(rows, state, ctx)``.
+
+    The contract of :func:`vectorized_operator`, without pandas: ``rows`` (this epoch's
+    rows of the key group, with the source's schema), ``state`` (every key of the group:
+    key columns, state columns and ``_timeout``) and ``ctx.timed_out`` are
+    ``pyarrow.Table`` objects, and the :class:`KeyGroupResult` returned holds tables (frames
+    are taken too). Returned columns are cast to the declared types (a failed cast is a
+    :class:`~pyspark_abs.errors.SchemaMismatchError`); values go through as they are, so a
+    NaN stays NaN, as in Spark's ``applyInArrow``. Naive timestamps returned for a
+    ``timestamp`` column are wall-clock times in the session time zone, as in the pandas form.
+
+    Example::
+
+        @arrow_operator(key="word", state_schema="count long",
+                        output_schema="word string, count long")
+        def word_count(rows, state, ctx):
+            seen = rows.group_by("word").aggregate([("word", "count")])
+            ...
+            return KeyGroupResult(state=counts, output=counts)
+
+    The arguments are those of :func:`vectorized_operator`.
+
+    Raises:
+        OperatorDefinitionError: The declaration is inconsistent.
+    """
+
+    def build(fn: ArrowKeyGroupFunction) -> Operator:
+        return declare(
+            fn,
+            key=key,
+            state_schema=state_schema,
+            output_schema=output_schema,
+            outputs=outputs,
+            timeout=timeout,
+            name=name,
+            evolution=evolution,
+            ttl=ttl,
+            ttl_clock=ttl_clock,
+            arrow=True,
+        )
+
+    return build
+
+
 def declare(
-    fn: KeyGroupFunction,
+    fn: AnyKeyGroupFunction,
     *,
     key: str | Sequence[str],
     state_schema: SchemaLike | None,
@@ -237,8 +318,11 @@ def declare(
     evolution: StateEvolution | None = None,
     ttl: dt.timedelta | None = None,
     ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
+    arrow: bool = False,
 ) -> Operator:
     """Check a declaration and build its :class:`Operator` (see :func:`vectorized_operator`).
+
+    ``arrow``: the function takes ``pyarrow`` tables (see :func:`arrow_operator`).
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
@@ -315,6 +399,7 @@ def declare(
         timeout=mode,
         evolution=evolution,
         ttl_ms=ttl_ms,
+        arrow=arrow,
     )
 
 

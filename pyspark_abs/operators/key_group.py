@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
+from typing import cast
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs.errors import AbsError, OperatorError, SchemaMismatchError, describe
-from pyspark_abs.operators.contract import Clock, KeyGroupContext, KeyGroupResult, place
+from pyspark_abs.operators.contract import (
+    ArrowContext,
+    ArrowKeyGroupFunction,
+    Clock,
+    KeyGroupContext,
+    KeyGroupFunction,
+    KeyGroupResult,
+    Rows,
+    place,
+)
 from pyspark_abs.operators.keys import (
     contains,
     key_arrays,
@@ -60,30 +71,31 @@ def run_key_group(
     expired_state = state.filter(gone) if gone.any() else None
     if expired_state is not None:
         state = state.filter(~gone)  # the function no longer sees expired keys
-    current = plan.frame(state)
-    row_keys = _arrow_keys(rows, plan, where)
+    table = _arrow_rows(rows, plan, where) if plan.arrow else None
+    if table is None:
+        row_keys = _arrow_keys(rows, plan, where)
+    else:
+        row_keys = table.select(list(plan.key_columns)).cast(plan.key_schema)
     state_keys, input_keys = key_arrays([state, row_keys], plan.key_columns)
     # Which keys the function is called for matters only for keys with a timeout.
     timeouts = has_timeouts(state)
     has_rows = contains(state_keys, input_keys) if timeouts else no_keys(state)
     fired = expired(plan, state, has_rows, clock) if timeouts else has_rows
-
-    timed_out = (
-        plan.frame(state.filter(fired).select(list(plan.key_columns)))
-        if fired.any()
-        else plan.no_keys.copy(deep=False)
-    )
-    ctx = KeyGroupContext(
-        operator=plan.name,
-        epoch=epoch,
-        key_group=key_group,
-        clock=clock,
-        timed_out=timed_out,
-        time_zone=plan.time_zone,
-        outputs=tuple((name, tuple(schema.names)) for name, schema in plan.outputs),
-    )
+    timed_out = state.filter(fired).select(list(plan.key_columns)) if fired.any() else None
+    call = (plan.name, epoch, key_group, clock)
+    declared = tuple((name, tuple(schema.names)) for name, schema in plan.outputs)
+    run: Callable[[], object]
+    if table is not None:
+        keys = plan.key_schema.empty_table() if timed_out is None else timed_out
+        arrow_fn = cast("ArrowKeyGroupFunction", plan.function)
+        run = partial(arrow_fn, table, state, ArrowContext(*call, keys, plan.time_zone, declared))
+    else:
+        frame = plan.no_keys.copy(deep=False) if timed_out is None else plan.frame(timed_out)
+        pandas_fn = cast("KeyGroupFunction", plan.function)
+        ctx = KeyGroupContext(*call, frame, plan.time_zone, declared)
+        run = partial(pandas_fn, rows, plan.frame(state), ctx)
     try:
-        result = plan.function(rows, current, ctx)
+        result = run()
     except AbsError as err:
         located = err.at(where)
         if located is err:
@@ -135,15 +147,15 @@ def _with_expired(
 
 def _outputs(
     plan: OperatorPlan,
-    output: pd.DataFrame | Mapping[str, pd.DataFrame] | None,
+    output: Rows | Mapping[str, Rows] | None,
     where: str,
     converted: Converted,
 ) -> tuple[pa.Table, ...]:
     names = [name for name, _ in plan.outputs]
-    by_name: Mapping[str, pd.DataFrame | None]
+    by_name: Mapping[str, Rows | None]
     if output is None:
         by_name = {}
-    elif isinstance(output, pd.DataFrame):
+    elif isinstance(output, pd.DataFrame | pa.Table):
         if len(names) != 1:
             raise SchemaMismatchError(
                 f"{where}: the operator has outputs {names}; return KeyGroupResult(output="
@@ -159,8 +171,8 @@ def _outputs(
         by_name = output
     else:
         raise SchemaMismatchError(
-            f"{where}: KeyGroupResult.output must be a DataFrame or a dict of DataFrames, "
-            f"got {type(output).__name__}"
+            f"{where}: KeyGroupResult.output must be a DataFrame or a pyarrow.Table, or a dict "
+            f"of them, got {type(output).__name__}"
         )
     tables = []
     for name, schema in plan.outputs:
@@ -172,6 +184,17 @@ def _outputs(
         check_columns(frame, schema.names, what)
         tables.append(converted(frame, schema, what))
     return tuple(tables)
+
+
+def _arrow_rows(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
+    """The input rows as an Arrow function gets them: the source's schema.
+
+    A float null and a NaN both arrive as null: PySpark's pandas form of the rows, which
+    the carrier hands over, no longer tells them apart.
+    """
+    if not len(rows):
+        return plan.input_schema.empty_table()
+    return plan.to_arrow(rows, plan.input_schema, f"{where}: input rows")
 
 
 def _arrow_keys(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:

@@ -89,7 +89,7 @@ def operator(
 
     def build(fn: PerKeyFunction) -> Operator:
         declared = declare(
-            fn,  # type: ignore[arg-type]  # checked, then wrapped below
+            fn,  # checked, then wrapped below
             key=key,
             state_schema=state_schema,
             output_schema=output_schema,

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from pyspark_abs.errors import OperatorDefinitionError, StateEncodingError, StateTooLargeError
 from pyspark_abs.operators.contract import (
-    KeyGroupFunction,
+    AnyKeyGroupFunction,
     Operator,
     TimeoutMode,
 )
@@ -29,6 +29,7 @@ from pyspark_abs.operators.schema import (
     instant_columns,
     localize,
     resolve_struct,
+    table_to_arrow,
     to_arrow,
     to_frame,
 )
@@ -151,6 +152,7 @@ class OperatorPlan:
             batch's watermark, here the installed epoch's own. None: ``watermark_floor_ms``.
         ttl_ms: State time-to-live (see :attr:`Operator.ttl_ms`), on the ``timeout`` clock.
         live_state: Where key groups keep their state between epochs.
+        arrow: The function takes ``pyarrow`` tables, not pandas frames.
     """
 
     name: str
@@ -159,7 +161,7 @@ class OperatorPlan:
     state_schema: pa.Schema
     outputs: tuple[tuple[str, pa.Schema], ...]
     timeout: TimeoutMode
-    function: KeyGroupFunction
+    function: AnyKeyGroupFunction
     snapshots: bool = True
     max_state_bytes: int | None = None
     replays: tuple[DecidedReplay, ...] = ()
@@ -169,6 +171,7 @@ class OperatorPlan:
     first_batch_floor_ms: int | None = None
     ttl_ms: int | None = None
     live_state: LiveState = field(default_factory=StateInSpark)
+    arrow: bool = False
 
     def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
         """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
@@ -215,9 +218,14 @@ class OperatorPlan:
         """An Arrow table as the function sees it: instants aware of the session time zone."""
         return localize(to_frame(table), instant_columns(table.schema), self.time_zone)
 
-    def to_arrow(self, frame: pd.DataFrame, schema: pa.Schema, what: str) -> pa.Table:
-        """A frame the function returned, checked and converted (see :func:`frame_to_arrow`)."""
-        return frame_to_arrow(frame, schema, what, self.time_zone)
+    def to_arrow(self, rows: pd.DataFrame | pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+        """Rows the function returned, checked and converted.
+
+        A frame as :func:`frame_to_arrow` converts it, a table as :func:`table_to_arrow`.
+        """
+        if isinstance(rows, pa.Table):
+            return table_to_arrow(rows, schema, what, self.time_zone)
+        return frame_to_arrow(rows, schema, what, self.time_zone)
 
     @cached_property
     def blob_schema(self) -> pa.Schema:
@@ -404,4 +412,5 @@ def resolve_plan(
         max_state_bytes=max_state_bytes,
         event_time=event_time,
         ttl_ms=operator.ttl_ms,
+        arrow=operator.arrow,
     )

@@ -10,6 +10,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
 from pyspark.sql.types import Row, StructType
 
@@ -96,20 +97,25 @@ def ddl_type(kind: pa.DataType) -> str:
 
 
 def check_columns(
-    frame: pd.DataFrame,
+    frame: pd.DataFrame | pa.Table,
     expected: Sequence[str],
     what: str,
     optional: Sequence[str] = (),
 ) -> None:
-    """Check that ``frame`` has exactly the expected columns (in any order).
+    """Check that rows (a pandas frame or a ``pyarrow.Table``) have exactly the expected columns.
+
+    The order does not matter.
 
     Raises:
-        SchemaMismatchError: It is not a frame, or columns are missing, unexpected or
+        SchemaMismatchError: It is neither, or columns are missing, unexpected or
             duplicated.
     """
+    if isinstance(frame, pa.Table):
+        check_names(frame.column_names, expected, what, optional)
+        return
     if not isinstance(frame, pd.DataFrame):
         raise SchemaMismatchError(
-            f"{what}: expected a pandas DataFrame, got {type(frame).__name__}"
+            f"{what}: expected a pandas DataFrame or a pyarrow.Table, got {type(frame).__name__}"
         )
     check_names([str(c) for c in frame.columns], expected, what, optional)
 
@@ -340,6 +346,60 @@ def frame_to_arrow(
             )
         arrays.append(array)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def table_to_arrow(
+    table: pa.Table, schema: pa.Schema, what: str, time_zone: str = "UTC"
+) -> pa.Table:
+    """A ``pyarrow.Table`` a function returned, as ``schema``, with a precise error.
+
+    The table must already have every column of ``schema`` (see :func:`check_names`); other
+    columns are ignored. Each column is cast to its declared type where it has another
+    (an int32 column to ``bigint``, a string column to a ``date`` fails), values unchanged:
+    a NaN stays NaN. Naive timestamps in a ``timestamp`` column are wall-clock times in
+    ``time_zone``, as in :func:`frame_to_arrow`.
+
+    Raises:
+        SchemaMismatchError: A column cannot be cast to its declared type, or holds nulls
+            where the schema does not allow them, or naive timestamps that do not name one
+            instant in ``time_zone``.
+    """
+    arrays = []
+    for field in schema:
+        column = table.column(field.name)
+        kind = column.type
+        instants = pa.types.is_timestamp(field.type) and field.type.tz
+        if instants and pa.types.is_timestamp(kind) and not kind.tz:
+            column = _assume_zone(column, time_zone, f"{what}: column {field.name!r}")
+        try:
+            if column.type != field.type:
+                column = column.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+            raise SchemaMismatchError(
+                f"{what}: column {field.name!r} of type {kind} cannot be converted to "
+                f"{field.type}: {err}"
+            ) from None
+        if not field.nullable and column.null_count:
+            raise SchemaMismatchError(
+                f"{what}: column {field.name!r} is declared NOT NULL but holds "
+                f"{column.null_count} null value(s)"
+            )
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _assume_zone(column: Any, time_zone: str, what: str) -> Any:
+    """Naive timestamps as wall-clock times in ``time_zone``."""
+    try:
+        return pc.assume_timezone(column, time_zone)
+    except pa.ArrowInvalid as err:
+        problem = str(err).split("\n", 1)[0]
+        raise SchemaMismatchError(
+            f"{what} holds naive timestamps, which are read as wall-clock times in the session "
+            f"time zone {time_zone}, and one of them names no single instant there ({problem}: "
+            f"a daylight-saving change). Return time-zone-aware timestamps, such as the input's "
+            f"own"
+        ) from None
 
 
 def _nested_array(column: pd.Series, kind: pa.DataType, nan_is_null: bool) -> pa.Array[Any]:

@@ -19,6 +19,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.operators.contract import (
     Clock,
     KeyGroupResult,
+    Rows,
     TimeoutMode,
 )
 from pyspark_abs.operators.keys import (
@@ -36,6 +37,7 @@ from pyspark_abs.operators.schema import (
     TIMEOUT,
     check_columns,
     frame_to_arrow,
+    table_to_arrow,
 )
 from pyspark_abs.operators.ttl import due, expiries
 
@@ -74,9 +76,14 @@ class Converted:
         self._done: dict[int, tuple[pd.DataFrame, pa.Schema, bool | None, pa.Table]] = {}
 
     def __call__(
-        self, frame: pd.DataFrame, schema: pa.Schema, what: str, *, nan_is_null: bool = True
+        self, frame: Rows, schema: pa.Schema, what: str, *, nan_is_null: bool = True
     ) -> pa.Table:
-        """``frame_to_arrow(frame, schema, what, time_zone)``, reusing an earlier conversion."""
+        """``frame_to_arrow(frame, schema, what, time_zone)``, reusing an earlier conversion.
+
+        A ``pyarrow.Table`` is cast (:func:`table_to_arrow`), its values as they are.
+        """
+        if isinstance(frame, pa.Table):
+            return table_to_arrow(frame, schema, what, self.time_zone)
         nan_rule = nan_is_null if _holds_floats(schema) else None
         done = self._done.get(id(frame))
         if done is not None and done[0] is frame and done[1:3] == (schema, nan_rule):
@@ -268,7 +275,7 @@ def _joint_keys(
 
 
 def _upsert_table(
-    plan: OperatorPlan, frame: pd.DataFrame | None, where: str, converted: Converted
+    plan: OperatorPlan, frame: Rows | None, where: str, converted: Converted
 ) -> pa.Table:
     if frame is None:
         return plan.blob_schema.empty_table()
@@ -280,13 +287,14 @@ def _upsert_table(
     what = f"{where}: returned state"
     check_columns(frame, plan.upsert_schema.names, what, optional=[TIMEOUT])
     # a NaN set as a state value stays NaN (as in Spark's GroupState); see frame_to_arrow
-    if TIMEOUT in frame.columns:
+    names = frame.column_names if isinstance(frame, pa.Table) else frame.columns
+    if TIMEOUT in names:
         return converted(frame, plan.blob_schema, what, nan_is_null=False)
     table = converted(frame, plan.upsert_schema, what, nan_is_null=False)
     return table.append_column(plan.blob_schema.field(TIMEOUT), pa.nulls(len(frame), pa.int64()))
 
 
-def _removed_table(plan: OperatorPlan, frame: pd.DataFrame | None, where: str) -> pa.Table:
+def _removed_table(plan: OperatorPlan, frame: Rows | None, where: str) -> pa.Table:
     if frame is None:
         return plan.key_schema.empty_table()
     what = f"{where}: removed keys"

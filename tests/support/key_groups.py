@@ -7,7 +7,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from pyspark_abs.operators.contract import TimeoutMode
+from pyspark_abs.operators.contract import Clock, KeyGroupContext, KeyGroupResult, TimeoutMode
+from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED
 from pyspark_abs.operators.state_diff import KeyGroupOutcome
@@ -16,6 +17,9 @@ from tests.support.inputs import arrow_schema
 INPUT = arrow_schema(("word", pa.string()), ("ts", pa.int64()))
 STATE = arrow_schema(("count", pa.int64()))
 OUTPUT = (("output", arrow_schema(("word", pa.string()), ("count", pa.int64()))),)
+CLOCK = Clock(processing_time_ms=1_000, watermark_ms=None)
+LIMIT = 4
+"""The count above which the word counts here drop a word's state."""
 
 
 def word_plan(
@@ -52,3 +56,29 @@ def assert_kept_rows(before: pa.Table, outcome: KeyGroupOutcome) -> None:
     live = [r for r in outcome.changes.to_pylist() if not r.pop(DELETED)]
     added = outcome.state.slice(kept.num_rows).to_pylist()
     assert sorted(map(repr, added)) == sorted(map(repr, live))
+
+
+def vectorized(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
+    """A vectorized word count that drops a word's state once its count passes LIMIT."""
+    seen = rows.groupby("word").size().rename("n").reset_index()
+    merged = seen.merge(state[["word", "count"]], on="word", how="left")
+    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["n"]
+    over = merged["count"] > LIMIT
+    kept = merged.loc[~over, ["word", "count"]]
+    return KeyGroupResult(state=kept, removed=merged.loc[over, ["word"]], output=kept)
+
+
+def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupOutcome]:
+    """Run key group 7 over the epochs, each from the state the one before left."""
+    state = plan.blob_schema.empty_table()
+    outcomes = []
+    for epoch, frame in enumerate(epochs):
+        outcome = run_key_group(plan, 7, frame, state, CLOCK, epoch)
+        assert_kept_rows(state, outcome)
+        outcomes.append(outcome)
+        state = outcome.state
+    return outcomes
+
+
+EPOCHS = [rows("a", "b", "a"), rows("a", "c"), rows("c"), rows("a", "a", "b")]
+"""Four epochs of words; the last drops "a" (five counts)."""

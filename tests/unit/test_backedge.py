@@ -147,5 +147,5 @@ def test_propagate_sends_labels_over_new_edges_then_lowers_labels() -> None:
     assert isinstance(second.output, dict)
     assert second.output["labels"].to_dict("list") == {"vertex": [5], "label": [3]}
     assert second.output["offers"].to_dict("list") == {"vertex": [3], "label": [3]}
-    assert second.state is not None
+    assert isinstance(second.state, pd.DataFrame)
     assert second.state[["vertex", "label"]].to_dict("list") == {"vertex": [5], "label": [3]}

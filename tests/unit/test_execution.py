@@ -27,13 +27,21 @@ from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import STATELESS_COLUMN
-from pyspark_abs.operators.state_diff import KeyGroupOutcome, apply_changes
+from pyspark_abs.operators.state_diff import apply_changes
 from pyspark_abs.operators.task import epoch_changes
 from tests.support.inputs import arrow_schema
-from tests.support.key_groups import INPUT, OUTPUT, assert_kept_rows, rows, sort, word_plan
-
-CLOCK = Clock(processing_time_ms=1_000, watermark_ms=None)
-LIMIT = 4
+from tests.support.key_groups import (
+    CLOCK,
+    EPOCHS,
+    INPUT,
+    LIMIT,
+    OUTPUT,
+    rows,
+    run_epochs,
+    sort,
+    vectorized,
+    word_plan,
+)
 
 
 def per_key(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
@@ -45,15 +53,6 @@ def per_key(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> Any:
     return {"word": key[0], "count": count}
 
 
-def vectorized(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> KeyGroupResult:
-    seen = rows.groupby("word").size().rename("n").reset_index()
-    merged = seen.merge(state[["word", "count"]], on="word", how="left")
-    merged["count"] = merged["count"].fillna(0).astype("int64") + merged["n"]
-    over = merged["count"] > LIMIT
-    kept = merged.loc[~over, ["word", "count"]]
-    return KeyGroupResult(state=kept, removed=merged.loc[over, ["word"]], output=kept)
-
-
 def plan_for(
     per_key_fn: Any = None,
     vectorized_fn: Any = None,
@@ -62,20 +61,6 @@ def plan_for(
 ) -> OperatorPlan:
     function = PerKeyAdapter(per_key_fn, ("word",), timeout) if per_key_fn else vectorized_fn
     return word_plan(function, timeout, outputs=outputs)
-
-
-def run_epochs(plan: OperatorPlan, epochs: list[pd.DataFrame]) -> list[KeyGroupOutcome]:
-    state = plan.blob_schema.empty_table()
-    outcomes = []
-    for epoch, frame in enumerate(epochs):
-        outcome = run_key_group(plan, 7, frame, state, CLOCK, epoch)
-        assert_kept_rows(state, outcome)
-        outcomes.append(outcome)
-        state = outcome.state
-    return outcomes
-
-
-EPOCHS = [rows("a", "b", "a"), rows("a", "c"), rows("c"), rows("a", "a", "b")]
 
 
 @pytest.mark.parametrize("form", ["per_key", "vectorized"])

@@ -30,11 +30,13 @@ from _costs import CostSampler, RunCosts
 
 from pyspark_abs import (
     AbsConfig,
+    ArrowContext,
     KeyGroupContext,
     KeyGroupResult,
     Operator,
     Pipeline,
     Snapshots,
+    arrow_operator,
     local_session,
     vectorized_operator,
 )
@@ -90,7 +92,7 @@ def count_keys(rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"key": keys, "count": counts})
 
 
-def held_counts(keys: np.ndarray, state: pd.DataFrame, *, missing: int) -> np.ndarray:
+def held_counts(keys: np.ndarray, state: pd.DataFrame | pa.Table, *, missing: int) -> np.ndarray:
     """The count ``state`` holds for each of ``keys`` (distinct); ``missing`` where none."""
     # hash the epoch's few keys and scan the state, not the other way round
     slot = pc.index_in(pa.array(state["key"].to_numpy()), value_set=pa.array(keys))
@@ -99,6 +101,17 @@ def held_counts(keys: np.ndarray, state: pd.DataFrame, *, missing: int) -> np.nd
     held = np.full(len(keys), missing, dtype=np.int64)
     held[at[known]] = state["count"].to_numpy()[known]
     return held
+
+
+@arrow_operator(
+    key="key", state_schema="count long", output_schema="key long, count long", name="keyed_count"
+)
+def keyed_count_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
+    """:data:`keyed_count` on Arrow tables (:func:`~pyspark_abs.arrow_operator`)."""
+    keys, seen = np.unique(rows["key"].to_numpy(), return_counts=True)
+    held = held_counts(keys, state, missing=0)
+    counts = pa.table({"key": pa.array(keys), "count": pa.array(seen.astype(np.int64) + held)})
+    return KeyGroupResult(state=counts, output=counts)
 
 
 @contextmanager

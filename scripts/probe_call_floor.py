@@ -17,7 +17,8 @@ records per key seven ways on the same files, one file per micro-batch (``availa
   key group's counts in a local file: a grouped call without Spark's stateful operator;
 * ``partition_arrow``: one ``mapInArrow`` call per shuffle partition, the partition's counts
   in a local file;
-* ``abs_async``: pyspark-abs, a snapshot every epoch, ``--key-groups`` key groups.
+* ``abs_async``: pyspark-abs, a snapshot every epoch, ``--key-groups`` key groups;
+* ``abs_async_arrow``: the same with the keyed count written as an ``arrow_operator``.
 
 The two variants with local files are floors, not designs: a retried task would count twice.
 
@@ -218,18 +219,20 @@ QUERIES: dict[str, Callable[[SparkSession, DataFrame, Path, int], StreamingQuery
         partition_arrow,
     ]
 }
-VARIANTS = [*QUERIES, "abs_async"]
+ABS = {"abs_async": _bench.keyed_count, "abs_async_arrow": _bench.keyed_count_arrow}
+"""pyspark-abs's variants: the keyed count in the pandas form, and in the Arrow form."""
+VARIANTS = [*QUERIES, *ABS]
 
 
 def run_variant(
     variant: str, spark: SparkSession, source: DataFrame, work: Path, key_groups: int
 ) -> tuple[StreamingQuery, pa.Table]:
     """Run one variant to the end of its input; its query and its output rows."""
-    if variant == "abs_async":
+    if variant in ABS:
         config = AbsConfig(key_groups=key_groups, commit_mode="async")
         sink = str(work / "counts")
         pipeline = Pipeline(
-            "probe", source, _bench.keyed_count, root=str(work / "root"), sinks=sink, config=config
+            "probe", source, ABS[variant], root=str(work / "root"), sinks=sink, config=config
         )
         query = pipeline.run().query
         return query, DeltaTable(sink).to_pyarrow_table(columns=["key", "count"])

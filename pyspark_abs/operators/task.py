@@ -75,7 +75,9 @@ class KeyGroupTask:
         chunks = [f for f in frames if len(f)]
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            rows = plan.without_late_rows(exact_columns(_without(rows, KEY_GROUP)), batch_id)
+            if not plan.arrow:  # the Arrow form's rows take only the source's columns
+                rows = _without(rows, KEY_GROUP)
+            rows = plan.without_late_rows(exact_columns(rows), batch_id)
             inputs = [c for c in plan.input_instants if c in rows.columns]
             rows = localize(rows, inputs, plan.time_zone)
         else:

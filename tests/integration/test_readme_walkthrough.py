@@ -57,6 +57,8 @@ def test_the_operator_snapshot_and_savepoint_blocks_run_as_one_story(
     # Write an operator: per key, then vectorized; both count as the uninterrupted run.
     run_block("def word_count(key: tuple, rows: pd.DataFrame, state) -> dict:", ns, {})
     per_key = word_count_pipeline(tmp_path / "per-key", landing, cast(Operator, ns["word_count"]))
+    run_block("def word_count(rows: pa.Table, state: pa.Table, ctx: ArrowContext)", ns, {})
+    arrow = word_count_pipeline(tmp_path / "arrow", landing, cast(Operator, ns["word_count"]))
     run_block("def word_count(rows: pd.DataFrame, state: pd.DataFrame, ctx)", ns, {})
     pipeline = ns["pipeline"] = ns["fixed_pipeline"] = word_count_pipeline(
         root, landing, cast(Operator, ns["word_count"])
@@ -64,10 +66,16 @@ def test_the_operator_snapshot_and_savepoint_blocks_run_as_one_story(
     uninterrupted = word_count_pipeline(clean, landing, cast(Operator, ns["word_count"]))
     for epoch, text in enumerate(EPOCHS):  # one file an epoch
         write_epochs(landing, [text], first=epoch)
-        for each in (per_key, pipeline, uninterrupted):
+        for each in (per_key, arrow, pipeline, uninterrupted):
             each.run()
     expected = counts_df(spark, EPOCHS)
     assert_same(Snapshots(str(tmp_path / "per-key"), spark).state("word_count"), expected)
+    arrow_snapshots, clean_snapshots = (
+        Snapshots(str(tmp_path / "arrow"), spark),
+        Snapshots(str(clean), spark),
+    )
+    assert_same(arrow_snapshots.state("word_count"), expected)
+    assert_same(arrow_snapshots.sink("output"), clean_snapshots.sink("output"))
 
     # Read snapshots, metrics and SQL.
     run_block("snapshots = pipeline.snapshots", ns, {})

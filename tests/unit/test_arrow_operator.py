@@ -19,6 +19,7 @@ import pytest
 
 from pyspark_abs import (
     ArrowContext,
+    Clock,
     KeyGroupResult,
     OperatorDefinitionError,
     SchemaMismatchError,
@@ -195,3 +196,17 @@ def test_an_arrow_declaration_is_checked_like_any_other() -> None:
 
 def _empty() -> pa.Table:
     return word_plan(None).blob_schema.empty_table()
+
+
+def test_an_arrow_operator_with_a_ttl_does_not_see_lapsed_keys_and_they_are_tombstoned() -> None:
+    plan = arrow_plan(timeout=TimeoutMode.PROCESSING_TIME, event_time="ts", ttl_ms=10_000)
+    first = run_key_group(plan, 0, rows("a", "b"), _empty(), Clock(1_000, None), 0)
+    assert {r["word"]: r["_timeout"] for r in first.changes.to_pylist()} == {
+        "a": 11_000,
+        "b": 11_000,
+    }
+    second = run_key_group(plan, 0, rows("a"), first.state, Clock(12_000, None), 1)
+    assert sort(second.changes) == [
+        {"word": "a", "count": 1, "_timeout": 22_000, "_deleted": False},  # counted afresh
+        {"word": "b", "count": None, "_timeout": None, "_deleted": True},
+    ]

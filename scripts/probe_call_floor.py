@@ -28,7 +28,7 @@ seconds per epoch of the Python workers and of the JVM (a run's CPU over its fil
 query's start included); the last line is one JSON object.
 
     python scripts/probe_call_floor.py [--files 20] [--records-per-file 200] [--keys 1000]
-        [--key-groups 256] [--partitions 4] [--repeats 2]
+        [--key-groups 256] [--partitions 4] [--repeats 2] [--variants builtin,...]
 """
 
 from __future__ import annotations
@@ -251,9 +251,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, from {','.join(VARIANTS)} (builtin is always run)",
+    )
     args = parser.parse_args(argv)
+    asked = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(asked) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; choose from {VARIANTS}")
+    variants = [v for v in VARIANTS if v == "builtin" or v in asked]
     spark = _bench.session(args.partitions)
-    epochs: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    epochs: dict[str, list[float]] = {v: [] for v in variants}
     costs: dict[str, _costs.RunCosts] = {}
     runs = 0
     work = Path(tempfile.mkdtemp(prefix="abs-probe-"))
@@ -282,10 +292,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     try:
         if args.warm_up:
-            for variant in VARIANTS:
+            for variant in variants:
                 run(variant)
-            epochs = {v: [] for v in VARIANTS}
-        _bench.interleave(VARIANTS, args.repeats, _bench.measured(spark, costs, run), warm_up=False)
+            epochs = {v: [] for v in variants}
+        _bench.interleave(variants, args.repeats, _bench.measured(spark, costs, run), warm_up=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -299,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "python_cpu_ms_per_file": per_file(v, "python_workers"),
             "jvm_cpu_ms_per_file": per_file(v, "jvm"),
         }
-        for v in VARIANTS
+        for v in variants
     }
     print(
         f"\n{'variant':<22} {'epoch ms':>9} {'Python CPU ms':>14} {'JVM CPU ms':>11}"

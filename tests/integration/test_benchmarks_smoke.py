@@ -215,13 +215,16 @@ def test_map_state_probe(spark: SparkSession) -> None:
     assert figures["checkpoint_bytes"] > 0
 
 
-def test_call_floor_probe(spark: SparkSession) -> None:
+def test_call_floor_probe(spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--files", "2", "--records-per-file", "50", "--keys", "40", "--key-groups", "8"]
     figures = probe_call_floor.main([*argv, "--partitions", "2", "--repeats", "1", "--no-warm-up"])
     assert set(figures["variants"]) == set(probe_call_floor.VARIANTS)
     for found in figures["variants"].values():
         assert found["epoch_ms_median"] > 0
         assert found["jvm_cpu_ms_per_file"] > 0
+    with pytest.raises(SystemExit):
+        probe_call_floor.main([*argv, "--variants", "abs_async,abs_sync"])
+    assert "unknown variant(s) ['abs_sync']" in capsys.readouterr().err
 
 
 def test_arrow_path_probe(spark: SparkSession) -> None:

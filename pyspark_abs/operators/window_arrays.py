@@ -1,4 +1,4 @@
-"""The arithmetic of the window operators on flat NumPy arrays, without pandas per step.
+"""The arithmetic of the window operators on flat NumPy arrays, read from and written to Arrow.
 
 A key group's windows are parallel arrays: each window's key (an integer id), the row that
 holds its key's columns, its start and end in ms, and per aggregate its values and which of
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark_abs.operators.keys import joint_codes
 
 Array = np.ndarray[Any, Any]
-Kind = Literal["Int64", "float64"]
-"""The pandas type an aggregate's values are kept in while a key group runs."""
 
 _REDUCE = {"count": np.add, "sum": np.add, "min": np.minimum, "max": np.maximum}
 
@@ -120,57 +120,59 @@ def _extreme(dtype: np.dtype[Any], *, low: bool) -> Any:
     return info.min if low else info.max
 
 
-def key_ids(keys: Sequence[str], *frames: pd.DataFrame) -> list[Array]:
-    """Each frame's keys as integers, equal for equal keys across the frames (nulls too)."""
-    sizes = [len(f) for f in frames]
+def key_ids(keys: Sequence[str], *tables: pa.Table) -> list[Array]:
+    """Each table's keys as integers, equal for equal keys across the tables (nulls too)."""
+    sizes = [t.num_rows for t in tables]
     encoded = []
     for key in keys:
-        columns = [f[key].to_numpy() for f in frames]
-        kinds = {c.dtype for c in columns if len(c)}
-        kind = kinds.pop() if len(kinds) == 1 else np.dtype(object)
-        joined = np.concatenate([c.astype(kind, copy=False) for c in columns])
-        codes, uniques = pd.factorize(joined)
-        codes[codes < 0] = len(uniques)  # every kind of null is one key, as Spark groups them
-        encoded.append((codes.astype(np.int64), len(uniques) + 1))
+        kind = tables[0].schema.field(key).type
+        joined = pa.concat_arrays([t[key].combine_chunks().cast(kind) for t in tables])
+        codes: Any = pc.dictionary_encode(joined, null_encoding="encode")
+        indices = np.asarray(codes.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        encoded.append((indices, len(codes.dictionary)))
     return np.split(joint_codes(encoded), np.cumsum(sizes)[:-1])
 
 
-def flatten(cells: pd.Series[Any], lengths: Array) -> Array:
+def valid_mask(column: Any) -> Array:
+    """Which values of an Arrow column are not null."""
+    return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def cell_lengths(cells: Any) -> Array:
+    """How many values each array cell of a list column holds (0 for a null cell)."""
+    lengths: Any = pc.fill_null(pc.list_value_length(cells), 0)
+    return np.asarray(lengths.to_numpy(), dtype=np.int64)
+
+
+def flatten(cells: Any, lengths: Array) -> Any:
     """The arrays in ``cells`` one after the other; a null cell as ``lengths`` nulls."""
-    parts = [
-        np.full(n, None, dtype=object) if cell is None else np.asarray(cell)
-        for cell, n in zip(cells, lengths, strict=True)
-    ]
-    if not parts:
-        return np.empty(0, dtype=object)
-    kinds = {p.dtype for p in parts}
-    if len(kinds) == 1:
-        return np.concatenate(parts)
-    return np.concatenate([p.astype(object) for p in parts])
+    if cells.null_count:
+        rows = cells.to_pylist()
+        cells = pa.chunked_array(
+            [[[None] * int(n) if c is None else c for c, n in zip(rows, lengths, strict=True)]],
+            cells.type,
+        )
+    flat: Any = pc.list_flatten(cells)
+    return flat.combine_chunks() if isinstance(flat, pa.ChunkedArray) else flat
 
 
-def numbers(values: pd.Series[Any] | Array, dtype: Kind) -> tuple[Array, Array]:
-    """``values`` in a pandas ``dtype`` (``Int64`` or ``float64``), and which are not null."""
-    typed = pd.Series(values).astype(dtype)
-    valid = typed.notna().to_numpy()
-    kind = np.int64 if dtype == "Int64" else np.float64
-    return typed.to_numpy(dtype=kind, na_value=0), valid
+ARROW_KINDS = {"bigint": pa.int64(), "double": pa.float64()}
+"""The Arrow type of an aggregate's values, by its declared kind."""
 
 
-def split_cells(values: Array, valid: Array, starts: Array) -> Array:
-    """One cell per run that begins at ``starts``: its values as an array, nulls as None."""
-    if not valid.all():
-        values = values.astype(object)
-        values[~valid] = None
-    cells = np.empty(len(starts), dtype=object)
-    ends = [*starts[1:].tolist(), len(values)] if len(starts) else []
-    for i, (begin, end) in enumerate(zip(starts.tolist(), ends, strict=True)):
-        cells[i] = values[begin:end]
-    return cells
+def numbers(values: Any, kind: str) -> tuple[Array, Array]:
+    """Arrow ``values`` as NumPy of ``kind`` (``bigint`` or ``double``), and which are not null.
+
+    Raises:
+        pyarrow.ArrowInvalid: A value does not fit ``kind`` (a fraction for a ``bigint``).
+    """
+    typed: Any = values.cast(ARROW_KINDS[kind])
+    valid = valid_mask(typed)
+    filled: Any = pc.fill_null(typed, 0)
+    return np.asarray(filled.to_numpy(zero_copy_only=False)), valid
 
 
-def nullable(values: Array, valid: Array, dtype: Kind) -> pd.api.extensions.ExtensionArray | Array:
-    """``values`` as a pandas column of ``dtype`` (``Int64`` or ``float64``) with nulls."""
-    if dtype == "Int64":
-        return pd.arrays.IntegerArray(values.astype(np.int64), ~valid)
-    return np.where(valid, values, np.nan)
+def cells(values: Array, valid: Array, starts: Array) -> Any:
+    """One array cell per run that begins at ``starts``, nulls where not ``valid``."""
+    offsets = pa.array(np.r_[starts, len(values)].astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values, mask=~valid))

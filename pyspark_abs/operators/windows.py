@@ -18,12 +18,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import NumericType, StructType
 
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.contract import (
-    KeyGroupContext,
+    ArrowContext,
     KeyGroupResult,
     Operator,
     TimeoutMode,
@@ -32,21 +33,21 @@ from pyspark_abs.operators.contract import (
 from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.schema import TIMEOUT
 from pyspark_abs.operators.window_arrays import (
-    Kind,
+    ARROW_KINDS,
     Windows,
+    cell_lengths,
+    cells,
     flatten,
     key_ids,
     merge,
-    nullable,
     numbers,
-    split_cells,
+    valid_mask,
 )
 
 START, END = "window_start", "window_end"
 _AGGREGATE = re.compile(
     r"^\s*(count|sum|min|max)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*(bigint|long|double)?\s*$"
 )
-_EPOCH = pd.Timestamp(0, tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,6 @@ class Aggregate:
     function: str
     column: str | None
     kind: str
-
-    @property
-    def dtype(self) -> Kind:
-        """The pandas type its values are kept in while a key group runs."""
-        return "float64" if self.kind == "double" else "Int64"
 
 
 def parse_aggregates(operator: str, aggregates: Mapping[str, str]) -> tuple[Aggregate, ...]:
@@ -115,20 +111,18 @@ class WindowFunction:
     session: bool
     aggregates: tuple[Aggregate, ...]
 
-    def __call__(
-        self, rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext
-    ) -> KeyGroupResult:
+    def __call__(self, rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
         """Add the rows to their keys' windows, emit those the watermark closed."""
         keys = list(self.keys)
         watermark = ctx.clock.watermark_ms
         row_ids, timed_ids, state_ids = key_ids(keys, rows, ctx.timed_out, state)
         hit = np.isin(state_ids, np.concatenate([row_ids, timed_ids]))
-        touched, touched_ids = state.loc[hit], state_ids[hit]
-        at = self._ms(rows)
-        fresh = (at.notna() & (at >= watermark if watermark is not None else True)).to_numpy()
-        key_rows = _rows_of(keys, touched, rows.loc[fresh, keys])
+        touched, touched_ids = state.filter(pa.array(hit)), state_ids[hit]
+        at, known = _millis(rows[self.time])
+        fresh = known if watermark is None else known & (at >= watermark)
+        key_rows = _rows_of(keys, touched, rows.filter(pa.array(fresh)))
         windows = self._stored(touched, touched_ids).then(
-            self._new(rows, at[fresh].to_numpy(np.int64), fresh, row_ids[fresh], len(touched))
+            self._new(rows, at[fresh], fresh, row_ids[fresh], touched.num_rows)
         )
         merged = merge(windows, [a.function for a in self.aggregates], session=self.session)
         closing = merged.end <= (watermark if watermark is not None else np.iinfo(np.int64).min)
@@ -136,7 +130,7 @@ class WindowFunction:
         gone = ~np.isin(touched_ids, open_.ids)
         return KeyGroupResult(
             state=self._state(open_, key_rows),
-            removed=touched.loc[gone, keys],
+            removed=touched.filter(pa.array(gone)).select(keys),
             output=self._output(merged.take(closing), key_rows),
         )
 
@@ -166,14 +160,9 @@ class WindowFunction:
                 )
         return None
 
-    def _ms(self, rows: pd.DataFrame) -> pd.Series[Any]:
-        """The rows' event times in ms since the Unix epoch (null where null)."""
-        utc = pd.to_datetime(rows[self.time], utc=True, cache=False)
-        return (utc - _EPOCH) // pd.Timedelta(milliseconds=1)
-
     def _new(
         self,
-        rows: pd.DataFrame,
+        rows: pa.Table,
         ms: np.ndarray[Any, Any],
         fresh: np.ndarray[Any, Any],
         ids: np.ndarray[Any, Any],
@@ -184,78 +173,89 @@ class WindowFunction:
         The rows' keys are numbered from ``first_row`` on, after the stored keys.
         """
         start = ms if self.session else ms - ms % self.length_ms
+        picked = pa.array(fresh)
         values, valid = [], []
         for agg in self.aggregates:
             if agg.column is None:
                 data, ok = np.ones(len(ms), np.int64), np.ones(len(ms), bool)
             elif agg.function == "count":
-                data = rows[agg.column].notna().to_numpy()[fresh].astype(np.int64)
+                data = valid_mask(rows[agg.column].filter(picked)).astype(np.int64)
                 ok = np.ones(len(ms), bool)
             else:
-                data, ok = numbers(rows[agg.column].to_numpy()[fresh], agg.dtype)
+                data, ok = numbers(rows[agg.column].filter(picked), agg.kind)
             values.append(data)
             valid.append(ok)
         at = np.arange(first_row, first_row + len(ms))
         return Windows(ids, at, start, start + self.length_ms, tuple(values), tuple(valid))
 
-    def _stored(self, state: pd.DataFrame, ids: np.ndarray[Any, Any]) -> Windows:
+    def _stored(self, state: pa.Table, ids: np.ndarray[Any, Any]) -> Windows:
         """The open windows of the keys in ``state``, one each.
 
         An aggregate added by evolution (``added={name: None}``) is null in the windows
         opened before it.
         """
-        lengths = np.fromiter(
-            (0 if cell is None else len(cell) for cell in state[START]), np.int64, len(state)
-        )
-        start, end = (flatten(state[c], lengths).astype(np.int64) for c in (START, END))
+        lengths = cell_lengths(state[START])
+        start, end = (numbers(flatten(state[c], lengths), "bigint")[0] for c in (START, END))
         values, valid = [], []
         for agg in self.aggregates:
-            data, ok = numbers(flatten(state[agg.name], lengths), agg.dtype)
+            data, ok = numbers(flatten(state[agg.name], lengths), agg.kind)
             values.append(data)
             valid.append(ok)
-        at = np.repeat(np.arange(len(state)), lengths)
+        at = np.repeat(np.arange(state.num_rows), lengths)
         return Windows(np.repeat(ids, lengths), at, start, end, tuple(values), tuple(valid))
 
-    def _state(self, open_: Windows, key_rows: pd.DataFrame) -> pd.DataFrame:
+    def _state(self, open_: Windows, key_rows: pa.Table) -> pa.Table:
         """One row per key with windows left, as arrays.
 
         Its ``_timeout`` is the earliest end less one: a timeout fires once the watermark
         is past it, a window closes once the watermark reaches its end.
         """
         starts = open_.key_starts()
-        kept = key_rows.iloc[open_.at[starts]].reset_index(drop=True)
         every = np.ones(len(open_), bool)
-        kept[START] = split_cells(open_.start, every, starts)
-        kept[END] = split_cells(open_.end, every, starts)
+        columns: dict[str, Any] = {
+            START: cells(open_.start, every, starts),
+            END: cells(open_.end, every, starts),
+        }
         for agg, data, ok in zip(self.aggregates, open_.values, open_.valid, strict=True):
-            kept[agg.name] = split_cells(data, ok, starts)
+            columns[agg.name] = cells(data, ok, starts)
         ends = np.minimum.reduceat(open_.end, starts) if len(starts) else open_.end
-        kept[TIMEOUT] = ends - 1
-        return kept
+        columns[TIMEOUT] = pa.array(ends - 1, pa.int64())
+        return _with_columns(key_rows.take(open_.at[starts]), columns)
 
-    def _output(self, closed: Windows, key_rows: pd.DataFrame) -> pd.DataFrame:
-        out = key_rows.iloc[closed.at].reset_index(drop=True)
-        out[START] = pd.to_datetime(closed.start, unit="ms", utc=True, cache=False)
-        out[END] = pd.to_datetime(closed.end, unit="ms", utc=True, cache=False)
+    def _output(self, closed: Windows, key_rows: pa.Table) -> pa.Table:
+        instant = pa.timestamp("us", "UTC")
+        columns: dict[str, Any] = {
+            START: pa.array(closed.start * 1000, instant),
+            END: pa.array(closed.end * 1000, instant),
+        }
         for agg, data, ok in zip(self.aggregates, closed.values, closed.valid, strict=True):
-            out[agg.name] = nullable(data, ok, agg.dtype)
-        return out
+            columns[agg.name] = pa.array(data, type=ARROW_KINDS[agg.kind], mask=~ok)
+        return _with_columns(key_rows.take(closed.at), columns)
 
 
-def _rows_of(keys: Sequence[str], *frames: pd.DataFrame) -> pd.DataFrame:
-    """The key columns of the frames' rows one after the other, numbered from 0.
+def _millis(column: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Event times in ms since the Unix epoch (0 where null), and which are not null."""
+    micros: Any = column.cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+    known = valid_mask(micros)
+    return np.asarray(pc.fill_null(micros, 0).to_numpy(), dtype=np.int64) // 1000, known
 
-    A column keeps its type where the frames agree on it; an empty frame adds no type.
-    """
-    filled = [f for f in frames if len(f)] or list(frames[:1])
-    columns: dict[str, pd.Series[Any]] = {}
-    for key in keys:
-        parts = [f[key] for f in filled]
-        if len({part.dtype for part in parts}) == 1:
-            columns[key] = pd.concat(parts, ignore_index=True)
-        else:
-            columns[key] = pd.Series(np.concatenate([p.to_numpy(dtype=object) for p in parts]))
-    return pd.DataFrame(columns)
+
+def _rows_of(keys: Sequence[str], *tables: pa.Table) -> pa.Table:
+    """The key columns of the tables' rows one after the other, numbered from 0."""
+    return pa.table(
+        {
+            key: pa.concat_arrays([t[key].combine_chunks() for t in tables]).cast(
+                tables[0].schema.field(key).type
+            )
+            for key in keys
+        }
+    )
+
+
+def _with_columns(table: pa.Table, columns: Mapping[str, Any]) -> pa.Table:
+    for name, column in columns.items():
+        table = table.append_column(name, column)
+    return table
 
 
 def tumbling_window(
@@ -373,5 +373,6 @@ def _window(
         timeout=TimeoutMode.EVENT_TIME,
         name=name,
         evolution=evolution,
+        arrow=True,
     )
     return replace(declared, input_problem=function.input_problem)

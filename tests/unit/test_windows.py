@@ -69,6 +69,7 @@ class Shape:
             timeout=op.timeout,
             function=op.function,
             event_time="ts",
+            arrow=op.arrow,
         )
 
     def keys(self, rng: random.Random) -> Any:

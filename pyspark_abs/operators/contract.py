@@ -12,6 +12,7 @@ changed are written to the snapshot.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -232,22 +233,18 @@ def vectorized_operator(
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
     """
-
-    def build(fn: KeyGroupFunction) -> Operator:
-        return declare(
-            fn,
-            key=key,
-            state_schema=state_schema,
-            output_schema=output_schema,
-            outputs=outputs,
-            timeout=timeout,
-            name=name,
-            evolution=evolution,
-            ttl=ttl,
-            ttl_clock=ttl_clock,
-        )
-
-    return build
+    return functools.partial(
+        declare,
+        key=key,
+        state_schema=state_schema,
+        output_schema=output_schema,
+        outputs=outputs,
+        timeout=timeout,
+        name=name,
+        evolution=evolution,
+        ttl=ttl,
+        ttl_clock=ttl_clock,
+    )
 
 
 def arrow_operator(
@@ -287,23 +284,19 @@ def arrow_operator(
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
     """
-
-    def build(fn: ArrowKeyGroupFunction) -> Operator:
-        return declare(
-            fn,
-            key=key,
-            state_schema=state_schema,
-            output_schema=output_schema,
-            outputs=outputs,
-            timeout=timeout,
-            name=name,
-            evolution=evolution,
-            ttl=ttl,
-            ttl_clock=ttl_clock,
-            arrow=True,
-        )
-
-    return build
+    return functools.partial(
+        declare,
+        key=key,
+        state_schema=state_schema,
+        output_schema=output_schema,
+        outputs=outputs,
+        timeout=timeout,
+        name=name,
+        evolution=evolution,
+        ttl=ttl,
+        ttl_clock=ttl_clock,
+        arrow=True,
+    )
 
 
 def declare(

@@ -339,12 +339,7 @@ def frame_to_arrow(
                 f"{what}: column {field.name!r} cannot be converted to {field.type} "
                 f"(pandas dtype {column.dtype}): {err}"
             ) from None
-        if not field.nullable and array.null_count:
-            raise SchemaMismatchError(
-                f"{what}: column {field.name!r} is declared NOT NULL but holds "
-                f"{array.null_count} null value(s)"
-            )
-        arrays.append(array)
+        arrays.append(_declared_nulls(field, array, what))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -379,13 +374,18 @@ def table_to_arrow(
                 f"{what}: column {field.name!r} of type {kind} cannot be converted to "
                 f"{field.type}: {err}"
             ) from None
-        if not field.nullable and column.null_count:
-            raise SchemaMismatchError(
-                f"{what}: column {field.name!r} is declared NOT NULL but holds "
-                f"{column.null_count} null value(s)"
-            )
-        arrays.append(column)
+        arrays.append(_declared_nulls(field, column, what))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _declared_nulls(field: pa.Field[Any], column: Any, what: str) -> Any:
+    """``column``, refused if it holds nulls where ``field`` is NOT NULL."""
+    if not field.nullable and column.null_count:
+        raise SchemaMismatchError(
+            f"{what}: column {field.name!r} is declared NOT NULL but holds "
+            f"{column.null_count} null value(s)"
+        )
+    return column
 
 
 def _assume_zone(column: Any, time_zone: str, what: str) -> Any:

@@ -268,7 +268,8 @@ def arrow_operator(
     are taken too). Returned columns are cast to the declared types (a failed cast is a
     :class:`~pyspark_abs.errors.SchemaMismatchError`); values go through as they are, so a
     NaN stays NaN, as in Spark's ``applyInArrow``. Naive timestamps returned for a
-    ``timestamp`` column are wall-clock times in the session time zone, as in the pandas form.
+    ``timestamp`` column are wall-clock times in the session time zone, as in the pandas form;
+    instants arrive tagged with the session time zone, as in Spark's ``applyInArrow``.
 
     Example::
 

@@ -27,7 +27,7 @@ from pyspark_abs.operators.keys import (
     key_arrays,
 )
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.schema import check_columns
+from pyspark_abs.operators.schema import check_columns, in_time_zone
 from pyspark_abs.operators.state_diff import (
     Converted,
     KeyGroupOutcome,
@@ -87,8 +87,10 @@ def run_key_group(
     run: Callable[[], object]
     if table is not None:
         keys = plan.key_schema.empty_table() if timed_out is None else timed_out
+        zone = plan.time_zone
         arrow_fn = cast("ArrowKeyGroupFunction", plan.function)
-        run = partial(arrow_fn, table, state, ArrowContext(*call, keys, plan.time_zone, declared))
+        arrow_ctx = ArrowContext(*call, in_time_zone(keys, zone), zone, declared)
+        run = partial(arrow_fn, in_time_zone(table, zone), in_time_zone(state, zone), arrow_ctx)
     else:
         frame = plan.no_keys.copy(deep=False) if timed_out is None else plan.frame(timed_out)
         pandas_fn = cast("KeyGroupFunction", plan.function)

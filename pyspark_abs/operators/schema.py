@@ -149,6 +149,60 @@ def instant_columns(schema: pa.Schema) -> tuple[str, ...]:
     return tuple(f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz)
 
 
+def in_time_zone(table: pa.Table, time_zone: str) -> pa.Table:
+    """``table`` with its instants, nested ones too, tagged with ``time_zone``.
+
+    How Spark's Arrow functions (``applyInArrow``, ``mapInArrow``) hand instants over: the
+    values stay microseconds since the Unix epoch, the tag makes Arrow's calendar functions
+    (``hour``, ``strftime``) work in the session time zone.
+    """
+    zoned = _zoned_schema(table.schema, time_zone)
+    return table if zoned is None else table.cast(zoned)
+
+
+@functools.lru_cache(maxsize=256)
+def _zoned_schema(schema: pa.Schema, time_zone: str) -> pa.Schema | None:
+    """``schema`` with every instant type in ``time_zone``; None when nothing changes."""
+    kinds = [_zoned_type(f.type, time_zone) for f in schema]
+    if all(k is None for k in kinds):
+        return None
+    return pa.schema(
+        [f if k is None else f.with_type(k) for f, k in zip(schema, kinds, strict=True)],
+        metadata=cast(Any, schema.metadata),
+    )
+
+
+def _zoned_type(kind: Any, time_zone: str) -> pa.DataType | None:
+    if pa.types.is_timestamp(kind):
+        return pa.timestamp(kind.unit, time_zone) if kind.tz and kind.tz != time_zone else None
+    if pa.types.is_struct(kind):
+        fields = list(kind)
+        inner = [_zoned_type(f.type, time_zone) for f in fields]
+        if all(k is None for k in inner):
+            return None
+        return pa.struct(
+            [f if k is None else f.with_type(k) for f, k in zip(fields, inner, strict=True)]
+        )
+    if pa.types.is_map(kind):
+        mapped = cast(Any, kind)
+        key = _zoned_type(mapped.key_type, time_zone)
+        item = _zoned_type(mapped.item_type, time_zone)
+        if key is None and item is None:
+            return None
+        return pa.map_(
+            mapped.key_field.with_type(key or mapped.key_type),
+            mapped.item_field.with_type(item or mapped.item_type),
+        )
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        listed = cast(Any, kind)
+        element = _zoned_type(listed.value_type, time_zone)
+        if element is None:
+            return None
+        field = listed.value_field.with_type(element)
+        return pa.list_(field) if pa.types.is_list(kind) else pa.large_list(field)
+    return None
+
+
 _NULLABLE_DTYPES: dict[pa.DataType, pd.api.extensions.ExtensionDtype] = {
     pa.int8(): pd.Int8Dtype(),
     pa.int16(): pd.Int16Dtype(),

@@ -20,10 +20,16 @@ import pyarrow as pa
 from pyspark_abs.errors import StateEncodingError
 
 _PLAIN = b"ABS1"
+"""An uncompressed blob of an older release: its message starts 12 bytes in, unaligned."""
+_ALIGNED = b"ABS3"
+"""An uncompressed blob: padded so that its message starts 16 bytes in, 8-byte aligned in a
+memory-mapped file and in a Python ``bytes``, as Arrow's kernels want their values."""
 _COMPRESSED = b"ABS2"
 _MAGIC_BYTES = len(_PLAIN)
 _HEADER = _MAGIC_BYTES + 8
 _LENGTH = 8
+_PAD = bytes(4)
+_ALIGNMENT = 8
 
 
 def schema_fingerprint(schema: pa.Schema) -> bytes:
@@ -75,7 +81,7 @@ class BatchCodec:
         It is compressed if the codec compresses, unless ``compress`` says otherwise.
         """
         if not (self._compress if compress is None else compress):
-            return (_PLAIN + self._fingerprint, message)
+            return (_ALIGNED + self._fingerprint + _PAD, message)
         packed = pa.compress(message, codec="lz4", asbytes=True)
         return (_COMPRESSED + self._fingerprint + message.size.to_bytes(_LENGTH, "little"), packed)
 
@@ -98,7 +104,7 @@ class BatchCodec:
         view = blob if isinstance(blob, pa.Buffer) else pa.py_buffer(blob)
         header = view[: _HEADER + _LENGTH].to_pybytes()
         magic = header[:_MAGIC_BYTES]
-        if magic not in (_PLAIN, _COMPRESSED):
+        if magic not in (_ALIGNED, _PLAIN, _COMPRESSED):
             raise StateEncodingError(
                 f"cannot decode {self._what}: not a pyspark-abs blob (bad magic bytes)"
             )
@@ -109,8 +115,12 @@ class BatchCodec:
                 f"written. Keep the old schema, or start from a new checkpoint"
             )
         try:
-            if magic == _PLAIN:
+            if magic == _ALIGNED:
+                message = view[_HEADER + len(_PAD) :]
+            elif magic == _PLAIN:
                 message = view[_HEADER:]
+                if message.address % _ALIGNMENT:
+                    message = pa.py_buffer(message.to_pybytes())
             else:
                 size = int.from_bytes(header[_HEADER : _HEADER + _LENGTH], "little")
                 message = pa.decompress(view[_HEADER + _LENGTH :], size, codec="lz4")

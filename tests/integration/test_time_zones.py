@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from chispa import assert_df_equality
 from deltalake import write_deltalake
@@ -23,12 +24,14 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
+    ArrowContext,
     DeltaSource,
     Job,
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
     Snapshots,
+    arrow_operator,
     local_session,
     rollback,
     vectorized_operator,
@@ -74,6 +77,38 @@ def latest(rows: pd.DataFrame, state: pd.DataFrame, ctx: KeyGroupContext) -> Key
     return KeyGroupResult(state=newest, output=output)
 
 
+@arrow_operator(
+    key="word",
+    state_schema="latest timestamp, seen timestamp",
+    output_schema="word string, ts timestamp, latest timestamp, local string",
+    name="latest",
+)
+def latest_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
+    """``latest`` in the Arrow form: instants arrive and leave as zone-aware Arrow timestamps."""
+    zone = ctx.time_zone
+    for table, column in ((rows, "ts"), (state, "latest")):
+        kind = table.schema.field(column).type
+        assert kind == pa.timestamp("us", zone), f"{column} is {kind}, not in {zone}"
+    merged = rows.join(state.select(["word", "latest"]), "word", join_type="left outer")
+    greater: Any = pc.greater(merged["latest"], merged["ts"])
+    later: Any = pc.fill_null(greater, False)
+    merged = merged.set_column(
+        merged.schema.get_field_index("latest"),
+        "latest",
+        pc.if_else(later, merged["latest"], merged["ts"]),
+    )
+    newest = merged.group_by("word").aggregate([("latest", "max")])
+    newest = newest.rename_columns(["word", "latest"])
+    output = merged.select(["word", "ts", "latest"]).append_column(
+        "local",
+        pc.strftime(merged["ts"].cast(pa.timestamp("s", zone), safe=False), LOCAL_FORMAT),  # type: ignore[arg-type]
+    )
+    return KeyGroupResult(state=newest.append_column("seen", newest["latest"]), output=output)
+
+
+FORMS = {"pandas": latest, "arrow": latest_arrow}
+
+
 def write_bronze(path: Path, epochs: Sequence[Sequence[tuple[str, dt.datetime]]] = EPOCHS) -> None:
     for events in epochs:
         words, stamps = zip(*events, strict=True)
@@ -86,11 +121,11 @@ def write_bronze(path: Path, epochs: Sequence[Sequence[tuple[str, dt.datetime]]]
         write_deltalake(str(path), table, mode="append")
 
 
-def pipeline(bronze: Path, root: Path, sink: Path) -> Pipeline:
+def pipeline(bronze: Path, root: Path, sink: Path, operator: Any = latest) -> Pipeline:
     return Pipeline(
         "zones",
         DeltaSource(str(bronze), max_files_per_trigger=1),
-        latest,
+        operator,
         root=str(root),
         sinks={"output": str(sink)},
         config=AbsConfig(
@@ -130,13 +165,14 @@ def zone(spark: SparkSession, request: pytest.FixtureRequest) -> Iterator[str]:
         spark.conf.set("spark.sql.session.timeZone", before or "UTC")
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("zone", ["UTC", "Asia/Kolkata", "America/New_York"], indirect=True)
 def test_timestamps_round_trip_in_the_session_time_zone(
-    spark: SparkSession, tmp_path: Path, zone: str
+    spark: SparkSession, tmp_path: Path, zone: str, form: str
 ) -> None:
     bronze, root, sink = tmp_path / "bronze", tmp_path / "root", tmp_path / "sink"
     write_bronze(bronze)
-    pipeline(bronze, root, sink).run()
+    pipeline(bronze, root, sink, FORMS[form]).run()
     want_sink, want_state = expected(spark, bronze, len(EPOCHS))
     assert_sink_equal(root, "output", want_sink)
     assert_state_equal(root, "latest", want_state)
@@ -144,7 +180,7 @@ def test_timestamps_round_trip_in_the_session_time_zone(
         return
     # a rollback reinstalls the state through Spark: the ambiguous 01:30 must survive it
     rollback(str(root), 1)
-    pipeline(bronze, root, sink).run()
+    pipeline(bronze, root, sink, FORMS[form]).run()
     assert_sink_equal(root, "output", want_sink)
     assert_state_equal(root, "latest", want_state)
 

@@ -165,6 +165,45 @@ def test_naive_timestamps_returned_are_wall_clock_times_in_the_session_zone() ->
     assert outcome.outputs[0]["at"][0].as_py() == dt.datetime(2026, 7, 1, 10, 0, tzinfo=dt.UTC)
 
 
+def test_instants_arrive_tagged_with_the_session_zone_as_in_spark_arrow_functions() -> None:
+    """Spark's ``applyInArrow`` tags instants with the session time zone (nested ones too);
+    the values stay the same instants, so Arrow's calendar functions work in local time."""
+    at = pa.timestamp("us", "UTC")
+    nested = pa.struct([("first", at), ("seen", pa.list_(at))])
+    seen: dict[str, Any] = {}
+
+    def look(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
+        seen.update(rows=rows, state=state, keys=ctx.timed_out)
+        return KeyGroupResult(state=state.drop_columns(["_timeout"]))
+
+    plan = dataclasses.replace(
+        arrow_plan(
+            look,
+            state_schema=arrow_schema(("visits", nested)),
+            timeout=TimeoutMode.PROCESSING_TIME,
+            time_zone="Asia/Kolkata",
+        ),
+        key_columns=("at",),
+        input_schema=arrow_schema(("at", at), ("word", pa.string())),
+    )
+    noon = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
+    visit = {"first": noon, "seen": [noon, None]}
+    state = pa.table({"at": [noon], "visits": [visit], "_timeout": [500]}, schema=plan.blob_schema)
+    outcome = run_key_group(plan, 0, pd.DataFrame({"at": [], "word": []}), state, CLOCK, 0)
+    zoned = pa.timestamp("us", "Asia/Kolkata")
+    assert seen["state"].schema.field("at").type == zoned
+    assert seen["state"].schema.field("visits").type == pa.struct(
+        [("first", zoned), ("seen", pa.list_(zoned))]
+    )
+    assert seen["keys"].schema.field("at").type == zoned
+    assert seen["rows"].schema.field("at").type == zoned
+    assert pc.hour(seen["state"]["at"]).to_pylist() == [17]  # 12:00Z is 17:30 in Kolkata
+    assert seen["state"]["visits"].to_pylist() == [visit]  # the same instants
+    assert outcome.state.schema == plan.blob_schema  # stored in UTC again, the same instants
+    unset = ["_timeout"]  # the timeout fired and was not set again
+    assert outcome.state.drop_columns(unset).to_pylist() == state.drop_columns(unset).to_pylist()
+
+
 def test_an_arrow_operator_may_return_frames_and_a_pandas_one_tables() -> None:
     frames = arrow_plan(
         lambda rows, state, ctx: KeyGroupResult(

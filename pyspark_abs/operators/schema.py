@@ -404,7 +404,8 @@ def table_to_arrow(
 
     The table must already have every column of ``schema`` (see :func:`check_names`); other
     columns are ignored. Each column is cast to its declared type where it has another
-    (an int32 column to ``bigint``, a string column to a ``date`` fails), values unchanged:
+    of the same kind (an int32 column to ``bigint``; a float column to ``string`` fails, as
+    in the pandas form, where Arrow would write the numbers as text), values unchanged:
     a NaN stays NaN. Naive timestamps in a ``timestamp`` column are wall-clock times in
     ``time_zone``, as in :func:`frame_to_arrow`.
 
@@ -420,6 +421,12 @@ def table_to_arrow(
         instants = pa.types.is_timestamp(field.type) and field.type.tz
         if instants and pa.types.is_timestamp(kind) and not kind.tz:
             column = _assume_zone(column, time_zone, f"{what}: column {field.name!r}")
+        if column.type != field.type and not castable(column.type, field.type):
+            raise SchemaMismatchError(
+                f"{what}: column {field.name!r} of type {kind} cannot be converted to "
+                f"{field.type}: only numbers become numbers, strings strings, and so on; "
+                f"convert the column in the function"
+            )
         try:
             if column.type != field.type:
                 column = column.cast(field.type)
@@ -430,6 +437,64 @@ def table_to_arrow(
             ) from None
         arrays.append(_declared_nulls(field, column, what))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+_KINDS: tuple[tuple[Callable[[Any], bool], str], ...] = (
+    (pa.types.is_integer, "number"),
+    (pa.types.is_floating, "number"),
+    (pa.types.is_decimal, "number"),
+    (pa.types.is_boolean, "bool"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
+    (
+        lambda t: (
+            pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+        ),
+        "binary",
+    ),
+    (pa.types.is_timestamp, "timestamp"),
+    (pa.types.is_date, "date"),
+    (pa.types.is_time, "time"),
+    (pa.types.is_duration, "duration"),
+    (
+        lambda t: (
+            pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+        ),
+        "list",
+    ),
+    (pa.types.is_map, "map"),
+    (pa.types.is_struct, "struct"),
+)
+
+
+def _kind(kind: Any) -> str | None:
+    if pa.types.is_dictionary(kind):
+        return _kind(kind.value_type)
+    return next((name for test, name in _KINDS if test(kind)), None)
+
+
+def castable(source: Any, target: Any) -> bool:
+    """Whether the Arrow form casts a returned column of type ``source`` to ``target``.
+
+    Only within one kind (numbers, strings, binary, timestamps, ...), nested types element
+    by element: Arrow itself would also turn numbers into text or integers into booleans.
+    """
+    if pa.types.is_null(source):
+        return True
+    kind = _kind(source)
+    if kind is None or kind != _kind(target):
+        return False
+    if pa.types.is_dictionary(source):
+        return castable(source.value_type, target)
+    if kind == "list":
+        return castable(source.value_type, target.value_type)
+    if kind == "map":
+        return castable(source.key_type, target.key_type) and castable(
+            source.item_type, target.item_type
+        )
+    if kind == "struct":
+        fields = {f.name: f.type for f in source}
+        return all(f.name in fields and castable(fields[f.name], f.type) for f in target)
+    return True
 
 
 def _declared_nulls(field: pa.Field[Any], column: Any, what: str) -> Any:

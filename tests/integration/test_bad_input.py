@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_abs import (
     AbsConfig,
     AbsError,
+    ArrowContext,
     EpochStatus,
     InvalidTimeoutError,
     KeyGroupContext,
@@ -41,6 +44,7 @@ from pyspark_abs import (
     SchemaMismatchError,
     Snapshots,
     StateTooLargeError,
+    arrow_operator,
     operator,
     vectorized_operator,
 )
@@ -88,6 +92,27 @@ def vectorized(misbehave: Any = None, timeout: str = "none") -> Operator:
     return summing
 
 
+def arrow_summing(misbehave: Any = None, timeout: str = "none") -> Operator:
+    """``vectorized`` in the Arrow form."""
+
+    @arrow_operator(
+        key="word", state_schema="total long", output_schema=OUTPUT, name="summing", timeout=timeout
+    )
+    def summing(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> Any:
+        if misbehave is not None and BAD in rows["word"].to_pylist():
+            return misbehave(rows, state)
+        seen: Any = rows.group_by("word").aggregate([("n", "sum")])
+        at: Any = pc.index_in(seen["word"], value_set=state["word"])
+        taken: Any = pc.take(state["total"], at)
+        held: Any = pc.fill_null(taken, 0)
+        seen_n: Any = pc.fill_null(seen["n_sum"], 0)
+        total: Any = pc.add(seen_n, held)
+        updated = pa.table({"word": seen["word"], "total": total})
+        return KeyGroupResult(state=updated, output=updated)
+
+    return summing
+
+
 def raise_runtime_error(rows: pd.DataFrame, state: pd.DataFrame) -> Any:
     raise RuntimeError("boom")
 
@@ -108,6 +133,37 @@ FAILING = {
         vectorized(),
         OperatorError,
         r"operator 'summing', epoch 1, key group \d+: the function raised RuntimeError: boom",
+    ),
+    "arrow-function-raises": (
+        arrow_summing(raise_runtime_error),
+        vectorized(),  # the pandas form carries on the Arrow form's root
+        OperatorError,
+        r"operator 'summing', epoch 1, key group \d+: the function raised RuntimeError: boom",
+    ),
+    "arrow-key-of-the-wrong-type": (
+        arrow_summing(
+            lambda rows, state: KeyGroupResult(
+                state=pa.table({"word": pa.array([1.5] * len(rows)), "total": rows["n"]})
+            )
+        ),
+        arrow_summing(),
+        SchemaMismatchError,
+        r"operator 'summing', epoch 1, key group \d+: returned state: column 'word' of type "
+        r"double cannot be converted to string",
+    ),
+    "arrow-timeout-in-the-past": (
+        arrow_summing(
+            lambda rows, state: KeyGroupResult(
+                state=rows.select(["word", "n"])
+                .rename_columns(["word", "total"])
+                .append_column("_timeout", pa.array([1_000] * len(rows), pa.int64()))
+            ),
+            timeout="processing_time",
+        ),
+        arrow_summing(timeout="processing_time"),
+        InvalidTimeoutError,
+        r"operator 'summing', epoch 1, key group \d+: a key's _timeout 1000 is not after the "
+        r"processing time \d+; processing-time timeouts must be in the future",
     ),
     "returns-a-non-frame": (
         per_key(lambda state: "a string"),
@@ -209,7 +265,12 @@ def assert_sums(spark: SparkSession, root: Path, epochs: Sequence[Sequence[Recor
     assert_same(snapshots.sink("output"), sink)
 
 
-RERUN = {"function-raises", "state-out-of-range"}
+RERUN = {
+    "function-raises",
+    "state-out-of-range",
+    "arrow-function-raises",
+    "arrow-timeout-in-the-past",
+}
 """Cases whose fixed code is run again on the same root (the others end the same way)."""
 
 

@@ -28,6 +28,7 @@ from pyspark_abs import (
 )
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan
+from pyspark_abs.operators.schema import castable
 from tests.support.inputs import arrow_schema
 from tests.support.key_groups import (
     CLOCK,
@@ -121,6 +122,15 @@ def test_returned_columns_are_cast_to_the_declared_types() -> None:
             "string cannot be converted to int64",
         ),
         (
+            KeyGroupResult(state=pa.table({"word": [1.5], "count": [1]})),
+            "operator 'wc', epoch 0, key group 0: returned state: column 'word' of type double "
+            "cannot be converted to string: only numbers become numbers",
+        ),
+        (
+            KeyGroupResult(output=pa.table({"word": ["a"], "count": [True]})),
+            "output 'output': column 'count' of type bool cannot be converted to int64",
+        ),
+        (
             KeyGroupResult(state=pa.table({"word": ["a"]})),
             "operator 'wc', epoch 0, key group 0: returned state: missing column(s) ['count']",
         ),
@@ -137,6 +147,33 @@ def test_returned_tables_that_do_not_fit_are_refused_by_name(
     with pytest.raises(SchemaMismatchError) as raised:
         run_key_group(plan, 0, rows("a"), _empty(), CLOCK, 0)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "cast"),
+    [
+        (pa.int32(), pa.int64(), True),
+        (pa.float32(), pa.decimal128(10, 2), True),
+        (pa.null(), pa.string(), True),
+        (pa.dictionary(pa.int8(), pa.string()), pa.string(), True),
+        (pa.large_string(), pa.string(), True),
+        (pa.timestamp("ms"), pa.timestamp("us", "UTC"), True),
+        (pa.list_(pa.int32()), pa.large_list(pa.int64()), True),
+        (pa.struct([("a", pa.int8()), ("b", pa.bool_())]), pa.struct([("a", pa.int64())]), True),
+        (pa.map_(pa.string(), pa.int8()), pa.map_(pa.string(), pa.float64()), True),
+        (pa.float64(), pa.string(), False),
+        (pa.int64(), pa.bool_(), False),
+        (pa.string(), pa.timestamp("us"), False),
+        (pa.date32(), pa.timestamp("us"), False),
+        (pa.list_(pa.float64()), pa.list_(pa.string()), False),
+        (pa.struct([("a", pa.int8())]), pa.struct([("b", pa.int8())]), False),
+        (pa.map_(pa.string(), pa.int8()), pa.map_(pa.int8(), pa.int8()), False),
+    ],
+)
+def test_returned_columns_are_cast_only_within_their_kind(
+    source: pa.DataType, target: pa.DataType, cast: bool
+) -> None:
+    assert castable(source, target) is cast
 
 
 def test_a_nan_stays_nan_in_arrow_outputs_and_state() -> None:

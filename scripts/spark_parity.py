@@ -1,5 +1,7 @@
 """Differential schedules: the same per-key logic through Spark's ``applyInPandasWithState``
-and through a pyspark-abs per-key operator, on the same input files; outputs must be equal.
+and through pyspark-abs, as a per-key operator and as an ``arrow_operator`` (see
+:func:`arrow_function` for the two documented conventions it maps), on the same input files;
+outputs must be equal.
 
 Spark is the oracle: nothing here uses pyspark-abs's own conversions. Each seed draws a state
 schema from every scalar Spark SQL type (each nullable, with extremes, empty strings and
@@ -306,6 +308,64 @@ def abs_function(columns: dict[str, str], time_zone: str) -> Callable[..., Any]:
     return function
 
 
+def arrow_function(columns: dict[str, str], time_zone: str) -> Callable[..., Any]:
+    """The step logic as a pyspark-abs function in the Arrow form, key by key.
+
+    The oracle runs through pandas, so two documented conventions of the Arrow form are
+    mapped to it, and nothing else: a null in a float input column is NaN to a pandas
+    function (the Arrow form gets null), and a NaN in a float output column is null after
+    Spark's pandas conversion (the Arrow form keeps NaN, as ``applyInArrow`` does).
+    """
+    floats = {c for c, k in columns.items() if k in ("float", "double")}
+    state_schema = pa.schema(
+        [pa.field("id", pa.string()), *(pa.field(c, TYPES[k][0]) for c, k in columns.items())]
+    )
+    output_schema = pa.schema(
+        [
+            pa.field("id", pa.string()),
+            pa.field("batch", pa.int32()),
+            pa.field("rows", pa.int32()),
+            pa.field("had", pa.string()),
+            *state_schema.remove(0),
+        ]
+    )
+
+    def typed(value: Any) -> Any:  # a struct value as Arrow takes it back
+        return value.asDict(recursive=True) if hasattr(value, "asDict") else value
+
+    def function(rows: pa.Table, state: pa.Table, ctx: Any) -> Any:
+        from pyspark_abs import KeyGroupResult
+
+        by_key: dict[str, list[dict[str, Any]]] = {}
+        for r in rows.to_pylist():
+            row = {**r, **{c: plain(r[c], kind, time_zone) for c, kind in columns.items()}}
+            row.update({c: math.nan for c in floats if row[c] is None})
+            by_key.setdefault(r["id"], []).append(row)
+        # the state as the Arrow form gives it, through the oracle's own reading of values
+        held = {
+            r["id"]: {c: plain(r[c], kind, time_zone) for c, kind in columns.items()}
+            for r in state.to_pylist()
+        }
+        kept: list[dict[str, Any]] = []
+        removed: list[dict[str, Any]] = []
+        outputs: list[dict[str, Any]] = []
+        for key, key_rows in by_key.items():
+            new, output = step(columns, key_rows, held.get(key))
+            if new is None:
+                removed.append({"id": key})
+            elif isinstance(new, dict):
+                kept.append({"id": key, **{c: typed(v) for c, v in new.items()}})
+            nan = {c for c in floats if isinstance(output[c], float) and math.isnan(output[c])}
+            outputs.append({c: None if c in nan else typed(v) for c, v in output.items()})
+        return KeyGroupResult(
+            state=pa.Table.from_pylist(kept, schema=state_schema),
+            removed=pa.table({"id": pa.array([r["id"] for r in removed], pa.string())}),
+            output=pa.Table.from_pylist(outputs, schema=output_schema),
+        )
+
+    return function
+
+
 def run_spark(spark: Any, schedule: Schedule, source: Path, out: Path) -> None:
     """The schedule through plain ``applyInPandasWithState``; outputs as Parquet in ``out``."""
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -339,23 +399,32 @@ def run_spark(spark: Any, schedule: Schedule, source: Path, out: Path) -> None:
             spark.conf.set(exact, before)
 
 
-def run_abs(spark: Any, schedule: Schedule, source: Path, base: Path) -> Any:
-    """The schedule through a pyspark-abs per-key operator; returns the pipeline."""
-    from pyspark_abs import AbsConfig, FileSource, Pipeline, operator
+FORMS = ("per_key", "arrow")
+"""The forms of pyspark-abs operator each schedule runs: per key, and vectorized on Arrow."""
+
+
+def run_abs(spark: Any, schedule: Schedule, source: Path, base: Path, form: str) -> Any:
+    """The schedule through a pyspark-abs operator in ``form``; returns the pipeline."""
+    from pyspark_abs import AbsConfig, FileSource, Pipeline, arrow_operator, operator
 
     time_zone = spark.conf.get("spark.sql.session.timeZone")
-    declared = operator(
+    forms: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+        "per_key": (operator, abs_function),
+        "arrow": (arrow_operator, arrow_function),
+    }
+    declare, function = forms[form]
+    declared = declare(
         key="id",
         state_schema=schedule.state_ddl,
         output_schema=schedule.output_ddl,
         name="parity",
-    )(abs_function(schedule.columns, time_zone))
+    )(function(schedule.columns, time_zone))
     pipeline = Pipeline(
         "parity",
         FileSource(str(source), "parquet", schema=schedule.input_ddl, max_files_per_trigger=1),
         declared,
-        root=str(base / "root"),
-        sinks={"output": str(base / "sink")},
+        root=str(base / form / "root"),
+        sinks={"output": str(base / form / "sink")},
         config=AbsConfig(commit_mode="sync", key_groups=2),
     )
     pipeline.run()
@@ -379,8 +448,9 @@ def comparable(frame: Any, schedule: Schedule) -> Any:
     return frame.select(*(column(c) for c in frame.columns))
 
 
-def check(spark: Any, seed: int, workdir: Path) -> None:
-    """Run one seed through both engines and assert equal outputs (chispa)."""
+def check(spark: Any, seed: int, workdir: Path, forms: Sequence[str] = FORMS) -> None:
+    """Run one seed through Spark and each of pyspark-abs's ``forms``; assert equal outputs
+    (chispa)."""
     from chispa import assert_df_equality
     from pyspark import cloudpickle
 
@@ -391,19 +461,20 @@ def check(spark: Any, seed: int, workdir: Path) -> None:
     source = base / "in"
     schedule.write(source)
     run_spark(spark, schedule, source, base / "spark")
-    pipeline = run_abs(spark, schedule, source, base)
     columns = ["id", "batch", "rows", "had", *schedule.columns]
     expected = comparable(spark.read.parquet(str(base / "spark")), schedule).select(columns)
-    actual = comparable(pipeline.snapshots.sink("output"), schedule).select(columns)
-    assert_df_equality(
-        actual,
-        expected,
-        ignore_row_order=True,
-        ignore_nullable=True,
-        allow_nan_equality=True,
-    )
-    epochs = [s.epoch for s in pipeline.snapshots.list()]
-    assert len(epochs) == len(schedule.batches), (seed, epochs)
+    for form in forms:
+        pipeline = run_abs(spark, schedule, source, base, form)
+        actual = comparable(pipeline.snapshots.sink("output"), schedule).select(columns)
+        assert_df_equality(
+            actual,
+            expected,
+            ignore_row_order=True,
+            ignore_nullable=True,
+            allow_nan_equality=True,
+        )
+        epochs = [s.epoch for s in pipeline.snapshots.list()]
+        assert len(epochs) == len(schedule.batches), (seed, form, epochs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from pyspark_abs.operators.keys import (
     key_arrays,
 )
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.schema import check_columns, in_time_zone
+from pyspark_abs.operators.schema import check_columns, frame_to_arrow, in_time_zone
 from pyspark_abs.operators.state_diff import (
     Converted,
     KeyGroupOutcome,
@@ -191,12 +191,14 @@ def _outputs(
 def _arrow_rows(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
     """The input rows as an Arrow function gets them: the source's schema.
 
-    A float null and a NaN both arrive as null: PySpark's pandas form of the rows, which
-    the carrier hands over, no longer tells them apart.
+    In a float column a null and a NaN both arrive as null: PySpark's pandas form of the
+    rows, which the carrier hands over, no longer tells them apart. Inside arrays, maps and
+    structs it still does, and so does the function.
     """
     if not len(rows):
         return plan.input_schema.empty_table()
-    return plan.to_arrow(rows, plan.input_schema, f"{where}: input rows")
+    what = f"{where}: input rows"
+    return frame_to_arrow(rows, plan.input_schema, what, plan.time_zone, nan_is_null=False)
 
 
 def _arrow_keys(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:

@@ -1,7 +1,7 @@
 """Same answers as Spark: a short differential schedule (``scripts/spark_parity.py``).
 
-Each seed runs one per-key logic through Spark's own ``applyInPandasWithState`` and through a
-pyspark-abs operator on the same Parquet files, over a state schema drawn from every scalar
+Each seed runs one per-key logic through Spark's own ``applyInPandasWithState`` and through
+pyspark-abs operators (per key, and in the Arrow form) on the same Parquet files, over a state schema drawn from every scalar
 Spark SQL type with nulls and extremes, and compares every call's output (the typed state it
 read and its ``repr``) with chispa; and the README's example of nulls. Longer schedules: ``python scripts/spark_parity.py
 --seeds 200``.

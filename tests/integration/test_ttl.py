@@ -24,6 +24,7 @@ from pyspark_abs import (
     Job,
     KeyGroupContext,
     KeyGroupResult,
+    Operator,
     Pipeline,
     Snapshots,
     check,
@@ -48,17 +49,19 @@ from tests.support.ttl import (
     forever,
     model,
     recent,
+    recent_arrow,
     state_of,
     ttl_pipeline,
     watermarks_of,
 )
 
 
+@pytest.mark.parametrize("op", [recent, recent_arrow], ids=["per-key", "arrow"])
 def test_every_snapshot_holds_exactly_the_keys_whose_ttl_has_not_lapsed_and_restore_keeps_clocks(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, op: Operator
 ) -> None:
     events, root = event_table(tmp_path / "events", BATCHES), tmp_path / "root"
-    ttl_pipeline(events, root, recent).run()
+    ttl_pipeline(events, root, op).run()
     snapshots = Snapshots(str(root), spark)
     expected = model(BATCHES, watermarks_of(BATCHES))
     assert [i.epoch for i in snapshots.list()] == list(range(len(expected)))
@@ -71,7 +74,7 @@ def test_every_snapshot_holds_exactly_the_keys_whose_ttl_has_not_lapsed_and_rest
     copy = tmp_path / "copy"
     restore(str(root), 1, str(copy))
     assert_same(state_of(Snapshots(str(copy), spark), 1), as_frame(spark, expected[1]))
-    ttl_pipeline(events, copy, recent).run()
+    ttl_pipeline(events, copy, op).run()
     restored = Snapshots(str(copy), spark)
     assert_same(
         state_of(restored, restored.list()[-1].epoch), state_of(snapshots, len(expected) - 1)

@@ -12,9 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from pyspark_abs import KeyState, Operator, Pipeline, Snapshots, operator
+from pyspark_abs import (
+    ArrowContext,
+    KeyGroupResult,
+    KeyState,
+    Operator,
+    Pipeline,
+    Snapshots,
+    arrow_operator,
+    operator,
+)
 from tests.support.pipelines import session_pipeline, with_event_time
 
 TTL_S = 10
@@ -41,6 +52,26 @@ recent = operator(
     ttl=dt.timedelta(seconds=TTL_S),
     ttl_clock="event_time",
 )(count_words)
+
+
+@arrow_operator(
+    key="word",
+    state_schema="count long",
+    output_schema=DDL,
+    name="recent",
+    ttl=dt.timedelta(seconds=TTL_S),
+    ttl_clock="event_time",
+)
+def recent_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
+    """``recent`` in the Arrow form: the engine, not the function, keeps the TTL."""
+    seen: Any = rows.group_by("word").aggregate([("word", "count")])
+    at: Any = pc.index_in(seen["word"], value_set=state["word"])
+    taken: Any = pc.take(state["count"], at)
+    held: Any = pc.fill_null(taken, 0)
+    counts = pa.table({"word": seen["word"], "count": pc.add(seen["word_count"], held)})
+    return KeyGroupResult(state=counts, output=counts)
+
+
 forever = operator(key="word", state_schema="count long", output_schema=DDL, name="recent")(
     count_words
 )

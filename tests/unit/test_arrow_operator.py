@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -239,6 +240,25 @@ def test_instants_arrive_tagged_with_the_session_zone_as_in_spark_arrow_function
     assert outcome.state.schema == plan.blob_schema  # stored in UTC again, the same instants
     unset = ["_timeout"]  # the timeout fired and was not set again
     assert outcome.state.drop_columns(unset).to_pylist() == state.drop_columns(unset).to_pylist()
+
+
+def test_a_nan_inside_an_input_array_stays_apart_from_a_null() -> None:
+    """PySpark's pandas rows keep them apart inside nested values; so does the Arrow form
+    (a top-level float null is NaN there, so both arrive as null: documented)."""
+    seen: list[Any] = []
+
+    def look(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> None:
+        seen.extend(rows["scores"].to_pylist())
+
+    plan = dataclasses.replace(
+        arrow_plan(look),
+        input_schema=arrow_schema(("word", pa.string()), ("scores", pa.list_(pa.float64()))),
+    )
+    scores = [np.array([math.nan, None, 1.5], dtype=object), None]
+    run_key_group(plan, 0, pd.DataFrame({"word": ["a", "b"], "scores": scores}), _empty(), CLOCK, 0)
+    assert math.isnan(seen[0][0])
+    assert seen[0][1:] == [None, 1.5]
+    assert seen[1] is None
 
 
 def test_an_arrow_operator_may_return_frames_and_a_pandas_one_tables() -> None:

@@ -27,7 +27,12 @@ from pyspark_abs.operators.keys import (
     key_arrays,
 )
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.schema import check_columns, frame_to_arrow, in_time_zone
+from pyspark_abs.operators.schema import (
+    check_columns,
+    declared_nulls,
+    frame_to_arrow,
+    in_time_zone,
+)
 from pyspark_abs.operators.state_diff import (
     Converted,
     KeyGroupOutcome,
@@ -195,10 +200,21 @@ def _arrow_rows(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
     rows, which the carrier hands over, no longer tells them apart. Inside arrays, maps and
     structs it still does, and so does the function.
     """
+    schema = plan.input_schema
     if not len(rows):
-        return plan.input_schema.empty_table()
+        return schema.empty_table()
     what = f"{where}: input rows"
-    return frame_to_arrow(rows, plan.input_schema, what, plan.time_zone, nan_is_null=False)
+    micros = [f for f in schema if f.name in plan.input_instants and rows[f.name].dtype.kind != "M"]
+    if not micros:
+        return frame_to_arrow(rows, schema, what, plan.time_zone, nan_is_null=False)
+    # instants as Spark sends them (microseconds since the epoch) become timestamps directly
+    others = pa.schema([f for f in schema if f not in micros])
+    table = frame_to_arrow(rows, others, what, plan.time_zone, nan_is_null=False)
+    for field in micros:
+        values = pa.array(rows[field.name], from_pandas=True).cast(pa.int64())
+        at = schema.get_field_index(field.name)
+        table = table.add_column(at, field, declared_nulls(field, values.cast(field.type), what))
+    return table
 
 
 def _arrow_keys(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:

@@ -302,8 +302,14 @@ def localize(frame: pd.DataFrame, columns: Sequence[str], time_zone: str) -> pd.
     changed = {}
     for name in columns:
         column = frame[name]
+        if column.dtype == np.int64:  # no nulls: a view, a third of pd.to_datetime's cost
+            stamps = pd.DatetimeIndex(column.to_numpy().view("M8[us]")).as_unit("ns")
+            aware = stamps.tz_localize("UTC").tz_convert(time_zone)
+            changed[name] = pd.Series(aware, index=column.index, name=name, copy=False)
+            continue
         if not isinstance(column.dtype, pd.DatetimeTZDtype):
-            column = pd.to_datetime(column, unit="us", utc=True)
+            # nanoseconds, as Spark's own pandas conversion gives instants, also when nullable
+            column = pd.to_datetime(column, unit="us", utc=True).dt.as_unit("ns")
         changed[name] = column.dt.tz_convert(time_zone)
     if not changed:
         return frame
@@ -393,7 +399,7 @@ def frame_to_arrow(
                 f"{what}: column {field.name!r} cannot be converted to {field.type} "
                 f"(pandas dtype {column.dtype}): {err}"
             ) from None
-        arrays.append(_declared_nulls(field, array, what))
+        arrays.append(declared_nulls(field, array, what))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -435,7 +441,7 @@ def table_to_arrow(
                 f"{what}: column {field.name!r} of type {kind} cannot be converted to "
                 f"{field.type}: {err}"
             ) from None
-        arrays.append(_declared_nulls(field, column, what))
+        arrays.append(declared_nulls(field, column, what))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -497,7 +503,7 @@ def castable(source: Any, target: Any) -> bool:
     return True
 
 
-def _declared_nulls(field: pa.Field[Any], column: Any, what: str) -> Any:
+def declared_nulls(field: pa.Field[Any], column: Any, what: str) -> Any:
     """``column``, refused if it holds nulls where ``field`` is NOT NULL."""
     if not field.nullable and column.null_count:
         raise SchemaMismatchError(

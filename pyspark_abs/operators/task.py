@@ -78,8 +78,9 @@ class KeyGroupTask:
             if not plan.arrow:  # the Arrow form's rows take only the source's columns
                 rows = _without(rows, KEY_GROUP)
             rows = plan.without_late_rows(exact_columns(rows), batch_id)
-            inputs = [c for c in plan.input_instants if c in rows.columns]
-            rows = localize(rows, inputs, plan.time_zone)
+            if not plan.arrow:  # the Arrow form takes the microseconds as they are
+                inputs = [c for c in plan.input_instants if c in rows.columns]
+                rows = localize(rows, inputs, plan.time_zone)
         else:
             rows = plan.frame(plan.input_schema.empty_table())
         restored, regrouped = None, None

@@ -261,6 +261,32 @@ def test_a_nan_inside_an_input_array_stays_apart_from_a_null() -> None:
     assert seen[1] is None
 
 
+@pytest.mark.parametrize(
+    "micros",
+    [
+        pd.Series([1_700_000_000_123_456, -1]),
+        pd.Series(pd.array([1_700_000_000_123_456, None], dtype="Int64")),
+        pd.Series([1_700_000_000_123_456.0, math.nan]),  # a watermark column
+    ],
+    ids=["whole", "nullable", "float"],
+)
+def test_instants_sent_as_microseconds_reach_the_arrow_form_exactly(micros: pd.Series) -> None:
+    seen: list[Any] = []
+
+    def look(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> None:
+        seen.append(rows["at"])
+
+    plan = dataclasses.replace(
+        arrow_plan(look, time_zone="Europe/Berlin"),
+        input_schema=arrow_schema(("word", pa.string()), ("at", pa.timestamp("us", "UTC"))),
+    )
+    run_key_group(plan, 0, pd.DataFrame({"word": ["a", "b"], "at": micros}), _empty(), CLOCK, 0)
+    (column,) = seen
+    assert column.type == pa.timestamp("us", "Europe/Berlin")
+    expected = [None if pd.isna(m) else int(m) for m in micros]
+    assert column.cast(pa.int64()).to_pylist() == expected
+
+
 def test_an_arrow_operator_may_return_frames_and_a_pandas_one_tables() -> None:
     frames = arrow_plan(
         lambda rows, state, ctx: KeyGroupResult(

@@ -33,6 +33,22 @@ def test_instants_from_spark_become_aware_in_the_session_zone_and_convert_back_e
     assert table.column("ts").to_pylist() == [FIRST_0130, SECOND_0130]
 
 
+def test_whole_and_nullable_microseconds_localize_alike() -> None:
+    """Without nulls a column of microseconds takes a faster path: the same instants, unit
+    and zone as the nullable one, before 1970 too, and an instant beyond what pandas holds
+    in nanoseconds is refused on both."""
+    values = [-1, 0, 1_700_000_000_123_456, -2_000_000_000_000_001]
+    whole = localize(pd.DataFrame({"ts": values}), ["ts"], NEW_YORK)["ts"]
+    nullable = pd.Series(pd.array([*values, None], dtype="Int64"))
+    with_null = localize(pd.DataFrame({"ts": nullable}), ["ts"], NEW_YORK)["ts"]
+    assert whole.dtype == with_null.dtype == pd.DatetimeTZDtype("ns", NEW_YORK)
+    assert whole.tolist() == with_null.tolist()[:-1]
+    assert [t.value // 1000 for t in whole] == values
+    for beyond in (pd.Series([253_402_300_799_000_000]), pd.Series([253_402_300_799_000_000.0])):
+        with pytest.raises(pd.errors.OutOfBoundsDatetime):
+            localize(pd.DataFrame({"ts": beyond}), ["ts"], NEW_YORK)
+
+
 def test_nulls_stay_null() -> None:
     frame = localize(pd.DataFrame({"ts": [1.0e15, float("nan")]}), ["ts"], NEW_YORK)
     assert frame["ts"].isna().tolist() == [False, True]

@@ -110,14 +110,23 @@ class DeltaLog:
         try:
             infos = self._fs.get_file_info(pafs.FileSelector(self._log_dir, allow_not_found=True))
         except (OSError, pa.ArrowException) as err:
-            raise SourceError(f"cannot list the log of Delta table {self.uri}: {err}") from None
+            raise self._unreadable("list the log", err) from None
         return sorted(
             int(match.group(1)) for info in infos if (match := _COMMIT_FILE.match(info.base_name))
         )
 
     def _exists(self, version: int) -> bool:
-        info = self._fs.get_file_info(self._commit_path(version))
+        try:
+            info = self._fs.get_file_info(self._commit_path(version))
+        except (OSError, pa.ArrowException) as err:
+            raise self._unreadable(f"look for version {version} in the log", err) from None
         return bool(info.type != pafs.FileType.NotFound)
+
+    def _unreadable(self, what: str, err: Exception) -> SourceError:
+        return SourceError(
+            f"cannot {what} of Delta table {self.uri}: {err}. Check that its store answers "
+            f"and the credentials hold, then retry: the stream starts again from its checkpoint"
+        )
 
     def latest_version(self) -> int:
         """The table's latest version, from the log (listed once, then probed forward).

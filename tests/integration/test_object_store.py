@@ -17,14 +17,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from deltalake import write_deltalake
 from pyspark.sql import SparkSession
+from pyspark.sql.datasource import CaseInsensitiveDict
 
 from pyspark_abs import (
     ConcurrentWriteError,
     ConfigError,
+    DeltaSource,
     EpochStatus,
     FencingError,
     Snapshots,
+    SourceError,
     rollback,
 )
 from pyspark_abs.admin.validation import validate
@@ -32,6 +36,8 @@ from pyspark_abs.cli import main
 from pyspark_abs.examples import medallion, wordcount
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.protocol.lease import break_lease, read_lease
+from pyspark_abs.sources.delta_stream import DeltaDataSource
+from pyspark_abs.sources.read_limits import ReadAllAvailable
 from pyspark_abs.storage.store import DeltaStore, TableSpec
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, arrow_schema, running_counts, write_epochs
@@ -305,3 +311,25 @@ def test_a_root_on_s3_without_spark_s3_support_is_refused_with_what_to_add(
         pipeline.run()
     assert Snapshots(root).list(include_aborted=True) == []
     assert read_lease(root) is None
+
+
+def test_a_delta_source_whose_store_goes_away_names_the_table(tmp_path: Path) -> None:
+    """Probing for the next version of a table on an object store that stopped answering is
+    a SourceError naming the table, as listing its log is, not pyarrow's bare OSError."""
+    with pytest.MonkeyPatch.context() as env:
+        with s3_server(tmp_path) as found:
+            for name, value in s3_environment(found).items():
+                env.setenv(name, value)
+            pafs.S3FileSystem(endpoint_override=found, allow_bucket_creation=True).create_dir(
+                "gone"
+            )
+            table = "s3://gone/events"
+            write_deltalake(table, pa.table({"id": [1, 2]}))
+            source = DeltaSource(table)
+            data_source = DeltaDataSource(CaseInsensitiveDict(source._options()))
+            reader = data_source.streamReader(data_source.schema())
+            start = reader.initialOffset()
+            assert reader.latestOffset(start, ReadAllAvailable()) != start
+        with pytest.raises(SourceError, match=r"Delta table s3://gone/events") as raised:
+            reader.latestOffset(start, ReadAllAvailable())
+        assert "retry" in str(raised.value)

@@ -44,24 +44,18 @@ def count_words(key: tuple[Any, ...], rows: pd.DataFrame, state: KeyState) -> An
     return {"word": key[0], "count": count}
 
 
-recent = operator(
-    key="word",
-    state_schema="count long",
-    output_schema=DDL,
-    name="recent",
-    ttl=dt.timedelta(seconds=TTL_S),
-    ttl_clock="event_time",
-)(count_words)
+COUNTS: dict[str, Any] = {"key": "word", "state_schema": "count long", "output_schema": DDL}
+RECENT: dict[str, Any] = {
+    **COUNTS,
+    "name": "recent",
+    "ttl": dt.timedelta(seconds=TTL_S),
+    "ttl_clock": "event_time",
+}
+"""The declaration of ``recent``: a count per word that lapses TTL_S after its last event."""
+recent = operator(**RECENT)(count_words)
 
 
-@arrow_operator(
-    key="word",
-    state_schema="count long",
-    output_schema=DDL,
-    name="recent",
-    ttl=dt.timedelta(seconds=TTL_S),
-    ttl_clock="event_time",
-)
+@arrow_operator(**RECENT)
 def recent_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
     """``recent`` in the Arrow form: the engine, not the function, keeps the TTL."""
     seen: Any = rows.group_by("word").aggregate([("word", "count")])
@@ -72,9 +66,7 @@ def recent_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroup
     return KeyGroupResult(state=counts, output=counts)
 
 
-forever = operator(key="word", state_schema="count long", output_schema=DDL, name="recent")(
-    count_words
-)
+forever = operator(**COUNTS, name="recent")(count_words)
 
 
 def ttl_pipeline(

@@ -204,7 +204,9 @@ def _arrow_rows(rows: pd.DataFrame, plan: OperatorPlan, where: str) -> pa.Table:
     if not len(rows):
         return schema.empty_table()
     what = f"{where}: input rows"
-    micros = [f for f in schema if f.name in plan.input_instants and rows[f.name].dtype.kind != "M"]
+    micros = [
+        f for f in schema if f.name in plan.input_instants and rows[f.name].dtype.kind in "iuf"
+    ]
     if not micros:
         return frame_to_arrow(rows, schema, what, plan.time_zone, nan_is_null=False)
     # instants as Spark sends them (microseconds since the epoch) become timestamps directly

@@ -3,7 +3,7 @@
 ``python -m tests.integration.connect_ttl URL WORKDIR`` connects to the Spark Connect server
 at ``URL``, sets the session time zone to Asia/Kolkata, runs the TTL count of
 :mod:`tests.support.ttl` over its first two batches, rolls back to epoch 0, lands
-the other batches and runs again. A client process of its own, because a Connect session
+the other batches and runs again with the same count in the Arrow form. A client process of its own, because a Connect session
 switches pyspark into Connect mode for the whole process. The last line printed is a JSON
 object; the test checks the snapshots it left with a classic session, against the model.
 """
@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import rollback
 from tests.support.pipelines import event_table
-from tests.support.ttl import BATCHES, recent, ttl_pipeline
+from tests.support.ttl import BATCHES, recent, recent_arrow, ttl_pipeline
 
 ZONE = "Asia/Kolkata"
 
@@ -32,7 +32,7 @@ def main(url: str, workdir: str) -> int:
     first = ttl_pipeline(events, root, recent).run().epochs_run
     rolled_back_to = rollback(str(root), 0).epoch
     event_table(Path(events), BATCHES[2:])
-    after = ttl_pipeline(events, root, recent).run().epochs_run
+    after = ttl_pipeline(events, root, recent_arrow).run().epochs_run
     report = {
         "session": type(spark).__module__,
         "zone": spark.conf.get("spark.sql.session.timeZone"),

@@ -148,7 +148,8 @@ def test_a_ttl_operator_rolled_back_through_spark_connect_in_another_time_zone_g
     spark: SparkSession, connect_url: str, tmp_path: Path
 ) -> None:
     """Event times reach the server's Python workers as Kolkata wall-clock times; every
-    expiry is still an instant, so the run after the rollback lapses keys as the model."""
+    expiry is still an instant, so the run after the rollback (in the Arrow form) lapses keys
+    as the model."""
     report = client_report("connect_ttl", connect_url, tmp_path)
     assert report["zone"] == "Asia/Kolkata"
     # batches 0 and 1 and an epoch without rows; after the rollback batches 1 to 3 and one

@@ -105,6 +105,12 @@ class BatchCodec:
         header = view[: _HEADER + _LENGTH].to_pybytes()
         magic = header[:_MAGIC_BYTES]
         if magic not in (_ALIGNED, _PLAIN, _COMPRESSED):
+            if magic[:3] == _PLAIN[:3] and magic not in (MARKER, _CHAINED):
+                raise StateEncodingError(
+                    f"cannot decode {self._what}: it was written by a newer release of "
+                    f"pyspark-abs (format {magic.decode('ascii', 'replace')}); run the "
+                    f"checkpoint with that release or a later one"
+                )
             raise StateEncodingError(
                 f"cannot decode {self._what}: not a pyspark-abs blob (bad magic bytes)"
             )

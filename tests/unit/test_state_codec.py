@@ -94,3 +94,12 @@ def test_damaged_compressed_blobs_are_refused() -> None:
     )
     with pytest.raises(StateEncodingError, match="damaged"):
         codec.decode(blob[:-5])
+
+
+def test_a_blob_of_a_newer_format_says_so() -> None:
+    codec = BatchCodec(SCHEMA, "state of 'wc'")
+    blob = codec.encode(SCHEMA.empty_table())
+    with pytest.raises(StateEncodingError, match=r"written by a newer release .*format ABS9"):
+        codec.decode(b"ABS9" + blob[4:])
+    with pytest.raises(StateEncodingError, match="not a pyspark-abs blob"):
+        codec.decode(b"XYZ1" + blob[4:])

@@ -21,24 +21,29 @@ from pyspark_abs import (
     restore,
     rollback,
 )
+from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest.entries import EpochStatus
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import OP, assert_same, counts_df, word_table
 from tests.support.readme import README
-from tests.support.versions import files_pipeline, older, shuffle_partitions
+from tests.support.versions import files_pipeline, older, shuffle_partitions, word_count_arrow
 
 pytestmark = pytest.mark.compat
 
 
+@pytest.mark.parametrize("form", ["pandas", "arrow"])
 def test_a_file_source_rolls_back_and_restores_at_another_scale_as_an_uninterrupted_run(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, form: str
 ) -> None:
+    """In both vectorized forms; the uninterrupted run stays in the pandas form, so in the
+    Arrow form the copy restored from it continues a pandas root in the Arrow form."""
     landing, root, clean = tmp_path / "landing", tmp_path / "root", tmp_path / "clean"
+    op = word_count_arrow if form == "arrow" else wordcount.word_count
     write_epochs(landing, EPOCHS[:2])
-    files_pipeline(root, landing).run()
+    files_pipeline(root, landing, operator=op).run()
     files_pipeline(clean, landing).run()
     write_epochs(landing, EPOCHS[2:], first=2)
-    files_pipeline(root, landing).run()
+    files_pipeline(root, landing, operator=op).run()
     files_pipeline(clean, landing).run()
     snapshots = Snapshots(str(root), spark)
     assert [s.epoch for s in snapshots.list()] == [0, 1]
@@ -46,7 +51,7 @@ def test_a_file_source_rolls_back_and_restores_at_another_scale_as_an_uninterrup
 
     rolled = rollback(str(root), 0)
     assert (rolled.epoch, rolled.status, rolled.restored_from) == (2, EpochStatus.RESTORED, 0)
-    files_pipeline(root, landing).run()
+    files_pipeline(root, landing, operator=op).run()
     uninterrupted = Snapshots(str(clean), spark)
     assert_same(snapshots.state(OP), uninterrupted.state(OP))
     assert_same(snapshots.state(OP), counts_df(spark, EPOCHS))
@@ -55,7 +60,7 @@ def test_a_file_source_rolls_back_and_restores_at_another_scale_as_an_uninterrup
     copy = tmp_path / "copy"
     restore(str(clean), 0, str(copy))
     with shuffle_partitions(spark, 3):
-        files_pipeline(copy, landing, key_groups=5).run()
+        files_pipeline(copy, landing, key_groups=5, operator=op).run()
     restored = Snapshots(str(copy), spark)
     assert [s.epoch for s in restored.list()] == [0, 1]
     assert_same(restored.state(OP), uninterrupted.state(OP))

@@ -5,11 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import AbsConfig, FileSource, Pipeline
+from pyspark_abs import (
+    AbsConfig,
+    ArrowContext,
+    FileSource,
+    KeyGroupResult,
+    Operator,
+    Pipeline,
+    arrow_operator,
+)
 from pyspark_abs.examples import wordcount
 from tests.support.inputs import write_epochs
 
@@ -21,12 +32,30 @@ def older(spark: SparkSession) -> bool:
     return spark.version.startswith(OLDER)
 
 
-def files_pipeline(root: Path, landing: Path, *, key_groups: int = 8) -> Pipeline:
+@arrow_operator(
+    key="word",
+    state_schema="count long",
+    output_schema="word string, count long",
+    name="word_count",
+)
+def word_count_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
+    """The example's word count in the Arrow form."""
+    seen: Any = rows.group_by("word").aggregate([("word", "count")])
+    at: Any = pc.index_in(seen["word"], value_set=state["word"])
+    taken: Any = pc.take(state["count"], at)
+    held: Any = pc.fill_null(taken, 0)
+    counts = pa.table({"word": seen["word"], "count": pc.add(seen["word_count"], held)})
+    return KeyGroupResult(state=counts, output=counts)
+
+
+def files_pipeline(
+    root: Path, landing: Path, *, key_groups: int = 8, operator: Operator = wordcount.word_count
+) -> Pipeline:
     """The word count over the text files in ``landing`` with a ``FileSource`` without limits."""
     return Pipeline(
         "wordcount",
         FileSource(str(landing), "text"),
-        wordcount.word_count,
+        operator,
         root=str(root),
         sinks={"output": sink_of(root)},
         config=AbsConfig(key_groups=key_groups, commit_mode="sync"),

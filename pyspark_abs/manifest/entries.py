@@ -148,6 +148,7 @@ _MANIFEST_FIELDS: list[pa.Field[Any]] = [
     pa.field("manifest_version", pa.int64()),
     pa.field("job", pa.string()),
     pa.field("watermark_after_ms", pa.int64()),
+    pa.field("slots", pa.int32()),
 ]
 MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
@@ -210,6 +211,8 @@ class ManifestEntry:
         watermark_after_ms: Restore epochs: the watermark the epoch after the installed
             one ran with, when its root knew it. Spark moves the watermark after every
             micro-batch, so a run continued from the restore epoch starts there.
+        slots: Epochs of a run: the slots its checkpoint groups key groups into, one call
+            of the operator per slot and epoch (None: one call per key group).
     """
 
     pipeline: str
@@ -249,6 +252,7 @@ class ManifestEntry:
     manifest_version: int | None = None
     job: str | None = None
     watermark_after_ms: int | None = None
+    slots: int | None = None
 
     @property
     def watermark_floor_ms(self) -> int:

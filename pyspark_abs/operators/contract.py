@@ -87,6 +87,8 @@ class _Context(Generic[Keys]):
         time_zone: The session time zone: instants arrive as datetimes aware of it, and
             naive datetimes returned are wall-clock times there.
         outputs: The declared outputs and their column names, in declaration order.
+        key_groups: All key groups the call serves, when it serves several (then
+            ``key_group`` is the first of them); empty when it serves ``key_group`` alone.
     """
 
     operator: str
@@ -96,11 +98,12 @@ class _Context(Generic[Keys]):
     timed_out: Keys
     time_zone: str = "UTC"
     outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    key_groups: tuple[int, ...] = ()
 
     @property
     def where(self) -> str:
         """The call's place, as error messages name it."""
-        return place(self.operator, self.epoch, self.key_group)
+        return place(self.operator, self.epoch, self.key_groups or (self.key_group,))
 
 
 class KeyGroupContext(_Context[pd.DataFrame]):
@@ -111,9 +114,20 @@ class ArrowContext(_Context[pa.Table]):
     """The call of an :func:`arrow_operator`'s function; ``timed_out`` is a ``pyarrow.Table``."""
 
 
-def place(operator: str, epoch: int | None, key_group: int) -> str:
-    """A key group's call, as error messages name it."""
-    return f"operator {operator!r}, epoch {epoch}, key group {key_group}"
+def place(operator: str, epoch: int | None, key_groups: int | Sequence[int]) -> str:
+    """A call of one or several key groups, as error messages name it."""
+    if isinstance(key_groups, int):
+        key_groups = (key_groups,)
+    if len(key_groups) == 1:
+        return f"operator {operator!r}, epoch {epoch}, key group {key_groups[0]}"
+    named = ", ".join(str(k) for k in key_groups[:_NAMED])
+    if len(key_groups) > _NAMED:
+        named += f" and {len(key_groups) - _NAMED} more"
+    return f"operator {operator!r}, epoch {epoch}, key groups {named}"
+
+
+_NAMED = 6
+"""Key groups an error message names before it counts the rest."""
 
 
 @dataclass

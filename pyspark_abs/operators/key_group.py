@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark_abs.errors import AbsError, OperatorError, SchemaMismatchError, describe
 from pyspark_abs.operators.contract import (
@@ -23,6 +24,8 @@ from pyspark_abs.operators.contract import (
     place,
 )
 from pyspark_abs.operators.keys import (
+    IntArray,
+    KeyArray,
     contains,
     key_arrays,
 )
@@ -37,6 +40,7 @@ from pyspark_abs.operators.state_diff import (
     Converted,
     KeyGroupOutcome,
     apply_state,
+    earliest_timeout,
     expired,
     has_timeouts,
     no_keys,
@@ -68,7 +72,88 @@ def run_key_group(
         SchemaMismatchError: The function returned frames that do not fit the schemas.
         InvalidTimeoutError: A returned timeout is not allowed.
     """
-    where = place(plan.name, epoch, key_group)
+    return _run(plan, (key_group,), rows, state, clock, epoch)[0]
+
+
+def run_key_groups(
+    plan: OperatorPlan,
+    key_groups: Sequence[int],
+    sizes: Sequence[int],
+    rows: pd.DataFrame,
+    row_groups: IntArray,
+    state: pa.Table,
+    clock: Clock,
+    epoch: int | None,
+) -> tuple[tuple[pa.Table, ...], list[KeyGroupOutcome]]:
+    """Run the operator once on several key groups together, and split what changed.
+
+    One call of the function serves them all; each key group still gets its own state,
+    changes and timeout, as if it had been called alone.
+
+    Args:
+        plan: The operator.
+        key_groups: The key groups, in the order their states are concatenated in ``state``.
+        sizes: How many rows of ``state`` each key group's state has.
+        rows: Their input rows of this epoch (possibly none).
+        row_groups: The key group of each row.
+        state: The key groups' current states, one after the other (blob schema).
+        clock: The epoch's processing time and watermark.
+        epoch: The epoch, for messages and the function's context.
+
+    Returns:
+        The call's output tables, and each key group's outcome (without outputs).
+
+    Raises:
+        As :func:`run_key_group`.
+    """
+    outcome, row_keys = _run(plan, key_groups, rows, state, clock, epoch)
+    state = state.combine_chunks()
+    ends = np.cumsum([0, *sizes])
+    columns = list(plan.key_columns)
+    known = pa.concat_tables([state.select(columns), row_keys.select(columns)])
+    known_groups = np.concatenate([np.repeat(np.asarray(key_groups), sizes), row_groups])
+    fresh = outcome.state.slice(int(outcome.kept.sum()))
+    known_keys, fresh_keys, changed_keys = key_arrays(
+        [known, fresh.select(columns), outcome.changes.select(columns)], columns
+    )
+    fresh_groups = known_groups[_first_at(fresh_keys, known_keys)]
+    changed_groups = known_groups[_first_at(changed_keys, known_keys)]
+    outcomes = []
+    for at, key_group in enumerate(key_groups):
+        start, end = int(ends[at]), int(ends[at + 1])
+        kept = outcome.kept[start:end]
+        own = state.slice(start, end - start).filter(kept)
+        new_state = pa.concat_tables([own, fresh.filter(fresh_groups == key_group)])
+        outcomes.append(
+            KeyGroupOutcome(
+                state=new_state,
+                kept=kept,
+                changes=outcome.changes.filter(changed_groups == key_group),
+                outputs=(),
+                keys_delta=new_state.num_rows - (end - start),
+                next_timeout_ms=earliest_timeout(new_state),
+            )
+        )
+    return outcome.outputs, outcomes
+
+
+def _first_at(keys: KeyArray, among: KeyArray) -> IntArray:
+    """For each key, the first row of ``among`` holding it (every key is there)."""
+    found: Any = pc.index_in(keys, value_set=among)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _run(
+    plan: OperatorPlan,
+    key_groups: Sequence[int],
+    rows: pd.DataFrame,
+    state: pa.Table,
+    clock: Clock,
+    epoch: int | None,
+) -> tuple[KeyGroupOutcome, pa.Table]:
+    """:func:`run_key_group` over one or several key groups; also the rows' keys."""
+    where = place(plan.name, epoch, key_groups)
+    key_group = key_groups[0]
     # Arrow gathers rows from a chunked column by concatenating its chunks first, on every
     # gather: one chunk here (a chain read or a rebuild gives several) saves each a copy.
     state = state.combine_chunks()
@@ -88,18 +173,19 @@ def run_key_group(
     fired = expired(plan, state, has_rows, clock) if timeouts else has_rows
     timed_out = state.filter(fired).select(list(plan.key_columns)) if fired.any() else None
     call = (plan.name, epoch, key_group, clock)
+    several = tuple(key_groups) if len(key_groups) > 1 else ()
     declared = tuple((name, tuple(schema.names)) for name, schema in plan.outputs)
     run: Callable[[], object]
     if table is not None:
         keys = plan.key_schema.empty_table() if timed_out is None else timed_out
         zone = plan.time_zone
         arrow_fn = cast("ArrowKeyGroupFunction", plan.function)
-        arrow_ctx = ArrowContext(*call, in_time_zone(keys, zone), zone, declared)
+        arrow_ctx = ArrowContext(*call, in_time_zone(keys, zone), zone, declared, several)
         run = partial(arrow_fn, in_time_zone(table, zone), in_time_zone(state, zone), arrow_ctx)
     else:
         frame = plan.no_keys.copy(deep=False) if timed_out is None else plan.frame(timed_out)
         pandas_fn = cast("KeyGroupFunction", plan.function)
-        ctx = KeyGroupContext(*call, frame, plan.time_zone, declared)
+        ctx = KeyGroupContext(*call, frame, plan.time_zone, declared, several)
         run = partial(pandas_fn, rows, plan.frame(state), ctx)
     try:
         result = run()
@@ -135,10 +221,10 @@ def run_key_group(
         event_times_ms(plan, rows),
     )
     if expired_state is None:
-        return outcome
+        return outcome, row_keys
     kept = np.zeros(len(gone), dtype=bool)
     kept[~gone] = outcome.kept
-    return _with_expired(plan, replace(outcome, kept=kept), expired_state)
+    return _with_expired(plan, replace(outcome, kept=kept), expired_state), row_keys
 
 
 def _with_expired(

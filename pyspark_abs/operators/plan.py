@@ -22,6 +22,7 @@ from pyspark_abs.operators.schema import (
     KEY_GROUP,
     RESERVED_COLUMNS,
     RESTORE,
+    SLOT_COLUMN,
     STATELESS_COLUMN,
     TIMEOUT,
     TIMERS,
@@ -33,7 +34,7 @@ from pyspark_abs.operators.schema import (
     to_arrow,
     to_frame,
 )
-from pyspark_abs.operators.state_codec import BatchCodec, decode_marker
+from pyspark_abs.operators.state_codec import SLOT, BatchCodec, decode_marker
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -102,7 +103,7 @@ class StateInSpark:
         Raises:
             StateEncodingError: The checkpoint holds a marker of live state on local disk.
         """
-        if decode_marker(stored) is not None:
+        if stored.startswith(SLOT) or decode_marker(stored) is not None:
             raise StateEncodingError(
                 f"operator {plan.name!r}, key group {key_group}: the checkpoint keeps this key "
                 f"group's state on the executors' local disk (it was written with snapshots "
@@ -153,6 +154,9 @@ class OperatorPlan:
         ttl_ms: State time-to-live (see :attr:`Operator.ttl_ms`), on the ``timeout`` clock.
         live_state: Where key groups keep their state between epochs.
         arrow: The function takes ``pyarrow`` tables, not pandas frames.
+        slots: How many slots Spark groups the key groups into, one call per slot and
+            epoch (see :func:`~pyspark_abs.operators.keygroups.slot_values`); None: one
+            call per key group.
     """
 
     name: str
@@ -172,6 +176,7 @@ class OperatorPlan:
     ttl_ms: int | None = None
     live_state: LiveState = field(default_factory=StateInSpark)
     arrow: bool = False
+    slots: int | None = None
 
     def replay_of(self, batch_id: int | None) -> DecidedReplay | None:
         """The decided epoch that micro-batch ``batch_id`` replays, if it is one."""
@@ -365,7 +370,7 @@ def resolve_plan(
         OperatorDefinitionError: Source and operator do not fit together.
     """
     columns = source.columns
-    reserved = (*RESERVED_COLUMNS, RESTORE)
+    reserved = (*RESERVED_COLUMNS, RESTORE, SLOT_COLUMN)
     clashes = [c for c in columns if c in reserved]
     if clashes:
         raise OperatorDefinitionError(

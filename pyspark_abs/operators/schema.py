@@ -41,6 +41,8 @@ state table holds no rows."""
 TIMERS = "_timers"
 """The state column of a per-key operator declared with ``timers=True``: the key's timers,
 sorted, in ms since the Unix epoch (its ``_timeout`` is the earliest)."""
+SLOT_COLUMN = "_abs_slot"
+"""Operator input column naming the slot (the carrier's group) of the row's key group."""
 RESTORE = "_abs_restore"
 """Operator input column carrying a restored key's state (null on data rows)."""
 

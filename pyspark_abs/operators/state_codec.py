@@ -202,3 +202,72 @@ def decode_marker(stored: bytes) -> Marker | None:
     if not numbers:  # a marker written before change files: its file holds the whole state
         return Marker(epoch, token, epoch)
     return Marker(epoch, token, *numbers)
+
+
+SLOT = b"ABSG"
+"""Magic bytes of what Spark's state store keeps for a slot serving several key groups."""
+_NO_TIMEOUT = -(2**63)
+
+
+@dataclass(frozen=True)
+class SlotEntry:
+    """One key group of a slot: its stored value and its earliest timeout.
+
+    Attributes:
+        stored: What the key group alone would keep in Spark's state store (a marker).
+        timeout_ms: The earliest timeout among its keys (None: no key has one).
+    """
+
+    stored: bytes
+    timeout_ms: int | None
+
+
+def encode_slot(entries: dict[int, SlotEntry]) -> bytes:
+    """The value Spark's state store keeps for a slot's key groups, by key group."""
+    parts = [SLOT, len(entries).to_bytes(4, "little")]
+    for key_group in sorted(entries):
+        entry = entries[key_group]
+        timeout = _NO_TIMEOUT if entry.timeout_ms is None else entry.timeout_ms
+        parts += [
+            key_group.to_bytes(4, "little", signed=True),
+            timeout.to_bytes(8, "little", signed=True),
+            len(entry.stored).to_bytes(4, "little"),
+            entry.stored,
+        ]
+    return b"".join(parts)
+
+
+def decode_slot(stored: bytes) -> dict[int, SlotEntry]:
+    """The key groups :func:`encode_slot` wrote into ``stored``.
+
+    Raises:
+        StateEncodingError: ``stored`` is not a slot's value, or is cut short.
+    """
+    view = memoryview(stored)
+    if bytes(view[: len(SLOT)]) != SLOT:
+        raise StateEncodingError(
+            f"Spark's state store holds a value with magic bytes {bytes(view[: len(SLOT)])!r} "
+            f"where a slot of key groups was expected; the checkpoint was written with "
+            f"another layout or is damaged. Roll back to the newest snapshot with "
+            f"pyspark_abs.rollback and start again"
+        )
+    entries: dict[int, SlotEntry] = {}
+    count = int.from_bytes(view[4:8], "little") if len(view) >= 8 else -1
+    at = 8
+    while len(entries) < count and at + 16 <= len(view):
+        key_group = int.from_bytes(view[at : at + 4], "little", signed=True)
+        timeout = int.from_bytes(view[at + 4 : at + 12], "little", signed=True)
+        end = at + 16 + int.from_bytes(view[at + 12 : at + 16], "little")
+        if end > len(view):
+            break
+        entries[key_group] = SlotEntry(
+            bytes(view[at + 16 : end]), None if timeout == _NO_TIMEOUT else timeout
+        )
+        at = end
+    if len(entries) != count or at != len(view):
+        raise StateEncodingError(
+            f"a slot of key groups in Spark's state store is cut short ({len(view)} bytes, "
+            f"{count} key groups declared); the checkpoint is damaged. Roll back to the "
+            f"newest snapshot with pyspark_abs.rollback and start again"
+        )
+    return entries

@@ -28,21 +28,24 @@ from pyspark_abs.operators.contract import (
     TimeoutMode,
 )
 from pyspark_abs.operators.envelope import envelope_frame
-from pyspark_abs.operators.key_group import run_key_group
+from pyspark_abs.operators.key_group import run_key_group, run_key_groups
 from pyspark_abs.operators.keys import BoolArray, contains, key_arrays
 from pyspark_abs.operators.plan import DecidedReplay, OperatorPlan
 from pyspark_abs.operators.schema import (
     DELETED,
     KEY_GROUP,
     RESTORE,
+    SLOT_COLUMN,
     exact_columns,
     instant_columns,
     localize,
 )
+from pyspark_abs.operators.state_codec import SlotEntry, decode_slot, encode_slot
 from pyspark_abs.operators.state_diff import (
     apply_changes_keeping,
     earliest_timeout,
 )
+from pyspark_abs.operators.timers import clock_now
 from pyspark_abs.runtime import settle_worker_heap
 
 if TYPE_CHECKING:
@@ -59,7 +62,11 @@ def current_epoch() -> int | None:
 
 
 class KeyGroupTask:
-    """The function Spark's ``applyInPandasWithState`` calls once per key group and epoch."""
+    """The function Spark's ``applyInPandasWithState`` calls once per group and epoch.
+
+    A group is one key group, or with ``plan.slots`` a slot: every key group whose number
+    is the slot's modulo ``plan.slots``, all served by one call of the function.
+    """
 
     def __init__(self, plan: OperatorPlan) -> None:
         self.plan = plan
@@ -67,74 +74,201 @@ class KeyGroupTask:
     def __call__(
         self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], group_state: GroupState
     ) -> Iterator[pd.DataFrame]:
-        """Run the key group and yield its envelope rows."""
+        """Run the group's key groups and yield their envelope rows."""
         settle_worker_heap()
         plan = self.plan
-        key_group = int(key[0])
         batch_id = current_epoch()
         chunks = [f for f in frames if len(f)]
         if chunks:
             rows = chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
-            if not plan.arrow:  # the Arrow form's rows take only the source's columns
-                rows = _without(rows, KEY_GROUP)
             rows = plan.without_late_rows(exact_columns(rows), batch_id)
             if not plan.arrow:  # the Arrow form takes the microseconds as they are
                 inputs = [c for c in plan.input_instants if c in rows.columns]
                 rows = localize(rows, inputs, plan.time_zone)
         else:
             rows = plan.frame(plan.input_schema.empty_table())
-        restored, regrouped = None, None
-        if RESTORE in rows.columns:
-            restored, regrouped, rows = _split_restore(plan, rows, key_group, group_state.exists)
-        stored: bytes | None = group_state.get[0] if group_state.exists else None
-        if restored is not None:
-            state = restored
-        elif stored is not None:
-            state = plan.live_state.load(plan, key_group, stored, batch_id)
-        else:
-            state = plan.blob_schema.empty_table()
         clock = Clock(
             group_state.getCurrentProcessingTimeMs(), plan.watermark(_watermark(group_state))
         )
-        replay = plan.replay_of(batch_id)
-        if replay is not None:
-            replaced = stored if restored is None else None  # the state read is not replaced's
-            yield from _install_decided(
-                plan, replay, key_group, state, replaced, group_state, clock
+        if plan.slots is None:
+            stored: bytes | None = group_state.get[0] if group_state.exists else None
+            kept, timeout_ms, envelope = _step(
+                plan, int(key[0]), _without(rows, KEY_GROUP, SLOT_COLUMN), stored, clock, batch_id
             )
+            if kept is None:
+                if group_state.exists:
+                    group_state.remove()
+            elif kept is not stored:
+                group_state.update((kept,))
+            _set_timeout(plan, group_state, timeout_ms, clock)
+            if envelope is not None:
+                yield envelope
             return
-        if restored is not None and not len(rows):
-            # Only restore rows: install the key group's state; the function runs on data.
-            group_state.update(
-                (plan.live_state.save(plan, key_group, state, batch_id, None, None),)
-            )
-            _set_timeout(plan, group_state, earliest_timeout(state), clock)
-            moved = _with_regrouped(plan, plan.change_schema.empty_table(), restored, regrouped)
-            if plan.snapshots and moved.num_rows:
-                yield envelope_frame(key_group, (moved, plan.change_codec.encode(moved)), 0, [])
-            return
-        outcome = run_key_group(plan, key_group, rows, state, clock, batch_id)
+        entries = decode_slot(group_state.get[0]) if group_state.exists else {}
+        envelopes = _slot(plan, entries, rows, clock, batch_id)
+        if entries:
+            group_state.update((encode_slot(entries),))
+        elif group_state.exists:
+            group_state.remove()
+        timeouts = [e.timeout_ms for e in entries.values() if e.timeout_ms is not None]
+        _set_timeout(plan, group_state, min(timeouts, default=None), clock)
+        if envelopes:
+            yield envelopes[0] if len(envelopes) == 1 else pd.concat(envelopes, ignore_index=True)
 
+
+def _slot(
+    plan: OperatorPlan,
+    entries: dict[int, SlotEntry],
+    rows: pd.DataFrame,
+    clock: Clock,
+    batch_id: int | None,
+) -> list[pd.DataFrame]:
+    """Run the key groups of a slot that have rows or a due timeout; update ``entries``.
+
+    Returns their envelope rows.
+    """
+    now = clock_now(plan.timeout, clock)
+    row_groups = np.asarray(rows[KEY_GROUP], dtype=np.int64) if len(rows) else _NO_GROUPS
+    due = {
+        k
+        for k, e in entries.items()
+        if e.timeout_ms is not None and now is not None and e.timeout_ms <= now
+    }
+    key_groups = sorted(due.union(np.unique(row_groups).tolist()))
+    if not key_groups:
+        return []
+    if RESTORE in rows.columns or plan.replay_of(batch_id) is not None:
+        # the first micro-batch after a restore, or a replay: key group by key group
+        envelopes = []
+        for key_group in key_groups:
+            entry = entries.pop(key_group, None)
+            mine = rows[row_groups == key_group] if len(rows) else rows
+            value, timeout_ms, envelope = _step(
+                plan,
+                key_group,
+                _without(mine, KEY_GROUP, SLOT_COLUMN).reset_index(drop=True),
+                None if entry is None else entry.stored,
+                clock,
+                batch_id,
+            )
+            if value is not None:
+                entries[key_group] = SlotEntry(value, timeout_ms)
+            if envelope is not None:
+                envelopes.append(envelope)
+        return envelopes
+    stored = [entries[k].stored if k in entries else None for k in key_groups]
+    states = [
+        plan.blob_schema.empty_table()
+        if value is None
+        else plan.live_state.load(plan, key_group, value, batch_id)
+        for key_group, value in zip(key_groups, stored, strict=True)
+    ]
+    outputs, outcomes = run_key_groups(
+        plan,
+        key_groups,
+        [s.num_rows for s in states],
+        _without(rows, KEY_GROUP, SLOT_COLUMN),
+        row_groups,
+        pa.concat_tables(states) if len(states) > 1 else states[0],
+        clock,
+        batch_id,
+    )
+    envelopes = []
+    for key_group, value, outcome in zip(key_groups, stored, outcomes, strict=True):
+        kept: bytes | None = value
         if not outcome.state.num_rows:
-            if group_state.exists:
-                group_state.remove()
-        elif outcome.changes.num_rows or restored is not None:
-            known = outcome.kept if restored is None else None
-            saved = plan.live_state.save(plan, key_group, outcome.state, batch_id, stored, known)
-            group_state.update((saved,))
-        _set_timeout(plan, group_state, outcome.next_timeout_ms, clock)
+            kept = None
+        elif outcome.changes.num_rows:
+            known = outcome.kept
+            kept = plan.live_state.save(plan, key_group, outcome.state, batch_id, value, known)
+        if kept is None:
+            entries.pop(key_group, None)
+        else:
+            entries[key_group] = SlotEntry(kept, outcome.next_timeout_ms)
+        if plan.snapshots and outcome.changes.num_rows:
+            changes = (outcome.changes, plan.change_codec.encode(outcome.changes))
+            envelopes.append(envelope_frame(key_group, changes, outcome.keys_delta, []))
+    written = _encoded(plan, outputs)
+    if written:
+        envelopes.append(envelope_frame(key_groups[0], None, 0, written))
+    return envelopes
 
-        changes = None
-        changed = _with_regrouped(plan, outcome.changes, restored, regrouped)
-        if plan.snapshots and changed.num_rows:
-            changes = (changed, plan.change_codec.encode(changed))
-        outputs = [
-            (i, table, plan.output_codecs[i].encode(table))
-            for i, table in enumerate(outcome.outputs)
-            if table.num_rows
-        ]
-        if changes is not None or outputs:
-            yield envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+
+_NO_GROUPS = np.zeros(0, dtype=np.int64)
+
+
+def _step(
+    plan: OperatorPlan,
+    key_group: int,
+    rows: pd.DataFrame,
+    stored: bytes | None,
+    clock: Clock,
+    batch_id: int | None,
+) -> tuple[bytes | None, int | None, pd.DataFrame | None]:
+    """Run one key group alone.
+
+    Args:
+        plan: The operator.
+        key_group: The key group.
+        rows: Its rows (without the key-group column).
+        stored: What Spark's state store keeps for it (None: no state).
+        clock: The epoch's clocks.
+        batch_id: The micro-batch.
+
+    Returns:
+        What the state store keeps for it now (``stored`` itself when unchanged, None: no
+        state), its earliest timeout, and its envelope rows, if any.
+    """
+    restored, regrouped = None, None
+    if RESTORE in rows.columns:
+        restored, regrouped, rows = _split_restore(plan, rows, key_group, stored is not None)
+    if restored is not None:
+        state = restored
+    elif stored is not None:
+        state = plan.live_state.load(plan, key_group, stored, batch_id)
+    else:
+        state = plan.blob_schema.empty_table()
+    replay = plan.replay_of(batch_id)
+    if replay is not None:
+        replaced = stored if restored is None else None  # the state read is not replaced's
+        return _install_decided(plan, replay, key_group, state, replaced)
+    if restored is not None and not len(rows):
+        # Only restore rows: install the key group's state; the function runs on data.
+        installed = plan.live_state.save(plan, key_group, state, batch_id, None, None)
+        moved = _with_regrouped(plan, plan.change_schema.empty_table(), restored, regrouped)
+        envelope = None
+        if plan.snapshots and moved.num_rows:
+            envelope = envelope_frame(key_group, (moved, plan.change_codec.encode(moved)), 0, [])
+        return installed, earliest_timeout(state), envelope
+    outcome = run_key_group(plan, key_group, rows, state, clock, batch_id)
+
+    kept: bytes | None = stored
+    if not outcome.state.num_rows:
+        kept = None
+    elif outcome.changes.num_rows or restored is not None:
+        known = outcome.kept if restored is None else None
+        kept = plan.live_state.save(plan, key_group, outcome.state, batch_id, stored, known)
+
+    changes = None
+    changed = _with_regrouped(plan, outcome.changes, restored, regrouped)
+    if plan.snapshots and changed.num_rows:
+        changes = (changed, plan.change_codec.encode(changed))
+    outputs = _encoded(plan, outcome.outputs)
+    envelope = None
+    if changes is not None or outputs:
+        envelope = envelope_frame(key_group, changes, outcome.keys_delta, outputs)
+    return kept, outcome.next_timeout_ms, envelope
+
+
+def _encoded(
+    plan: OperatorPlan, outputs: tuple[pa.Table, ...]
+) -> list[tuple[int, pa.Table, bytes]]:
+    """The outputs with rows, each with its index and encoded payload."""
+    return [
+        (i, table, plan.output_codecs[i].encode(table))
+        for i, table in enumerate(outputs)
+        if table.num_rows
+    ]
 
 
 def _install_decided(
@@ -143,27 +277,21 @@ def _install_decided(
     key_group: int,
     state: pa.Table,
     stored: bytes | None,
-    group_state: GroupState,
-    clock: Clock,
-) -> Iterator[pd.DataFrame]:
+) -> tuple[bytes | None, int | None, pd.DataFrame | None]:
     """Give the key group the state its decided epoch committed, not a recomputed one.
 
     ``stored`` is the value Spark's state store kept for ``state`` (None: none, or ``state``
-    is not what it holds).
-
-    Yields one envelope row naming the key group when it had decided changes, so that the
-    coordinator can tell every changed key group was reached.
+    is not what it holds). Returns as :func:`_step` does; the envelope names the key group
+    when it had decided changes, so that the coordinator can tell every changed key group
+    was reached.
     """
     changes = epoch_changes(plan, replay.epoch, replay.files, key_group)
     installed, kept = apply_changes_keeping(plan, state, changes)
+    value = None
     if installed.num_rows:
-        saved = plan.live_state.save(plan, key_group, installed, replay.batch_id, stored, kept)
-        group_state.update((saved,))
-    elif group_state.exists:
-        group_state.remove()
-    _set_timeout(plan, group_state, earliest_timeout(installed), clock)
-    if changes.num_rows:
-        yield envelope_frame(key_group, (changes, b""), 0, [])
+        value = plan.live_state.save(plan, key_group, installed, replay.batch_id, stored, kept)
+    envelope = envelope_frame(key_group, (changes, b""), 0, []) if changes.num_rows else None
+    return value, earliest_timeout(installed), envelope
 
 
 _CHANGES: dict[tuple[str, ...], pa.Table] = {}
@@ -205,9 +333,9 @@ def epoch_changes(
     return changes.filter(mine).select(plan.change_schema.names).cast(plan.change_schema)
 
 
-def _without(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    """``frame`` without ``column``, sharing the other columns (``drop`` copies them)."""
-    return pd.DataFrame({c: frame[c] for c in frame.columns if c != column}, copy=False)
+def _without(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """``frame`` without ``columns``, sharing the other columns (``drop`` copies them)."""
+    return pd.DataFrame({c: frame[c] for c in frame.columns if c not in columns}, copy=False)
 
 
 def _split_restore(

@@ -92,12 +92,14 @@ def protocol_run(
     epoch_limit: int | None,
     listeners: Sequence[SnapshotListener],
     publishers: Sequence[KafkaPublisher],
+    slots: int | None = None,
 ) -> tuple[EpochCoordinator | ConnectRun, Callable[[DataFrame, int], None]]:
     """This run of the snapshot protocol, and the function ``foreachBatch`` calls.
 
     A classic session runs the coordinator in the driver. A Spark Connect client sends a
     :class:`RemoteCoordinator`, which adopts the run's ``lease`` in the server, and follows
-    the run in the manifest.
+    the run in the manifest. ``slots`` is what the coordinator records (see
+    :attr:`~pyspark_abs.manifest.entries.ManifestEntry.slots`).
     """
     if not remote:
         run = EpochCoordinator(
@@ -109,6 +111,7 @@ def protocol_run(
             epoch_limit=epoch_limit,
             listeners=listeners,
             publishers=publishers,
+            slots=slots,
         )
         return run, run.process_batch
     remote_run = RemoteCoordinator(

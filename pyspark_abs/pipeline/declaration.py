@@ -50,6 +50,7 @@ from pyspark_abs.pipeline.launch import (
     live_state,
     require_same_key_groups,
     require_upstream_ready,
+    run_slots,
     start_query,
 )
 from pyspark_abs.pipeline.query import PipelineQuery, Quiescence
@@ -341,6 +342,7 @@ class Pipeline:
                 publisher.close()
             writer.close()
             raise
+        slots = run_slots(lineage, self.config, remote, self.spark)
         run, batch_function = protocol_run(
             layout,
             self.config,
@@ -352,6 +354,7 @@ class Pipeline:
             epoch_limit=epoch_limit,
             listeners=self.listeners,
             publishers=publishers,
+            slots=slots,
         )
         try:
             plan = replace(
@@ -363,6 +366,7 @@ class Pipeline:
                 live_state=live_state(
                     layout, self.config, writer.root_id, lineage.epoch_base, remote, run_id
                 ),
+                slots=slots,
             )
             query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
         except BaseException:

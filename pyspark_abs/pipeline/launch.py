@@ -21,7 +21,7 @@ from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.channel_plan import channel_offsets
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 _NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
@@ -71,6 +71,23 @@ def require_same_key_groups(name: str, checkpoint: str, lineage: Lineage, key_gr
             f"Keep key_groups={lineage.key_groups}, or roll back to the latest epoch "
             f"(pyspark_abs.rollback) and start again to change it"
         )
+
+
+def run_slots(lineage: Lineage, config: AbsConfig, remote: bool, spark: SparkSession) -> int | None:
+    """How many slots this run's checkpoint groups its key groups into (None: none).
+
+    A slot is one call of the operator per epoch for all its key groups. A new checkpoint
+    with live state on local disk takes one slot per shuffle partition (at most one per
+    key group); a checkpoint keeps the slots it began with, and one begun before slots
+    keeps one group per key group. Without snapshots (or through Spark Connect) Spark's
+    state store holds each key group's whole state, one group per key group.
+    """
+    if not config.snapshots or remote:
+        return None
+    if not lineage.fresh:
+        return lineage.slots
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    return max(1, min(config.key_groups, partitions))
 
 
 def live_state(

@@ -17,12 +17,13 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL
-from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.keygroups import key_group_column, slot_column
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import (
     KEY_GROUP,
     NULL_MASK_PREFIX,
     RESTORE,
+    SLOT_COLUMN,
     TIMEOUT,
     instant_columns,
 )
@@ -44,13 +45,19 @@ _TIMEOUT_CONF = {
 
 
 def operator_stage(keyed: DataFrame, plan: OperatorPlan) -> DataFrame:
-    """The operator over ``keyed`` rows: one pandas call per key group and epoch.
+    """The operator over ``keyed`` rows: one pandas call per slot (or key group) and epoch.
 
     Its rows are envelopes: encoded state changes and outputs per key group and target.
     """
+    from pyspark.sql import functions as F
+
+    group = KEY_GROUP
+    if plan.slots is not None:
+        group = SLOT_COLUMN
+        keyed = keyed.withColumn(group, slot_column(F.col(KEY_GROUP), plan.slots))
     return (
         exact_for_pandas(keyed)
-        .groupBy(KEY_GROUP)
+        .groupBy(group)
         .applyInPandasWithState(
             KeyGroupTask(plan), ENVELOPE_DDL, STATE_DDL, "update", _TIMEOUT_CONF[plan.timeout]
         )
@@ -117,7 +124,7 @@ def exact_for_pandas(frame: DataFrame) -> DataFrame:
         # in place of null would drop restore rows; instants up to 2255 are exact as float
         watermark = _WATERMARK_MARK in f.metadata
         if (
-            f.name == KEY_GROUP
+            f.name in (KEY_GROUP, SLOT_COLUMN)
             or watermark
             or not (f.nullable and isinstance(f.dataType, integral))
         ):

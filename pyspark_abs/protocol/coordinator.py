@@ -82,6 +82,7 @@ class EpochCoordinator:
         epoch_limit: int | None = None,
         listeners: Sequence[SnapshotListener] = (),
         publishers: Sequence[KafkaPublisher] = (),
+        slots: int | None = None,
     ) -> None:
         """Set up the protocol for one run.
 
@@ -96,7 +97,10 @@ class EpochCoordinator:
                 :class:`QuiescenceError` before it writes anything.
             listeners: Told of each epoch this run commits or aborts.
             publishers: Publish each snapshot to its sinks' Kafka topics once committed.
+            slots: The slots the run's checkpoint groups key groups into, recorded with
+                each epoch (None: one group per key group).
         """
+        self.slots = slots
         self.layout = layout
         self.config = config
         self.writer = writer
@@ -293,6 +297,7 @@ class EpochCoordinator:
             EpochStatus.PREPARED,
             num_partitions=aligned.num_partitions,
             key_groups=self.config.key_groups,
+            slots=self.slots,
             tables=self.layout.tables,
             files=aligned.files,
             rows=aligned.rows_by_table(),

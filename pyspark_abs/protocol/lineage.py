@@ -125,6 +125,8 @@ class Lineage:
             to the operator in the checkpoint's first micro-batch.
         fresh: Whether the checkpoint has not committed a micro-batch yet.
         key_groups: Key groups of the checkpoint's state, None when it is fresh.
+        slots: The slots the checkpoint groups its key groups into (None: one group per
+            key group, or fresh).
         superseded: Whether the checkpoint on disk began before ``restore`` (a rollback):
             it is moved aside, and the run starts a fresh one at the same location.
     """
@@ -133,6 +135,7 @@ class Lineage:
     restore: ManifestEntry | None = None
     fresh: bool = True
     key_groups: int | None = None
+    slots: int | None = None
     superseded: bool = False
 
 
@@ -198,6 +201,7 @@ def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> L
             restore=start if start is not None and start.is_restore else None,
             fresh=False,
             key_groups=last.key_groups,
+            slots=last.slots,
         )
     committed = checkpoint.committed_batches()
     if committed:

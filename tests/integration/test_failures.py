@@ -66,7 +66,7 @@ def test_user_error_names_operator_epoch_and_key_and_commits_nothing(
     broken = word_pipeline(inputs, root, op=failing_on("f"))
     with pytest.raises(
         OperatorError,
-        match=r"operator 'word_count', epoch 2, key group \d+, key \('f',\): the function raised ValueError: cannot count 'f'",
+        match=r"operator 'word_count', epoch 2, key groups? [\d, ]+, key \('f',\): the function raised ValueError: cannot count 'f'",
     ) as raised:
         broken.run()
     # the user's own line, carried from the Python worker to the driver
@@ -87,7 +87,7 @@ def test_wrong_output_schema_commits_nothing(spark: SparkSession, tmp_path: Path
     inputs = write_epochs(tmp_path / "in", EPOCHS[:1])
     with pytest.raises(
         SchemaMismatchError,
-        match=r"epoch 0, key group \d+, key \('\w',\): output 'output': missing column\(s\) \['count'\]; unexpected column\(s\) \['total'\]",
+        match=r"epoch 0, key groups? [\d, ]+, key \('\w',\): output 'output': missing column\(s\) \['count'\]; unexpected column\(s\) \['total'\]",
     ):
         word_pipeline(inputs, tmp_path / "root", op=sloppy).run()
     assert_epoch_aborted(tmp_path / "root", 0, committed=0, message="missing column")
@@ -125,7 +125,10 @@ def test_alignment_failures_commit_nothing_and_replay_cleanly(
     with pytest.raises(error, match=message):
         word_pipeline(inputs, root, faults=(fault,)).run()
     assert_epoch_aborted(root, 1, committed=1, message=error.__name__)
-    leftovers = {p.name for p in (root / "state" / "word_count").glob("abs-e000000000001-*")}
+    # a partition whose marker was dropped wrote files no one listed; the others' are gone
+    unlisted = "-p00000-" if action is FaultAction.DROP_MARKER else None
+    files = (root / "state" / "word_count").glob("abs-e000000000001-*")
+    leftovers = {p.name for p in files if unlisted is None or unlisted not in p.name}
     assert leftovers == set(), "the aborted epoch's listed files were not removed"
     word_pipeline(inputs, root).run()
     assert_word_counts(spark, root, EPOCHS)

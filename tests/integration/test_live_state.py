@@ -39,7 +39,14 @@ from pyspark_abs.admin.retention import vacuum
 from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples.wordcount import word_count
 from pyspark_abs.manifest.table import manifest_root_id
-from pyspark_abs.operators.state_codec import MARKER_BYTES, Marker, decode_marker, encode_marker
+from pyspark_abs.operators.state_codec import (
+    MARKER_BYTES,
+    SLOT,
+    Marker,
+    decode_marker,
+    decode_slot,
+    encode_marker,
+)
 from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.protocol.state_chain import read_chain
 from pyspark_abs.storage.store import DeltaStore
@@ -67,9 +74,15 @@ a key group rebuilt for epoch 4 without epoch 3's changes shows in epoch 5's cou
 
 
 def stored_values(spark: SparkSession, checkpoint: Path) -> list[bytes]:
-    """The values of Spark's state store (one per key group), read with Spark's state reader."""
+    """What Spark's state store keeps for each key group, read with Spark's state reader.
+
+    A slot (one group of Spark's for several key groups) keeps a value per key group.
+    """
     rows = spark.read.format("statestore").load(str(checkpoint)).select("value").collect()
-    return [bytes(r.value.groupState.blob) for r in rows]
+    values = [bytes(r.value.groupState.blob) for r in rows]
+    assert values, "Spark's state store holds nothing"
+    assert all(v.startswith(SLOT) for v in values), "a checkpoint of this release has slots"
+    return [entry.stored for v in values for entry in decode_slot(v).values()]
 
 
 def assert_live_state_is_the_snapshot(

@@ -292,6 +292,7 @@ class Pipeline:
         lease = Lease.acquire(self.root, self.name, run_id)
         writer = EpochWriter(self.name, self.root, store, EpochLog(), run_id, faults, lease)
         lineage = Lineage()
+        slots: int | None = None
         recovered: list[int] = []
         publishers: list[KafkaPublisher] = []
         try:
@@ -320,6 +321,15 @@ class Pipeline:
                 if lineage.fresh:
                     require_upstream_ready(self.name, self.source, lineage)
                 require_same_key_groups(self.name, self.checkpoint, lineage, self.config.key_groups)
+            slots = run_slots(
+                self.name,
+                checkpoint,
+                writer.epochs,
+                lineage,
+                self.config,
+                remote=remote,
+                spark=self.spark,
+            )
             for spec in table_specs(layout, self.plan):
                 store.ensure_table(spec)
                 if spec.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
@@ -342,7 +352,6 @@ class Pipeline:
                 publisher.close()
             writer.close()
             raise
-        slots = run_slots(lineage, self.config, remote, self.spark)
         run, batch_function = protocol_run(
             layout,
             self.config,

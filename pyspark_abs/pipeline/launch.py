@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import ConfigError, UpstreamNotReadyError
+from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.plan import LiveState, OperatorPlan, StateInSpark
 from pyspark_abs.pipeline.wiring import operator_stage
 from pyspark_abs.protocol.layout import SnapshotLayout
-from pyspark_abs.protocol.lineage import Lineage
+from pyspark_abs.protocol.lineage import Lineage, written_slots
 from pyspark_abs.protocol.live_state import LocalLiveState
+from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources import RewindableSource
 from pyspark_abs.sources.channel import ChannelSource
 from pyspark_abs.sources.channel_plan import channel_offsets
@@ -73,7 +75,16 @@ def require_same_key_groups(name: str, checkpoint: str, lineage: Lineage, key_gr
         )
 
 
-def run_slots(lineage: Lineage, config: AbsConfig, remote: bool, spark: SparkSession) -> int | None:
+def run_slots(
+    name: str,
+    checkpoint: CheckpointReader,
+    epochs: EpochLog,
+    lineage: Lineage,
+    config: AbsConfig,
+    *,
+    remote: bool,
+    spark: SparkSession,
+) -> int | None:
     """How many slots this run's checkpoint groups its key groups into (None: none).
 
     A slot is one call of the operator per epoch for all its key groups. A new checkpoint
@@ -81,8 +92,21 @@ def run_slots(lineage: Lineage, config: AbsConfig, remote: bool, spark: SparkSes
     key group); a checkpoint keeps the slots it began with, and one begun before slots
     keeps one group per key group. Without snapshots (or through Spark Connect) Spark's
     state store holds each key group's whole state, one group per key group.
+
+    Raises:
+        ConfigError: A run without snapshots or through Spark Connect continues a
+            checkpoint whose state is in slots; it would start every key group empty.
     """
     if not config.snapshots or remote:
+        written = written_slots(epochs, checkpoint.query_id())
+        if written is not None:
+            how = "through Spark Connect" if remote else "with snapshots off"
+            raise ConfigError(
+                f"pipeline {name!r}: checkpoint {checkpoint.location} keeps its state on the "
+                f"executors' local disks, in {written} slots (it was written with snapshots "
+                f"on, outside Spark Connect), which a run {how} cannot read. Start it with "
+                f"snapshots on outside Spark Connect, or give it a new checkpoint"
+            )
         return None
     if not lineage.fresh:
         return lineage.slots

@@ -223,5 +223,11 @@ def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> L
     )
 
 
+def written_slots(epochs: EpochLog, query_id: str | None) -> int | None:
+    """The slots the checkpoint of ``query_id`` recorded with its newest epoch (None: none)."""
+    mine = [e for e in epochs.entries if query_id is not None and e.query_id == query_id]
+    return next((e.slots for e in reversed(mine) if e.batch_id is not None), None)
+
+
 def _start_from(restore: ManifestEntry) -> Lineage:
     return Lineage(epoch_base=restore.epoch + 1, restore=restore)

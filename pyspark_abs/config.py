@@ -36,8 +36,9 @@ class AbsConfig:
         commit_mode: ``"async"`` returns from a micro-batch once its epoch is PREPARED and
             commits in an ordered background committer; ``"sync"`` returns only after the
             epoch is COMMITTED.
-        key_groups: Number of key groups K. Keys are grouped by ``pmod(hash(key), K)`` and
-            the operator runs once per key group and epoch. K bounds the useful parallelism.
+        key_groups: Number of key groups K. Keys are grouped by ``pmod(hash(key), K)``, the
+            unit of state, rescaling and snapshots; one call of the operator serves all key
+            groups of a shuffle partition. K bounds the useful parallelism.
         max_pending_epochs: In async mode, how many closed groups of PREPARED epochs (one
             epoch each with ``snapshot_interval=1``) may wait for the committer before the
             next micro-batch blocks.

@@ -1,7 +1,8 @@
 """The operator contract: what a user writes.
 
 An operator is one key-group function, ``fn(rows, state, ctx) -> KeyGroupResult``, run once
-per key group and epoch over all rows and all state of the group
+per shuffle partition and epoch over all rows and all state of the partition's key groups that
+have rows or a due timeout
 (:func:`vectorized_operator`; :func:`arrow_operator` is the same contract on ``pyarrow``
 tables instead of pandas frames). The per-key form, ``fn(key, rows, state) -> rows`` with a
 :class:`KeyState` much like Spark's ``GroupState`` (:func:`operator`), is an adapter that

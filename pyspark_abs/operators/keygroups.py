@@ -1,10 +1,10 @@
 """Key groups: the unit of state partitioning (Flink's key groups, max parallelism).
 
 A key belongs to key group ``pmod(hash(key), K)``, computed by Spark's own Murmur3 ``hash``.
-Spark groups the input by key group and the operator processes a whole key group per call,
-which costs one pandas call per key group instead of one per key. K is fixed for a
-checkpoint; restoring from a snapshot may choose another K, because the snapshot stores each
-key's state, not each key group's.
+The operator processes whole key groups, vectorised; Spark groups the key groups into slots,
+one per shuffle partition (:func:`slot_values`), and one call serves all key groups of a
+slot. K is fixed for a checkpoint; restoring from a snapshot may choose another K, because
+the snapshot stores each key's state, not each key group's.
 """
 
 from __future__ import annotations

@@ -7,8 +7,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark_abs import ArrowContext, KeyGroupResult
 
 
 def arrow_schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
@@ -68,3 +72,13 @@ EPOCHS = (
     "i b c j k",
 )
 """Four epochs of words: keys are added, changed and left alone across epochs."""
+
+
+def count_words_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
+    """A running count per word in the Arrow form: its new counts are state and output."""
+    seen: Any = rows.group_by("word").aggregate([("word", "count")])
+    at: Any = pc.index_in(seen["word"], value_set=state["word"])
+    taken: Any = pc.take(state["count"], at)
+    held: Any = pc.fill_null(taken, 0)
+    counts = pa.table({"word": seen["word"], "count": pc.add(seen["word_count"], held)})
+    return KeyGroupResult(state=counts, output=counts)

@@ -12,13 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from pyspark_abs import (
-    ArrowContext,
-    KeyGroupResult,
     KeyState,
     Operator,
     Pipeline,
@@ -26,6 +22,7 @@ from pyspark_abs import (
     arrow_operator,
     operator,
 )
+from tests.support.inputs import count_words_arrow
 from tests.support.pipelines import session_pipeline, with_event_time
 
 TTL_S = 10
@@ -55,15 +52,8 @@ RECENT: dict[str, Any] = {
 recent = operator(**RECENT)(count_words)
 
 
-@arrow_operator(**RECENT)
-def recent_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
-    """``recent`` in the Arrow form: the engine, not the function, keeps the TTL."""
-    seen: Any = rows.group_by("word").aggregate([("word", "count")])
-    at: Any = pc.index_in(seen["word"], value_set=state["word"])
-    taken: Any = pc.take(state["count"], at)
-    held: Any = pc.fill_null(taken, 0)
-    counts = pa.table({"word": seen["word"], "count": pc.add(seen["word_count"], held)})
-    return KeyGroupResult(state=counts, output=counts)
+recent_arrow = arrow_operator(**RECENT)(count_words_arrow)
+"""``recent`` in the Arrow form: the engine, not the function, keeps the TTL."""
 
 
 forever = operator(**COUNTS, name="recent")(count_words)

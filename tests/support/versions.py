@@ -5,24 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
-    ArrowContext,
     FileSource,
-    KeyGroupResult,
     Operator,
     Pipeline,
     arrow_operator,
 )
 from pyspark_abs.examples import wordcount
-from tests.support.inputs import write_epochs
+from tests.support.inputs import count_words_arrow, write_epochs
 
 OLDER = ("4.0", "4.1")
 
@@ -32,20 +27,13 @@ def older(spark: SparkSession) -> bool:
     return spark.version.startswith(OLDER)
 
 
-@arrow_operator(
+word_count_arrow = arrow_operator(
     key="word",
     state_schema="count long",
     output_schema="word string, count long",
     name="word_count",
-)
-def word_count_arrow(rows: pa.Table, state: pa.Table, ctx: ArrowContext) -> KeyGroupResult:
-    """The example's word count in the Arrow form."""
-    seen: Any = rows.group_by("word").aggregate([("word", "count")])
-    at: Any = pc.index_in(seen["word"], value_set=state["word"])
-    taken: Any = pc.take(state["count"], at)
-    held: Any = pc.fill_null(taken, 0)
-    counts = pa.table({"word": seen["word"], "count": pc.add(seen["word_count"], held)})
-    return KeyGroupResult(state=counts, output=counts)
+)(count_words_arrow)
+"""The example's word count in the Arrow form."""
 
 
 def files_pipeline(

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import (
     AbsConfig,
+    ConfigError,
     EpochStatus,
     Fault,
     FaultStep,
@@ -28,7 +29,6 @@ from pyspark_abs import (
     PipelineMismatchError,
     SnapshotDamagedError,
     Snapshots,
-    StateEncodingError,
     StorageError,
     restore,
     rollback,
@@ -219,16 +219,23 @@ def test_a_new_cluster_after_a_restore_at_another_key_group_count_finds_every_ke
 def test_a_restart_with_snapshots_off_is_refused_and_loses_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """Snapshots off keeps state in Spark's store and cannot read local files: the restart
-    fails clearly, and the next start with snapshots on goes on as if it never happened."""
+    """Snapshots off keeps state in Spark's store, one group per key group, and cannot read
+    local files nor slots: the restart is refused at start, changes nothing, and the next
+    start with snapshots on goes on as if it never happened."""
     local = tmp_path / "local"
     inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
     root = tmp_path / "root"
     word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     write_epochs(tmp_path / "in", EPOCHS)
+    before = Snapshots(str(root), spark).list()
     off = word_pipeline(inputs, root, bronze=True, snapshots=False)
-    with pytest.raises(StateEncodingError, match=r"written with snapshots on\), which this run"):
+    with pytest.raises(
+        ConfigError,
+        match=r"in \d+ slots \(it was written with snapshots on, outside Spark Connect\), which "
+        r"a run with snapshots off cannot read",
+    ):
         off.run()
+    assert Snapshots(str(root), spark).list() == before
     word_pipeline(inputs, root, bronze=True, local_state_dir=str(local)).run()
     assert_word_counts(spark, root, EPOCHS)
     assert validate(str(root)) == []

@@ -11,20 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
-import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import (
-    ConfigError,
-    KeyGroupContext,
-    KeyGroupResult,
-    Snapshots,
-    vectorized_operator,
-)
+from pyspark_abs import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.examples.wordcount import word_count
 from pyspark_abs.operators.keygroups import murmur3_int, slot_values
-from tests.support.inputs import EPOCHS, write_epochs
+from tests.support.inputs import write_epochs
 from tests.support.pipelines import STATE_DDL, assert_word_counts, word_pipeline
 from tests.support.versions import shuffle_partitions
 
@@ -82,20 +75,3 @@ def test_one_call_serves_every_key_group_of_a_partition(
     per_epoch = calls_logged_in(calls)
     assert sorted(per_epoch) == [0, 1, 2, 3, 4]
     assert max(per_epoch.values()) <= 2
-
-
-def test_a_checkpoint_with_slots_is_refused_to_a_run_without_snapshots(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """A run without snapshots keeps each key group's state in Spark's state store: on a
-    checkpoint whose state is in slots it would start every key group empty."""
-    inputs = write_epochs(tmp_path / "in", EPOCHS[:2])
-    root = tmp_path / "root"
-    word_pipeline(inputs, root).run()
-    write_epochs(inputs, EPOCHS)
-    before = Snapshots(str(root), spark).list()
-    with pytest.raises(ConfigError, match=r"in \d+ slots .* a run with snapshots off cannot"):
-        word_pipeline(inputs, root, snapshots=False).run()
-    assert Snapshots(str(root), spark).list() == before
-    word_pipeline(inputs, root).run()
-    assert_word_counts(spark, root, EPOCHS)

@@ -168,7 +168,7 @@ def _read_state(
         return frame
     from pyspark.sql import functions as F
 
-    from pyspark_abs.operators.schema import to_spark
+    from pyspark_abs.operators.arrow_types import to_spark
     from pyspark_abs.storage.schemas import arrow_schema
 
     types = {f.name: f.dataType for f in to_spark(arrow_schema(DeltaStore().open(table))).fields}

@@ -3,7 +3,9 @@
 A stage on a fresh checkpoint whose upstream stages have not committed the epoch it reads
 first cannot start yet (see :class:`~pyspark_abs.errors.UpstreamNotReadyError`). The run
 starts it as soon as they have: the handle's starter thread looks every quarter of a
-second, so a downstream stage runs alongside its upstream stages instead of after them.
+second, so a downstream stage runs alongside its upstream stages instead of after them. A
+look is a probe for the next commit of the manifests the waiting stages depend on; only
+when one has moved does the starter read them and try the stages again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pyspark_abs.pipeline.query import PipelineQuery
 from pyspark_abs.protocol.lineage import read_lineage
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources.channel import ChannelSource
+from pyspark_abs.sources.channel_log import ManifestFollower
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
@@ -94,6 +97,7 @@ class JobQuery:
         self._waiter_lock = threading.Lock()
         self._waiter: threading.Thread | None = None
         self._end_failure: BaseException | None = None
+        self._manifests: dict[str, ManifestFollower] = {}
         self._guarded(self._start_ready)
         if self._pending:
             self._starter = threading.Thread(
@@ -129,13 +133,36 @@ class JobQuery:
                 self._pending.remove(name)
 
     def _start_later(self) -> None:
+        tried: tuple[int | None, ...] | None = None
         while self.waiting and not self._stopping.wait(_POLL_SECONDS):
             try:
-                self._start_ready()
+                versions = self._manifest_versions()
+                if versions != tried:
+                    self._start_ready()
+                    tried = versions
             except BaseException as err:
                 log.error("job %s: a stage failed to start: %s", self.job.name, err)
                 self._failure = err
                 return
+
+    def _manifest_versions(self) -> tuple[int | None, ...]:
+        """The versions of the manifests the waiting stages' start depends on.
+
+        Their own and their upstream stages' (None for one not written yet), each a look for
+        the manifest's next commit file once it has been read.
+        """
+        stages = self.job.stages
+        names = self.waiting
+        roots = sorted({stages[u].root for n in names for u in [n, *self.job.upstreams[n]]})
+        store = DeltaStore()
+        versions: list[int | None] = []
+        for root in roots:
+            follower = self._manifests.get(root)
+            if follower is None:
+                follower = self._manifests[root] = ManifestFollower(root)
+            epochs = follower.read(store)
+            versions.append(None if epochs is None else epochs.version)
+        return tuple(versions)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

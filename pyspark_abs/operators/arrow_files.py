@@ -31,11 +31,35 @@ def arrow_path(uri: str) -> str:
 def read_parquet(
     uris: Sequence[str], columns: Sequence[str] | None = None, schema: pa.Schema | None = None
 ) -> pa.Table:
-    """The rows of Parquet files, all on the file system of the first one."""
+    """The rows of Parquet files, all on the file system of the first one.
+
+    Files that hold every column of ``schema`` with its type are read one by one; otherwise
+    pyarrow's dataset reader reconciles them (it fills missing columns with nulls and casts),
+    at the price of loading pandas, which a Python data source process would not otherwise.
+    """
     filesystem, _ = pafs.FileSystem.from_uri(uris[0])
+    paths = [arrow_path(u) for u in uris]
+    if schema is not None:
+        wanted = schema
+        if columns is not None:
+            wanted = pa.schema([schema.field(c) for c in columns]).with_metadata(schema.metadata)
+        tables = []
+        for path in paths:
+            with pq.ParquetFile(path, filesystem=filesystem) as file:
+                if not _holds(file.schema_arrow, wanted):
+                    break
+                tables.append(file.read(columns=wanted.names).select(wanted.names).cast(wanted))
+        else:
+            return pa.concat_tables(tables)
     return pq.read_table(
-        [arrow_path(u) for u in uris],
+        paths,
         columns=list(columns) if columns is not None else None,
         schema=schema,
         filesystem=filesystem,
     )
+
+
+def _holds(found: pa.Schema, wanted: pa.Schema) -> bool:
+    """Whether a file's schema has every wanted column, each of the wanted type."""
+    names = set(found.names)
+    return all(f.name in names and found.field(f.name).type == f.type for f in wanted)

@@ -1,12 +1,20 @@
-"""Arrow type equality, ignoring nullability and Arrow's large and view variants.
+"""Arrow type equality and the Spark schema of an Arrow schema, without pandas.
 
-It loads no pandas, which Spark's Python data source processes (reading channels and
-manifests through the store) need not load.
+Equality ignores nullability and Arrow's large and view variants. Spark's Python data
+source processes (reading channels and manifests through the store) use it: they need not
+load pandas.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+
+def to_spark(schema: pa.Schema) -> StructType:
+    """The Spark schema of an Arrow schema."""
+    return from_arrow_schema(schema)
 
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import Row, StructType
 
 from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
@@ -83,11 +83,6 @@ def to_arrow(struct: StructType, *, nullable: bool = False) -> pa.Schema:
     if nullable:
         schema = pa.schema([f.with_nullable(True) for f in schema])
     return schema
-
-
-def to_spark(schema: pa.Schema) -> StructType:
-    """The Spark schema of an Arrow schema."""
-    return from_arrow_schema(schema)
 
 
 def ddl_type(kind: pa.DataType) -> str:

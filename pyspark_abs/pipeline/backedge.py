@@ -26,8 +26,9 @@ import pyarrow as pa
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import ConfigError, OperatorDefinitionError
 from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.operators.arrow_types import to_spark
 from pyspark_abs.operators.plan import OperatorPlan
-from pyspark_abs.operators.schema import to_arrow, to_spark
+from pyspark_abs.operators.schema import to_arrow
 from pyspark_abs.sources.delta import DeltaSource
 from pyspark_abs.sources.delta_offsets import Offset
 from pyspark_abs.storage.root import backedge_table

@@ -33,6 +33,7 @@ from pyspark_abs.faults import FaultInjector
 from pyspark_abs.logs import logger, working_for
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.operators.arrow_types import to_spark
 from pyspark_abs.operators.contract import Operator, TimeoutMode
 from pyspark_abs.operators.keygroups import key_group_column
 from pyspark_abs.operators.plan import (
@@ -40,10 +41,7 @@ from pyspark_abs.operators.plan import (
     check_source,
     resolve_plan,
 )
-from pyspark_abs.operators.schema import (
-    KEY_GROUP,
-    to_spark,
-)
+from pyspark_abs.operators.schema import KEY_GROUP
 from pyspark_abs.pipeline.backedge import BackEdge, check_pipeline_back_edges, loop_head
 from pyspark_abs.pipeline.connect import is_connect, protocol_run, require_supported
 from pyspark_abs.pipeline.launch import (

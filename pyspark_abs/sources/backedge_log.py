@@ -80,7 +80,7 @@ def _in_flight_parts(
     store: DeltaStore, entry: ManifestEntry, edge_id: str
 ) -> tuple[pa.Table | None, list[DeltaFilePartition], pa.Schema]:
     """A restore epoch's whole installed log, or the slices of the log still in flight."""
-    from pyspark_abs.operators.schema import to_spark
+    from pyspark_abs.operators.arrow_types import to_spark
 
     table = backedge_table(edge_id)
     uri, version = entry.tables[table], entry.table_versions[table]

@@ -124,8 +124,8 @@ class ManifestFollower:
             return self._epochs
         appended = self._appended(version) if self._log is not None else None
         if appended is None:
-            # pandas and the store's schema helpers: not in Spark's Python workers
-            from pyspark_abs.operators.schema import to_spark
+            # the store's schema helpers: not in Spark's Python workers
+            from pyspark_abs.operators.arrow_types import to_spark
             from pyspark_abs.storage.schemas import arrow_schema
 
             table = store.open(self.uri)

@@ -152,7 +152,7 @@ class DeltaSource:
 
     def _options(self, starting_offset: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The data source's options, read from the table's log now (see :meth:`load`)."""
-        from pyspark_abs.operators.schema import to_spark
+        from pyspark_abs.operators.arrow_types import to_spark
         from pyspark_abs.storage.schemas import arrow_schema
         from pyspark_abs.storage.store import DeltaStore, normalize_uri
 

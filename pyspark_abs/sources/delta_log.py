@@ -310,7 +310,7 @@ def _delta_schema(schema_json: str) -> StructType:
     """The Spark schema of a Delta ``schemaString``, converted as the stream converts it."""
     from deltalake import Schema
 
-    from pyspark_abs.operators.schema import to_spark
+    from pyspark_abs.operators.arrow_types import to_spark
 
     exported: Any = Schema.from_json(schema_json).to_arrow()
     return to_spark(pa.schema(exported))

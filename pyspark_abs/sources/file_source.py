@@ -89,7 +89,8 @@ class FileSource:
             ConfigError: pyspark-abs came with ``--py-files`` and the workers' Python lacks it.
             SparkVersionError: A read limit is given and the session runs Spark 4.0 or 4.1.
         """
-        from pyspark_abs.operators.schema import resolve_struct, to_spark
+        from pyspark_abs.operators.arrow_types import to_spark
+        from pyspark_abs.operators.schema import resolve_struct
 
         if self.max_files_per_trigger is not None:
             require_python_sources(

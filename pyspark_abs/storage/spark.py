@@ -40,7 +40,7 @@ def load_dataframe(spark: SparkSession, uri: str, version: int) -> DataFrame:
 
 def load_with_delta_rs(spark: SparkSession, uri: str, version: int) -> DataFrame:
     """A Delta table at ``version``: the files delta-rs lists, read as Parquet by Spark."""
-    from pyspark_abs.operators.schema import to_spark
+    from pyspark_abs.operators.arrow_types import to_spark
 
     table = DeltaTable(uri, version=version)
     schema = to_spark(arrow_schema(table))

@@ -224,7 +224,16 @@ def test_test_modules_import_only_the_test_support() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["pyspark_abs.sources.channel_stream", "pyspark_abs.sources.files_stream"]
+    "module",
+    [
+        "pyspark_abs.sources.channel_stream",
+        "pyspark_abs.sources.files_stream",
+        "pyspark_abs.sources.delta_stream",
+        # what their readers import when they first read a manifest or a Delta log
+        "pyspark_abs.operators.arrow_types",
+        "pyspark_abs.storage.schemas",
+        "pyspark_abs.storage.store",
+    ],
 )
 def test_the_python_data_sources_load_no_pandas(module: str) -> None:
     """Spark starts a fresh Python process for a streaming Python data source (one per

@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
         -c "$constraints" -e ".[test]"
-    "$VENV/bin/python" scripts/_compile_pyspark_zips.py
+    "$VENV/bin/python" scripts/_empty_pyspark_zips.py
     echo "$wanted" > "$stamp"
 fi
 export PATH="$PWD/$VENV/bin:$PATH"

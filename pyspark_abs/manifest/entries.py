@@ -308,6 +308,28 @@ def commit_order(entry: ManifestEntry) -> tuple[int, int, float]:
     return (1, entry.manifest_version, 0.0)
 
 
+def entries_of(rows: pa.Table | pa.RecordBatch) -> list[ManifestEntry]:
+    """Manifest rows as entries.
+
+    ``recorded_at`` is converted here rather than by pyarrow, whose conversion of timestamps
+    loads pandas: a Python data source process reading manifests need not.
+    """
+    if "recorded_at" not in rows.schema.names:
+        return [ManifestEntry.from_row(r) for r in rows.to_pylist()]
+    column = rows.column("recorded_at")
+    micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+    others = rows.drop_columns(["recorded_at"]).to_pylist()
+    return [
+        ManifestEntry.from_row(
+            {**r, "recorded_at": None if m is None else _UNIX_EPOCH + dt.timedelta(microseconds=m)}
+        )
+        for r, m in zip(others, micros, strict=True)
+    ]
+
+
+_UNIX_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
 def entries_to_table(entries: Iterable[ManifestEntry]) -> pa.Table:
     """Manifest rows as an Arrow table."""
     return pa.Table.from_pylist([e.to_row() for e in entries], schema=MANIFEST_SCHEMA)

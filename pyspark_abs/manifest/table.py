@@ -11,7 +11,7 @@ from pyspark_abs.errors import (
     PipelineMismatchError,
 )
 from pyspark_abs.logs import logger
-from pyspark_abs.manifest.entries import FORMAT_VERSION, MANIFEST_SCHEMA, ManifestEntry
+from pyspark_abs.manifest.entries import FORMAT_VERSION, MANIFEST_SCHEMA, ManifestEntry, entries_of
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.relocation import relocated
 from pyspark_abs.storage.root import MANIFEST_TABLE, SnapshotRoot
@@ -72,7 +72,7 @@ def load_epoch_log(store: DeltaStore, uri: str) -> EpochLog:
     root = uri[: -len(MANIFEST_TABLE) - 1]
     try:
         rows, version = store.read_versioned(uri)
-        entries = (ManifestEntry.from_row(r) for r in rows.to_pylist())
+        entries = entries_of(rows)
         return EpochLog(relocated(root, entries), version)
     except ManifestError:
         raise

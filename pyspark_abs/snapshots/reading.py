@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_of
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner
@@ -264,8 +264,7 @@ class Snapshots:
         return list(readable[-1].table_versions) if readable else []
 
     def _log(self) -> EpochLog:
-        rows = self._store.read(SnapshotRoot(self.root).manifest_uri).to_pylist()
-        return EpochLog(ManifestEntry.from_row(r) for r in rows)
+        return EpochLog(entries_of(self._store.read(SnapshotRoot(self.root).manifest_uri)))
 
     def _spark(self) -> SparkSession:
         if self.spark is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark_abs.errors import ExternalChangeError
-from pyspark_abs.manifest.entries import MANIFEST_SCHEMA, EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import MANIFEST_SCHEMA, EpochStatus, ManifestEntry, entries_of
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.sources.channel_plan import Upstream, UpstreamEpoch
 from pyspark_abs.sources.delta_files import DeltaFilePartition, read_slice
@@ -130,7 +130,7 @@ class ManifestFollower:
 
             table = store.open(self.uri)
             rows, version = store.read_versioned(self.uri)
-            self._entries = [ManifestEntry.from_row(r) for r in rows.to_pylist()]
+            self._entries = entries_of(rows)
             self._log = DeltaLog(self.uri, ReadSchema(to_spark(arrow_schema(table)), (), version))
             self.full_reads += 1
         else:
@@ -150,7 +150,7 @@ class ManifestFollower:
             for data in parsed.files:
                 part = DeltaFilePartition(self.uri, number, data.path, 0, data.rows, ())
                 for batch in read_slice(part, MANIFEST_SCHEMA):
-                    rows.extend(ManifestEntry.from_row(r) for r in batch.to_pylist())
+                    rows.extend(entries_of(batch))
         self._log.forget_before(version + 1)
         return rows
 

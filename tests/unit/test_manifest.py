@@ -1,9 +1,12 @@
 import datetime as dt
 import random
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -14,6 +17,7 @@ from pyspark_abs.manifest.entries import (
     EpochStatus,
     ManifestEntry,
     check_transition,
+    entries_of,
     entries_to_table,
 )
 from pyspark_abs.manifest.log import (
@@ -191,6 +195,26 @@ def test_entry_round_trips_through_arrow() -> None:
     )
     table = entries_to_table([original])
     assert ManifestEntry.from_row(table.to_pylist()[0]) == original
+
+
+def test_entries_read_from_arrow_without_pandas_as_pyarrow_converts_them(tmp_path: Path) -> None:
+    later = T0 + dt.timedelta(days=400, microseconds=123_457)
+    table = entries_to_table(
+        [entry(0), entry(0, EpochStatus.COMMITTED, recorded_at=later), entry(1, batch_ms=2.5)]
+    )
+    read = entries_of(table)
+    assert read == [ManifestEntry.from_row(r) for r in table.to_pylist()]
+    assert [e.recorded_at for e in read] == [T0, later, T0]
+    assert entries_of(table.to_batches()[0]) == read
+    pq.write_table(table, tmp_path / "manifest.parquet")
+    code = (
+        "import sys, pyarrow.parquet as pq; "
+        "from pyspark_abs.manifest.entries import entries_of; "
+        f"entries_of(pq.ParquetFile({str(tmp_path / 'manifest.parquet')!r}).read()); "
+        "print('pandas' in sys.modules)"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert loaded.stdout.strip() == "False", loaded.stderr
 
 
 def file(table: str, epoch: int) -> FileEntry:

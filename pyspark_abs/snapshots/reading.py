@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_of
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.manifest.table import manifest_owner
+from pyspark_abs.manifest.table import load_epoch_log, manifest_owner
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.schema import DELETED, EPOCH, KEY_GROUP, RESERVED_COLUMNS, TIMEOUT
 from pyspark_abs.snapshots.metrics import metrics_table
@@ -264,7 +264,8 @@ class Snapshots:
         return list(readable[-1].table_versions) if readable else []
 
     def _log(self) -> EpochLog:
-        return EpochLog(entries_of(self._store.read(SnapshotRoot(self.root).manifest_uri)))
+        # a copied root's entries name the original's tables: read them where they are now
+        return load_epoch_log(self._store, SnapshotRoot(self.root).manifest_uri)
 
     def _spark(self) -> SparkSession:
         if self.spark is not None:

@@ -241,3 +241,21 @@ def test_a_root_copied_as_a_directory_rolls_back_its_own_tables_never_the_origin
         snapshots = Snapshots(str(each), spark)
         assert_same(snapshots.state("word_count"), counts_df(spark, EPOCHS))
         assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
+
+
+def test_a_copied_roots_snapshots_read_its_own_tables_when_the_original_is_gone(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A root copied away (``cp -r``, ``aws s3 sync``) and the original's place reused for
+    another root: every snapshot of the copy reads the copy's tables, never the new root's."""
+    root, copy = tmp_path / "root", tmp_path / "copy"
+    word_pipeline(write_epochs(tmp_path / "in", EPOCHS[:3]), root, bronze=True).run()
+    shutil.copytree(root, copy)
+    shutil.rmtree(root)
+    others = ["x y z", "x x", "z"]
+    word_pipeline(write_epochs(tmp_path / "other", others), root, bronze=True).run()
+    snapshots = Snapshots(str(copy), spark)
+    assert [s.epoch for s in snapshots.list()] == [0, 1, 2]
+    for epoch in range(3):
+        assert_same(snapshots.state("word_count", epoch), counts_df(spark, EPOCHS[: epoch + 1]))
+    assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS[:3]))

@@ -1,5 +1,7 @@
-"""A root that an older pyspark-abs wrote reads, continues and rolls back under this one, as a
-root this code wrote alone: its state with nulls, its pending timers and its sink."""
+"""A root that an older pyspark-abs wrote reads, continues, rolls back and restores at another
+scale under this one, as a root this code wrote alone: its state with nulls, its pending timers
+and its sink. The old code called the operator once per key group; a checkpoint this code
+begins calls it once per shuffle partition."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pyspark_abs import Snapshots, rollback
+from pyspark_abs import Snapshots, restore, rollback
 from tests.support.old_roots import ARCHIVE, BATCHES, OLD_BATCHES, append, pipeline, run_batches
 from tests.support.pipelines import assert_same
 
@@ -41,3 +43,11 @@ def test_a_root_written_before_exact_types_continues_as_one_written_by_this_code
         pipeline(base).run()
     assert_same_roots(spark, old, new)
     assert Snapshots(str(old / "root"), spark).state("ledger").where("last_amount IS NULL").count()
+
+    # a restore of the old code's epoch at another key-group count continues the same way
+    restore(str(old / "root"), first, into=str(old / "copy"))
+    pipeline(old, root="copy", sink="copy-sink", key_groups=3).run()
+    ours, copy = Snapshots(str(old / "root"), spark), Snapshots(str(old / "copy"), spark)
+    assert_same(copy.state("ledger"), ours.state("ledger"))
+    after_first = ours.sink("output").exceptAll(ours.sink("output", first))
+    assert_same(copy.sink("output"), after_first)

@@ -96,16 +96,16 @@ def _watermarked(rows: DataFrame) -> DataFrame:
     return rows.withWatermark("ts", "5 minutes")
 
 
-def pipeline(base: Path) -> Pipeline:
+def pipeline(base: Path, root: str = "root", sink: str = "sink", key_groups: int = 2) -> Pipeline:
     """The pipeline over ``base``: input table, root and sink all lie inside it."""
     return Pipeline(
         "ledger",
         DeltaSource(str(base / "input")),
         ledger,
-        root=str(base / "root"),
-        sinks={"output": str(base / "sink")},
+        root=str(base / root),
+        sinks={"output": str(base / sink)},
         transform=_watermarked,
-        config=AbsConfig(commit_mode="sync", key_groups=2),
+        config=AbsConfig(commit_mode="sync", key_groups=key_groups),
     )
 
 

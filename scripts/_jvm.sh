@@ -4,10 +4,13 @@
 # back even in the session that lives through the whole run, and map the classes a pipeline
 # loads from an archive made once per venv and Java (scripts/_archive_classes.py) instead of
 # loading them again. A JVM on another class path (Maven, the broker) silently runs without
-# the archive. The caller's own JAVA_TOOL_OPTIONS come last, so they win.
+# the archive. C1 alone gets a 48 MB code cache, which a session's JVM filled within two test
+# files (it then evicts and compiles again, and a JVM that fills it stops compiling): 256 MB
+# cut the CPU of two test files by a tenth. The caller's own JAVA_TOOL_OPTIONS come last, so
+# they win.
 ABS_CALLER_JAVA_OPTIONS="${ABS_CALLER_JAVA_OPTIONS-${JAVA_TOOL_OPTIONS:-}}"
 export ABS_CALLER_JAVA_OPTIONS
-jvm_flags="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xlog:cds=off -Xlog:cds+dynamic=off"
+jvm_flags="-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -XX:+UseSerialGC -Xlog:cds=off -Xlog:cds+dynamic=off"
 java_version="$(env -u JAVA_TOOL_OPTIONS java -version 2>&1 | grep -m1 version | cut -d'"' -f2)"
 archive="$PWD/$VENV/classes-java$java_version-spark$(python -c 'import pyspark; print(pyspark.__version__)').jsa"
 if [ ! -f "$archive" ]; then

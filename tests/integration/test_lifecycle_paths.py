@@ -29,8 +29,10 @@ from pyspark_abs import (
     Pipeline,
     PipelineMismatchError,
     Snapshots,
+    compact,
     restore,
     rollback,
+    tag,
     vectorized_operator,
     write_state,
 )
@@ -247,9 +249,11 @@ def test_a_copied_roots_snapshots_read_its_own_tables_when_the_original_is_gone(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """A root copied away (``cp -r``, ``aws s3 sync``) and the original's place reused for
-    another root: every snapshot of the copy reads the copy's tables, never the new root's."""
+    another root: every snapshot of the copy reads the copy's tables, never the new root's,
+    also by a name given before the copy and after the copy is compacted."""
     root, copy = tmp_path / "root", tmp_path / "copy"
     word_pipeline(write_epochs(tmp_path / "in", EPOCHS[:3]), root, bronze=True).run()
+    tag(str(root), 1, "before-copy")
     shutil.copytree(root, copy)
     shutil.rmtree(root)
     others = ["x y z", "x x", "z"]
@@ -259,3 +263,8 @@ def test_a_copied_roots_snapshots_read_its_own_tables_when_the_original_is_gone(
     for epoch in range(3):
         assert_same(snapshots.state("word_count", epoch), counts_df(spark, EPOCHS[: epoch + 1]))
     assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS[:3]))
+    assert_same(snapshots.state("word_count", "before-copy"), counts_df(spark, EPOCHS[:2]))
+    compact(str(copy))
+    assert_same(snapshots.state("word_count"), counts_df(spark, EPOCHS[:3]))
+    assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS[:3]))
+    assert_same(Snapshots(str(root), spark).state("word_count"), counts_df(spark, others))

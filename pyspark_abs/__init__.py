@@ -5,75 +5,37 @@ Stateful pandas operators whose state and outputs are snapshotted every micro-ba
 through a two-phase commit, exactly once.
 
 The subpackages are the layers, lowest first: ``operators``, ``storage``, ``manifest``,
-``sources``, ``protocol``, ``snapshots``, ``admin``, ``pipeline``; each imports only from the
-ones before it (``tests/unit/test_layers.py`` holds the order and docs/architecture.md lists it).
+``sources``, ``protocol``, ``snapshots``, ``upkeep``, ``job.ledger``, ``install``,
+``job.actions``, ``pipeline``, ``job``; each imports only from the ones before it
+(``tests/unit/test_layers.py`` holds the order and docs/architecture.md lists it).
 
-Importing the package is cheap: the errors are imported at once, every other public name on
-first use, so Spark's Python workers that unpickle one class (say the Delta source) do not
-load pandas and the pipeline machinery.
+The names here are the ones the guide uses. The errors live in :mod:`pyspark_abs.errors`
+(only their root, :class:`AbsError`, is here) and fault injection in :mod:`pyspark_abs.faults`;
+their old top-level names still work for this release, with a ``DeprecationWarning``.
+
+Importing the package is cheap: every public name is imported on first use, so Spark's
+Python workers that unpickle one class (say the Delta source) do not load pandas and the
+pipeline machinery.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from pyspark_abs.errors import error_classes
+from pyspark_abs.errors import AbsError, error_classes
 from pyspark_abs.runtime import require_pyspark
 
 require_pyspark()
 
 if TYPE_CHECKING:
-    from pyspark_abs.admin.compaction import compact
-    from pyspark_abs.admin.retention import vacuum
-    from pyspark_abs.admin.savepoints import restore, rollback, write_state
-    from pyspark_abs.admin.tags import tag, untag
-    from pyspark_abs.admin.validation import validate
     from pyspark_abs.config import AbsConfig
-    from pyspark_abs.errors import (
-        AbsError,
-        AlignmentError,
-        CommitError,
-        ConcurrentWriteError,
-        ConfigError,
-        DefinitionError,
-        ExternalChangeError,
-        FencingError,
-        InjectedFault,
-        InvalidTimeoutError,
-        ManifestError,
-        OperatorDefinitionError,
-        OperatorError,
-        PipelineMismatchError,
-        PrecommitFileError,
-        ProtocolError,
-        PublishError,
-        QuiescenceError,
-        ReplayDivergedError,
-        SchemaMismatchError,
-        SnapshotDamagedError,
-        SnapshotError,
-        SnapshotNotFoundError,
-        SnapshotRootError,
-        SourceError,
-        SparkVersionError,
-        StateEncodingError,
-        StateEvolutionError,
-        StateNotSetError,
-        StateTooLargeError,
-        StorageError,
-        StorageIOError,
-        TableSchemaError,
-        UncommittableEpochError,
-        UpstreamNotReadyError,
-        UserCodeError,
-    )
-    from pyspark_abs.faults import Fault, FaultAction, FaultStep
     from pyspark_abs.job.declaration import Job
+    from pyspark_abs.job.ledger.cut import JobSnapshot
     from pyspark_abs.job.query import JobQuery
     from pyspark_abs.manifest.entries import EpochStatus
     from pyspark_abs.manifest.info import SnapshotInfo
-    from pyspark_abs.manifest.job_cut import JobSnapshot
     from pyspark_abs.operators.contract import (
         ArrowContext,
         Clock,
@@ -92,6 +54,7 @@ if TYPE_CHECKING:
     from pyspark_abs.pipeline.check import UpgradeReport, check
     from pyspark_abs.pipeline.declaration import Pipeline
     from pyspark_abs.pipeline.query import PipelineQuery, Quiescence
+    from pyspark_abs.pipeline.savepoints import restore, rollback, write_state
     from pyspark_abs.pipeline.sinks import DeltaSink, KafkaSink
     from pyspark_abs.protocol.listeners import SnapshotListener
     from pyspark_abs.session import local_session
@@ -104,18 +67,21 @@ if TYPE_CHECKING:
         SparkDeltaSource,
         SparkFileSource,
     )
+    from pyspark_abs.upkeep.compaction import compact
+    from pyspark_abs.upkeep.retention import vacuum
+    from pyspark_abs.upkeep.tags import tag, untag
+    from pyspark_abs.upkeep.validation import validate
 
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, tuple[str, ...]] = {
-    "pyspark_abs.admin.compaction": ("compact",),
-    "pyspark_abs.admin.retention": ("vacuum",),
-    "pyspark_abs.admin.savepoints": ("restore", "rollback", "write_state"),
-    "pyspark_abs.admin.tags": ("tag", "untag"),
-    "pyspark_abs.admin.validation": ("validate",),
+    "pyspark_abs.upkeep.compaction": ("compact",),
+    "pyspark_abs.upkeep.retention": ("vacuum",),
+    "pyspark_abs.pipeline.savepoints": ("restore", "rollback", "write_state"),
+    "pyspark_abs.upkeep.tags": ("tag", "untag"),
+    "pyspark_abs.upkeep.validation": ("validate",),
     "pyspark_abs.config": ("AbsConfig",),
-    "pyspark_abs.faults": ("Fault", "FaultAction", "FaultStep"),
-    "pyspark_abs.manifest.job_cut": ("JobSnapshot",),
+    "pyspark_abs.job.ledger.cut": ("JobSnapshot",),
     "pyspark_abs.job.declaration": ("Job",),
     "pyspark_abs.job.query": ("JobQuery",),
     "pyspark_abs.manifest.entries": ("EpochStatus",),
@@ -159,16 +125,29 @@ the two equal.
 
 _LAZY = {name: module for module, names in _PUBLIC.items() for name in names}
 
-globals().update({cls.__name__: cls for cls in error_classes()})
+_MOVED: dict[str, str] = {
+    **{cls.__name__: "pyspark_abs.errors" for cls in error_classes()[1:]},
+    **{name: "pyspark_abs.faults" for name in ("Fault", "FaultAction", "FaultStep")},
+}
+"""Names the package exported before this release, and the module that has them now."""
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    moved = _MOVED.get(name)
+    if moved is None:
         raise AttributeError(f"module 'pyspark_abs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    warnings.warn(
+        f"pyspark_abs.{name} is deprecated: import it from {moved} (from {moved} import "
+        f"{name}); the top-level name goes in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(moved), name)
 
 
-__all__ = sorted([*(cls.__name__ for cls in error_classes()), *_LAZY])
+__all__ = sorted(["AbsError", *_LAZY])

@@ -32,9 +32,9 @@ from pyspark_abs import (
     restore,
     rollback,
 )
-from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import validate
+from pyspark_abs.upkeep.compaction import compact
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import validate
 
 
 def table_size(uri: str) -> dict[str, int]:

@@ -54,16 +54,17 @@ from typing import Any, cast
 
 import pyarrow as pa
 
-from pyspark_abs import EpochStatus, SnapshotNotFoundError, Snapshots
-from pyspark_abs.admin.job_listing import job_snapshots_at
-from pyspark_abs.admin.validation import validate
+from pyspark_abs import EpochStatus, Snapshots
+from pyspark_abs.errors import SnapshotNotFoundError
 from pyspark_abs.examples import medallion
 from pyspark_abs.examples.wordcount import input_files, words_in
 from pyspark_abs.faults import EXIT_CODE, FaultStep
+from pyspark_abs.job.ledger.listing import job_snapshots_at
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
-from pyspark_abs.sources.files import FileOffset
+from pyspark_abs.sources.files.offsets import FileOffset
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

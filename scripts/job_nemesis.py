@@ -122,7 +122,7 @@ SINK = {
 
 def child_main(cluster: bool) -> int:
     """Start Spark, then run the operation read from standard input; print one JSON line."""
-    from pyspark_abs import FencingError
+    from pyspark_abs.errors import FencingError
 
     spark = _session(cluster)
     with tempfile.TemporaryDirectory(prefix="pyspark-abs-job-nemesis-warm-up-") as scratch:
@@ -260,8 +260,8 @@ def _run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def _rollback(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark_abs import AbsConfig
-    from pyspark_abs.admin.job_rollbacks import rollback_job
     from pyspark_abs.examples.wordcount import parse_pause
+    from pyspark_abs.job.actions.rollbacks import rollback_job
 
     faults = (parse_pause(args.fault.split(":", 2)[2]),) if args.fault else ()
     done = rollback_job(args.job, args.epoch, config=AbsConfig(faults=faults))
@@ -409,7 +409,7 @@ class JobNemesis:
         return max((int(e) for e in epochs if e is not None), default=-1)
 
     def job_snapshots(self, plan: JobPlan) -> list[Any]:
-        from pyspark_abs.admin.job_listing import job_snapshots_at
+        from pyspark_abs.job.ledger.listing import job_snapshots_at
 
         try:
             return list(job_snapshots_at(str(plan.root)))
@@ -455,7 +455,7 @@ class JobNemesis:
         return "failed_as_injected"
 
     def op_rollback(self) -> str:
-        from pyspark_abs.admin.job_rollbacks import rollback_job
+        from pyspark_abs.job.actions.rollbacks import rollback_job
 
         found = self.job_snapshots(self.current)
         if not found:
@@ -492,7 +492,7 @@ class JobNemesis:
         return "killed"
 
     def op_restore(self) -> str:
-        from pyspark_abs.admin.job_rollbacks import restore_job
+        from pyspark_abs.job.actions.rollbacks import restore_job
 
         found = self.job_snapshots(self.current)
         if not found:
@@ -534,7 +534,7 @@ class JobNemesis:
         return "done"
 
     def op_tag(self) -> str:
-        from pyspark_abs.admin.tags import tag
+        from pyspark_abs.upkeep.tags import tag
 
         stage = self.rng.choice(STAGES)
         root = self.current.stage_root(stage)
@@ -551,7 +551,7 @@ class JobNemesis:
         skew = dt.timedelta(minutes=self.rng.uniform(-30, 30))
         # a process whose clock is minutes off (a fixed instant: a name takes one reading)
         skewed = mock.patch(
-            "pyspark_abs.admin.tags.now", return_value=dt.datetime.now(dt.timezone.utc) + skew
+            "pyspark_abs.upkeep.tags.now", return_value=dt.datetime.now(dt.timezone.utc) + skew
         )
         try:
             with skewed:
@@ -563,8 +563,8 @@ class JobNemesis:
         return "moved"
 
     def op_maintenance(self) -> str:
-        from pyspark_abs.admin.compaction import compact
-        from pyspark_abs.admin.retention import vacuum
+        from pyspark_abs.upkeep.compaction import compact
+        from pyspark_abs.upkeep.retention import vacuum
 
         child = self.spawn("run", self.current, *self.run_args())
 
@@ -624,7 +624,7 @@ class JobNemesis:
     # -- checks
 
     def check(self, step: int, kind: str) -> None:
-        from pyspark_abs.admin.validation import validate
+        from pyspark_abs.upkeep.validation import validate
 
         counts: Counter[str] = Counter()
         notes: list[str] = []

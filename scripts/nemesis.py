@@ -412,7 +412,8 @@ def child_main() -> int:
     pipeline run on a scratch root (Spark's first query in a session plans, compiles and
     starts Python workers: 15 s of a 25 s run), overlap the operation before.
     """
-    from pyspark_abs import FencingError, local_session
+    from pyspark_abs import local_session
+    from pyspark_abs.errors import FencingError
 
     local_session("nemesis")
     with tempfile.TemporaryDirectory(prefix="pyspark-abs-nemesis-warm-up-") as scratch:
@@ -868,8 +869,8 @@ class Nemesis:
         return "done"
 
     def op_maintenance(self) -> str:
-        from pyspark_abs.admin.compaction import compact
-        from pyspark_abs.admin.retention import vacuum
+        from pyspark_abs.upkeep.compaction import compact
+        from pyspark_abs.upkeep.retention import vacuum
 
         root = self.current
         child = self.spawn("run", root, *self.run_args(root))
@@ -942,7 +943,7 @@ class Nemesis:
 
     def check_one(self, model: Model, root: Path) -> tuple[Counter[str], list[str]]:
         """Check one root against the model, and validate it."""
-        from pyspark_abs.admin.validation import validate
+        from pyspark_abs.upkeep.validation import validate
 
         try:
             counts, notes = check_root(model, root)

@@ -19,11 +19,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.savepoints import restore, rollback
-from pyspark_abs.admin.tags import tag, untag
-from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli.definitions import add_definition_commands
 from pyspark_abs.cli.jobs import add_job_commands
 from pyspark_abs.cli.output import (
@@ -40,8 +35,13 @@ from pyspark_abs.cli.output import (
 )
 from pyspark_abs.errors import AbsError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
+from pyspark_abs.pipeline.savepoints import restore, rollback
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.upkeep.compaction import compact
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.tags import tag, untag
+from pyspark_abs.upkeep.validation import validate
 
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2

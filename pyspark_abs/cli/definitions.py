@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from pyspark_abs.admin.savepoints import write_state
 from pyspark_abs.cli.output import print_json, print_table, progress
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.operators.contract import Operator
 from pyspark_abs.pipeline.check import check
 from pyspark_abs.pipeline.declaration import Pipeline
+from pyspark_abs.pipeline.savepoints import write_state
 from pyspark_abs.storage.root import SnapshotRoot, state_table
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 

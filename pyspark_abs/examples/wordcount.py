@@ -32,7 +32,7 @@ from pyspark_abs.operators.contract import (
 )
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.session import local_session
-from pyspark_abs.sources.spark_files import SparkFileSource
+from pyspark_abs.sources.files.spark import SparkFileSource
 
 
 @vectorized_operator(key="word", state_schema="count long", output_schema="word string, count long")

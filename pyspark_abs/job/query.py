@@ -14,11 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pyspark_abs.admin.job_tags import stages_named
-from pyspark_abs.admin.tags import check_name
 from pyspark_abs.errors import AbsError, ConfigError, UpstreamNotReadyError
+from pyspark_abs.job.actions.tags import stages_named
+from pyspark_abs.job.ledger.cut import JobSnapshot
 from pyspark_abs.logs import logger
-from pyspark_abs.manifest.job_cut import JobSnapshot
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
 from pyspark_abs.pipeline.declaration import Pipeline
@@ -26,10 +25,11 @@ from pyspark_abs.pipeline.launch import first_upstream_epoch
 from pyspark_abs.pipeline.query import PipelineQuery
 from pyspark_abs.protocol.lineage import read_lineage
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
-from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.sources.channel_log import ManifestFollower
+from pyspark_abs.sources.channel.log import ManifestFollower
+from pyspark_abs.sources.channel.source import ChannelSource
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.tags import check_name
 
 if TYPE_CHECKING:
     from pyspark_abs.job.declaration import Job

@@ -14,7 +14,7 @@ Allowed transitions of one epoch::
 
 A PREPARED epoch goes to ABORTED only when it can never be committed (files it needs are
 gone) and a rollback replaces it, in the same append as the rollback's restore epoch (see
-:mod:`pyspark_abs.admin.stuck_epochs`).
+:mod:`pyspark_abs.install.stuck_epochs`).
 
 With a snapshot interval N (``AbsConfig.snapshot_interval``), PREPARED epochs are committed
 in *groups*: epoch s closes a group when ``s - last >= N`` (:func:`closes_group`), where

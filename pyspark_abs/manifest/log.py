@@ -135,7 +135,7 @@ class EpochLog:
         """Raise if ``entries`` may not be recorded next, in this order (see :meth:`check`).
 
         A PREPARED epoch may be recorded ABORTED only together with a restore epoch, which
-        replaces it (see :mod:`~pyspark_abs.admin.stuck_epochs`).
+        replaces it (see :mod:`~pyspark_abs.install.stuck_epochs`).
         """
         batch = list(entries)
         replaced = [

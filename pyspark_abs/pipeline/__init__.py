@@ -1,1 +1,1 @@
-"""The declaration, its wiring into Spark, the run handle, back-edges and Connect."""
+"""The declaration, its start in named steps, the run handle, rollback and restore of its root."""

@@ -29,8 +29,8 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.operators.arrow_types import to_spark
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import to_arrow
-from pyspark_abs.sources.delta import DeltaSource
-from pyspark_abs.sources.delta_offsets import Offset
+from pyspark_abs.sources.delta.offsets import Offset
+from pyspark_abs.sources.delta.source import DeltaSource
 from pyspark_abs.storage.root import backedge_table
 from pyspark_abs.storage.store import DeltaStore
 

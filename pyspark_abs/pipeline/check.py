@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pyspark_abs.admin.job_links import linked_job
-from pyspark_abs.admin.job_state import job_migration_plan
-from pyspark_abs.admin.migration import plan_migration
 from pyspark_abs.errors import AbsError, ConfigError
+from pyspark_abs.install.migration import plan_migration
+from pyspark_abs.job.actions.state import job_migration_plan
+from pyspark_abs.job.ledger.links import linked_job
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
 from pyspark_abs.operators.envelope import Kind

@@ -14,77 +14,41 @@ records that earlier epochs committed to the edge's log (see :mod:`pyspark_abs.p
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from pyspark_abs.admin.job_decisions import settle_stage
-from pyspark_abs.admin.job_state import Redeployed, refuse_lone_migration
-from pyspark_abs.admin.migration import migrate_state
-from pyspark_abs.admin.stuck_epochs import recover
-from pyspark_abs.admin.validation import require_sound_start
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
 )
-from pyspark_abs.faults import FaultInjector
+from pyspark_abs.job.actions.state import Redeployed
 from pyspark_abs.logs import logger, working_for
-from pyspark_abs.manifest.log import EpochLog
-from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.arrow_types import to_spark
-from pyspark_abs.operators.contract import Operator, TimeoutMode
-from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.contract import Operator
 from pyspark_abs.operators.plan import (
-    OperatorPlan,
     check_source,
     resolve_plan,
 )
-from pyspark_abs.operators.schema import KEY_GROUP
-from pyspark_abs.pipeline.backedge import BackEdge, check_pipeline_back_edges, loop_head
-from pyspark_abs.pipeline.connect import is_connect, protocol_run, require_supported
-from pyspark_abs.pipeline.launch import (
-    live_state,
-    require_same_key_groups,
-    require_upstream_ready,
-    run_slots,
-    start_query,
-)
+from pyspark_abs.pipeline.backedge import BackEdge, check_pipeline_back_edges
 from pyspark_abs.pipeline.query import PipelineQuery, Quiescence
-from pyspark_abs.pipeline.sinks import SinkLike, kafka_publishers, resolve_sinks
-from pyspark_abs.pipeline.targets import table_specs, table_targets
+from pyspark_abs.pipeline.sinks import SinkLike, resolve_sinks
+from pyspark_abs.pipeline.start import Trigger, start
 from pyspark_abs.pipeline.wiring import (
-    rewound_frame,
     source_frame,
-    with_restore_rows,
-    with_watermark_floors,
 )
-from pyspark_abs.protocol.epoch_writer import EpochWriter
-from pyspark_abs.protocol.layout import SnapshotLayout
-from pyspark_abs.protocol.lease import Lease
-from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
-from pyspark_abs.protocol.precommit import root_tag
-from pyspark_abs.protocol.publishing import KafkaPublisher
-from pyspark_abs.protocol.replay import decided_replays
-from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources import RewindableSource
-from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.sources.channel_log import Channel
+from pyspark_abs.sources.channel.log import Channel
+from pyspark_abs.sources.channel.source import ChannelSource
 from pyspark_abs.storage.root import (
-    BACKEDGE_PREFIX,
-    SINK_PREFIX,
-    STATE_PREFIX,
-    SnapshotRoot,
     sink_table,
 )
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.store import normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logger(__name__)
 
@@ -181,7 +145,8 @@ class Pipeline:
             max_state_bytes=self.config.max_key_group_state_bytes,
         )
         check_source(name, operator, self.plan, frame.schema)
-        self._frame = frame
+        self.frame = frame
+        """The source's DataFrame, transformed: what the operator reads."""
         self.back_edges = (back_edges,) if isinstance(back_edges, BackEdge) else tuple(back_edges)
         named = sinks.keys() if isinstance(sinks, Mapping) else ()
         check_pipeline_back_edges(name, self.spark, self.config, self.plan, self.back_edges, named)
@@ -270,116 +235,10 @@ class Pipeline:
     def _start(
         self, processing_time: str | None, available_now: bool, epoch_limit: int | None
     ) -> PipelineQuery:
-        remote = is_connect(self.spark)
-        stop_when_idle = self.plan.timeout is TimeoutMode.PROCESSING_TIME and (
-            available_now or not processing_time
+        started = start(self, Trigger(processing_time, available_now, epoch_limit))
+        return PipelineQuery(
+            started.query, started.run, self, started.recovered, started.stop_when_idle
         )
-        if remote:
-            require_supported(self.name, self.config, stop_when_idle)
-        store = DeltaStore()
-        store.ensure_root(self.root)
-        layout = SnapshotLayout(
-            self.name,
-            self.root,
-            self.plan.name,
-            table_targets(self.root, self.plan, self.config.snapshots, self.back_edges, self.sinks),
-        )
-        checkpoint = CheckpointReader.for_session(self.spark, self.checkpoint)
-        faults = FaultInjector(self.config.faults)
-        run_id = uuid.uuid4().hex
-        lease = Lease.acquire(self.root, self.name, run_id)
-        writer = EpochWriter(self.name, self.root, store, EpochLog(), run_id, faults, lease)
-        lineage = Lineage()
-        slots: int | None = None
-        recovered: list[int] = []
-        publishers: list[KafkaPublisher] = []
-        try:
-            writer.epochs = open_manifest(store, self.root, self.name)
-            if self.config.snapshots:
-                require_sound_start(self.root, writer.epochs)
-            decided = writer.epochs.latest_decided()
-            require_own_sinks(
-                store,
-                self.name,
-                self.root,
-                writer.root_id,
-                {t.table: t.uri for t in layout.targets if t.table.startswith(SINK_PREFIX)},
-                None if decided is None else decided.epoch,
-            )
-            if self.config.snapshots:
-                recovered = recover(writer)
-                job = settle_stage(writer, self.config)
-                if job is None:
-                    migrate_state(
-                        writer, self.plan, self.operator.evolution, self.spark, self.config
-                    )
-                else:
-                    refuse_lone_migration(store, job, self.deployed())
-                lineage = resolve_lineage(writer.epochs, checkpoint, self.root)
-                if lineage.fresh:
-                    require_upstream_ready(self.name, self.source, lineage)
-                require_same_key_groups(self.name, self.checkpoint, lineage, self.config.key_groups)
-            slots = run_slots(
-                self.name,
-                checkpoint,
-                writer.epochs,
-                lineage,
-                self.config,
-                remote=remote,
-                spark=self.spark,
-            )
-            for spec in table_specs(layout, self.plan):
-                store.ensure_table(spec)
-                if spec.table.startswith((STATE_PREFIX, BACKEDGE_PREFIX)):
-                    store.keep_log(spec.uri)  # tables of older roots; the lease is held
-            publishers = kafka_publishers(
-                self.name,
-                self.sinks,
-                self.plan,
-                layout.tables,
-                writer.root_id or root_tag(self.root),
-                faults,
-                snapshots=self.config.snapshots,
-                remote=remote,
-            )
-            for publisher in publishers:
-                publisher.publish(writer.epochs.entries)
-            checkpoint.clear_unfinished_first_batch()
-        except BaseException:
-            for publisher in publishers:
-                publisher.close()
-            writer.close()
-            raise
-        run, batch_function = protocol_run(
-            layout,
-            self.config,
-            writer,
-            checkpoint,
-            lease.record,
-            remote=remote,
-            epoch_base=lineage.epoch_base,
-            epoch_limit=epoch_limit,
-            listeners=self.listeners,
-            publishers=publishers,
-            slots=slots,
-        )
-        try:
-            plan = replace(
-                with_watermark_floors(self.plan, writer.epochs if self.config.snapshots else None),
-                time_zone=str(self.spark.conf.get("spark.sql.session.timeZone")),
-                replays=decided_replays(writer.epochs, checkpoint, lineage, layout.targets[0].table)
-                if self.config.snapshots
-                else (),
-                live_state=live_state(
-                    layout, self.config, writer.root_id, lineage.epoch_base, remote, run_id
-                ),
-                slots=slots,
-            )
-            query = self._start_query(plan, batch_function, lineage, processing_time, available_now)
-        except BaseException:
-            run.close()
-            raise
-        return PipelineQuery(query, run, self, recovered, available_now and stop_when_idle)
 
     def deployed(self) -> Redeployed:
         """This definition, as a job-wide migration of its state needs it."""
@@ -422,39 +281,3 @@ class Pipeline:
         started = time.perf_counter()
         query = self._start(None, False, epoch_limit=max_epochs)
         return query.until_quiescent(self.back_edges, started)
-
-    def _start_query(
-        self,
-        plan: OperatorPlan,
-        batch_function: Callable[[DataFrame, int], None],
-        lineage: Lineage,
-        processing_time: str | None,
-        available_now: bool,
-    ) -> StreamingQuery:
-        frame = self._frame
-        if lineage.fresh and lineage.restore is not None:
-            frame = (
-                rewound_frame(
-                    self.name, self.source, self.transform, lineage.restore, self.spark, self.root
-                )
-                or frame
-            )
-        for edge in self.back_edges:
-            loop = loop_head(
-                self.spark, edge, SnapshotRoot(self.root).table_uri(edge.table), lineage.restore
-            )
-            frame = frame.unionByName(loop, allowMissingColumns=True)
-        keyed = frame.withColumn(
-            KEY_GROUP, key_group_column(self.plan.key_columns, self.config.key_groups)
-        )
-        if lineage.restore is not None:
-            keyed = with_restore_rows(keyed, lineage.restore, plan, self.config.key_groups)
-        return start_query(
-            self.name,
-            keyed,
-            plan,
-            batch_function,
-            self.checkpoint,
-            (processing_time, available_now),
-            from_channels=isinstance(self.source, ChannelSource),
-        )

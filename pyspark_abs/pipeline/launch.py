@@ -19,8 +19,8 @@ from pyspark_abs.protocol.lineage import Lineage, written_slots
 from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources import RewindableSource
-from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.sources.channel_plan import channel_offsets
+from pyspark_abs.sources.channel.plan import channel_offsets
+from pyspark_abs.sources.channel.source import ChannelSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pyspark.errors import StreamingQueryException
 
-from pyspark_abs.admin.tags import check_name, tag
 from pyspark_abs.errors import (
     AbsError,
     CommitError,
@@ -27,6 +26,7 @@ from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources.backedge_log import in_flight_count
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.tags import check_name, tag
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

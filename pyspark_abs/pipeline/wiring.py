@@ -30,7 +30,7 @@ from pyspark_abs.operators.schema import (
 from pyspark_abs.operators.task import KeyGroupTask
 from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource, SparkFileSource
 from pyspark_abs.sources.backedge_log import split_offsets
-from pyspark_abs.sources.file_rewinds import rewound_files
+from pyspark_abs.sources.files.rewinds import rewound_files
 from pyspark_abs.storage.root import state_table
 from pyspark_abs.storage.store import DeltaStore
 

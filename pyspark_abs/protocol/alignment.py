@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pyspark_abs.errors import AlignmentError, PrecommitFileError
 from pyspark_abs.protocol.barrier import BarrierMarker
-from pyspark_abs.sources.channel_plan import channel_offsets
+from pyspark_abs.sources.channel.plan import channel_offsets
 from pyspark_abs.storage.files import FileEntry
 
 

@@ -9,7 +9,7 @@ A back-edge log grows by every record sent around the loop; compaction removes t
 whose records the snapshot had consumed, the same way.
 
 The coordinator compacts in the background after a snapshot when the policy says so, and
-:func:`pyspark_abs.admin.compaction.compact` compacts on demand; both commit through here.
+:func:`pyspark_abs.upkeep.compaction.compact` compacts on demand; both commit through here.
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ from pyspark_abs.manifest.entries import (
 from pyspark_abs.manifest.log import EpochLog, check_group, epoch_ranges, recovery_groups
 from pyspark_abs.manifest.table import load_epoch_log, manifest_root_id
 from pyspark_abs.protocol.lease import Lease, require_no_live_holder
-from pyspark_abs.storage.delta_errors import brief_error
 from pyspark_abs.storage.root import SnapshotRoot
-from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore, brief_error
 from pyspark_abs.storage.transactions import app_id
 
 log = logger(__name__)

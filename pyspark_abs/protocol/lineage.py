@@ -111,7 +111,7 @@ def _refuse_copy(
             f"snapshot root {root} is a copy of {elsewhere} (both have root id {root_id}), "
             f"which wrote sink {table} at {uri} (epoch {commit.get(EPOCH_KEY)}). Writing to "
             f"it from the copy would mix the two roots' outputs. Give the copy its own sink "
-            f"tables, or make copies with pyspark_abs.restore, which gives the copy its own id"
+            f"tables, or make copies with pyspark_abs.install, which gives the copy its own id"
         )
 
 

@@ -69,9 +69,8 @@ from pyspark_abs.protocol.state_chain import (
     read_chain,
 )
 from pyspark_abs.runtime import usable_cores
-from pyspark_abs.storage.delta_errors import brief_error
 from pyspark_abs.storage.root import SnapshotRoot
-from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.storage.store import DeltaStore, brief_error
 
 _COMPLETE = "_complete"
 _RUN_BYTES = 4

@@ -1,11 +1,11 @@
 """Streaming sources a restore can rewind to a snapshot's offsets; channels between stages."""
 
-from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.sources.delta import DeltaSource
-from pyspark_abs.sources.file_source import FileSource
-from pyspark_abs.sources.kafka import KafkaSource
-from pyspark_abs.sources.spark_delta import SparkDeltaSource
-from pyspark_abs.sources.spark_files import SparkFileSource
+from pyspark_abs.sources.channel.source import ChannelSource
+from pyspark_abs.sources.delta.source import DeltaSource
+from pyspark_abs.sources.delta.spark import SparkDeltaSource
+from pyspark_abs.sources.files.source import FileSource
+from pyspark_abs.sources.files.spark import SparkFileSource
+from pyspark_abs.sources.kafka.source import KafkaSource
 
 RewindableSource = (
     DeltaSource | FileSource | KafkaSource | SparkDeltaSource | SparkFileSource | ChannelSource

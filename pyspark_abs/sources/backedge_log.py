@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 
 from pyspark_abs.manifest.entries import ManifestEntry
-from pyspark_abs.sources.delta_files import DeltaFilePartition, read_slice
-from pyspark_abs.sources.delta_log import DeltaLog, ReadSchema
-from pyspark_abs.sources.delta_offsets import SOURCE_NAME, Offset, plan_slices
+from pyspark_abs.sources.delta.files import DeltaFilePartition, read_slice
+from pyspark_abs.sources.delta.log import DeltaLog, ReadSchema
+from pyspark_abs.sources.delta.offsets import SOURCE_NAME, Offset, plan_slices
 from pyspark_abs.storage.root import backedge_table
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore

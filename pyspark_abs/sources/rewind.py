@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.manifest.entries import ManifestEntry
-from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.sources.channel_plan import channel_offsets
-from pyspark_abs.sources.delta import DeltaSource
-from pyspark_abs.sources.file_source import FileSource
-from pyspark_abs.sources.kafka import KafkaSource
-from pyspark_abs.sources.spark_delta import SparkDeltaSource
-from pyspark_abs.sources.spark_files import SparkFileSource
+from pyspark_abs.sources.channel.plan import channel_offsets
+from pyspark_abs.sources.channel.source import ChannelSource
+from pyspark_abs.sources.delta.source import DeltaSource
+from pyspark_abs.sources.delta.spark import SparkDeltaSource
+from pyspark_abs.sources.files.source import FileSource
+from pyspark_abs.sources.files.spark import SparkFileSource
+from pyspark_abs.sources.kafka.source import KafkaSource
 
 
 def unrewindable(source_offsets: str | None) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -33,7 +34,6 @@ from pyspark_abs.errors import (
     TableSchemaError,
 )
 from pyspark_abs.operators.arrow_files import read_parquet
-from pyspark_abs.storage.delta_errors import brief_error
 from pyspark_abs.storage.files import FileEntry, damaged, files_after
 from pyspark_abs.storage.schemas import arrow_schema, schema_differences
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
@@ -42,7 +42,7 @@ KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
 """Table properties that stop Delta from deleting log entries older than
 ``delta.logRetentionDuration`` (30 days by default) when it writes a checkpoint. The tables
 of a snapshot root keep the log of every retained snapshot's version; vacuum removes the
-log below the oldest one (see :func:`~pyspark_abs.admin.retention.vacuum`). A property, not a
+log below the oldest one (see :func:`~pyspark_abs.upkeep.retention.vacuum`). A property, not a
 table feature: delta-spark reads such tables and honours it."""
 
 
@@ -454,3 +454,19 @@ class DeltaStore:
             f"{table.transaction_version(app_id)}, but no commit of epoch {epoch}; the table "
             f"was changed outside pyspark-abs. Run validate on the snapshot root"
         )
+
+
+_BACKTRACE_LINE = re.compile(r"^\s*\d+: ")
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def brief_error(err: BaseException) -> str:
+    """An error's message on one line, without the native backtrace delta-rs appends."""
+    parts = []
+    for line in _ANSI_CODE.sub("", str(err)).splitlines():
+        if _BACKTRACE_LINE.match(line):
+            break
+        line = line.strip().lstrip("\u21b3").strip()
+        if line:
+            parts.append(line)
+    return ": ".join(parts) or type(err).__name__

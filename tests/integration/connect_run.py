@@ -24,20 +24,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
-    ConfigError,
-    DeltaSource,
-    Fault,
-    FaultStep,
-    InjectedFault,
-    KafkaSink,
-    OperatorDefinitionError,
-    Pipeline,
-    restore,
-    rollback,
-)
+from pyspark_abs import AbsConfig, DeltaSource, KafkaSink, Pipeline, restore, rollback
+from pyspark_abs.errors import ConfigError, InjectedFault, OperatorDefinitionError
 from pyspark_abs.examples.wordcount import word_count
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS
 from tests.support.pipelines import word_table
 

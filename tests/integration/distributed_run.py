@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pyspark_abs import Fault, FaultStep, InjectedFault
+from pyspark_abs.errors import InjectedFault
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import assert_word_counts, word_pipeline
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import sys
 
-from pyspark_abs import FaultStep, InjectedFault, KafkaSink, Snapshots
+from pyspark_abs import KafkaSink, Snapshots
+from pyspark_abs.errors import InjectedFault
+from pyspark_abs.faults import FaultStep
 from pyspark_abs.session import local_session
 from tests.support.s3 import land, pipeline
 

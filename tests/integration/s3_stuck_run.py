@@ -15,12 +15,8 @@ import sys
 
 import pyarrow.fs as pafs
 
-from pyspark_abs import (
-    Snapshots,
-    UncommittableEpochError,
-    rollback,
-    validate,
-)
+from pyspark_abs import Snapshots, rollback, validate
+from pyspark_abs.errors import UncommittableEpochError
 from pyspark_abs.session import local_session
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import EPOCHS

@@ -34,19 +34,21 @@ from pyspark_abs import (
     AbsError,
     ArrowContext,
     EpochStatus,
-    InvalidTimeoutError,
     KeyGroupContext,
     KeyGroupResult,
     KeyState,
     Operator,
-    OperatorError,
     Pipeline,
-    SchemaMismatchError,
     Snapshots,
-    StateTooLargeError,
     arrow_operator,
     operator,
     vectorized_operator,
+)
+from pyspark_abs.errors import (
+    InvalidTimeoutError,
+    OperatorError,
+    SchemaMismatchError,
+    StateTooLargeError,
 )
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.pipelines import assert_same

@@ -11,9 +11,10 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pyspark_abs import ExternalChangeError, Snapshots
-from pyspark_abs.admin.job_manifest import open_job
+from pyspark_abs import Snapshots
+from pyspark_abs.errors import ExternalChangeError
 from pyspark_abs.examples import medallion
+from pyspark_abs.job.ledger.manifest import open_job
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.jobs import FILES, Event, assert_job_matches, job_of
 

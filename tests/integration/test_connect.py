@@ -21,7 +21,8 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
-from pyspark_abs import FencingError, Snapshots
+from pyspark_abs import Snapshots
+from pyspark_abs.errors import FencingError
 from pyspark_abs.protocol.lease import Lease, read_lease
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import FILES, assert_job_matches, job_of

@@ -15,26 +15,13 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import (
-    AbsConfig,
-    BackEdge,
-    ConfigError,
-    Fault,
-    FaultStep,
-    InjectedFault,
-    OperatorDefinitionError,
-    Pipeline,
-    QuiescenceError,
-    Snapshots,
-    cli,
-    restore,
-    rollback,
-    testing,
-)
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import validate
+from pyspark_abs import AbsConfig, BackEdge, Pipeline, Snapshots, cli, restore, rollback, testing
+from pyspark_abs.errors import ConfigError, InjectedFault, OperatorDefinitionError, QuiescenceError
 from pyspark_abs.examples import components, retry
+from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.sources import DeltaSource
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import validate
 from tests.support.pipelines import assert_same
 
 

@@ -20,9 +20,9 @@ from pyspark.sql.datasource import CaseInsensitiveDict
 
 from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.sources.delta_offsets import Offset
-from pyspark_abs.sources.delta_stream import DeltaDataSource
-from pyspark_abs.sources.read_limits import ReadAllAvailable, ReadMaxRows
+from pyspark_abs.sources.delta.offsets import Offset
+from pyspark_abs.sources.delta.stream import DeltaDataSource
+from pyspark_abs.sources.readers import ReadAllAvailable, ReadMaxRows
 
 DDL = "id long, name string"
 PARTITIONED_DDL = "id long, name string, region string, bucket int"

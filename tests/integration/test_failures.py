@@ -10,27 +10,20 @@ import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
+from pyspark_abs import AbsConfig, EpochStatus, KeyState, Pipeline, Snapshots, operator
+from pyspark_abs.errors import (
     AlignmentError,
-    EpochStatus,
-    Fault,
-    FaultAction,
-    FaultStep,
-    KeyState,
     OperatorDefinitionError,
     OperatorError,
-    Pipeline,
     PipelineMismatchError,
     PrecommitFileError,
     SchemaMismatchError,
     SnapshotNotFoundError,
     SnapshotRootError,
-    Snapshots,
     TableSchemaError,
-    operator,
 )
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import STATE_DDL, assert_word_counts, sessions, word_pipeline
 

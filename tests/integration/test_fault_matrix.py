@@ -15,21 +15,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
-    Fault,
-    FaultAction,
-    FaultStep,
-    InjectedFault,
-    Snapshots,
-    restore,
-    rollback,
-)
-from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import validate
-from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs import AbsConfig, Snapshots, restore, rollback
+from pyspark_abs.errors import InjectedFault
+from pyspark_abs.faults import EXIT_CODE, Fault, FaultAction, FaultStep
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.compaction import compact
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import validate
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import assert_same, assert_word_counts, state_history, word_pipeline
 

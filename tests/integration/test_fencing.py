@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import EpochStatus, FencingError, Snapshots, rollback
-from pyspark_abs.admin.validation import validate
+from pyspark_abs import EpochStatus, Snapshots, rollback
+from pyspark_abs.errors import FencingError
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.validation import validate
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import assert_word_counts, word_pipeline

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import AbsConfig, FileSource, Pipeline, Snapshots, SourceError, rollback
+from pyspark_abs import AbsConfig, FileSource, Pipeline, Snapshots, rollback
+from pyspark_abs.errors import SourceError
 from pyspark_abs.examples.wordcount import word_count
 from tests.support.inputs import EPOCHS
 from tests.support.pipelines import assert_same, expected_sink, expected_state

@@ -16,31 +16,31 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-import pyspark_abs.admin.job_decisions as job_decisions
+import pyspark_abs.job.actions.decisions as job_decisions
 from pyspark_abs import (
     AbsConfig,
-    CommitError,
-    ConfigError,
     EpochStatus,
-    ExternalChangeError,
-    Fault,
-    FaultStep,
-    InjectedFault,
     Job,
     Pipeline,
     Snapshots,
-    UncommittableEpochError,
-    UpstreamNotReadyError,
     check,
     rollback,
     write_state,
 )
-from pyspark_abs.admin.installing import StateInstall
-from pyspark_abs.admin.job_manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.cli import EXIT_PROBLEMS, EXIT_USAGE
 from pyspark_abs.cli import main as cli
+from pyspark_abs.errors import (
+    CommitError,
+    ConfigError,
+    ExternalChangeError,
+    InjectedFault,
+    UncommittableEpochError,
+    UpstreamNotReadyError,
+)
 from pyspark_abs.examples import medallion
-from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
+from pyspark_abs.install.installing import StateInstall
+from pyspark_abs.job.ledger.manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.storage.store import DeltaStore

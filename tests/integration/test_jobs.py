@@ -21,28 +21,28 @@ from pyspark_abs import (
     AbsConfig,
     AbsError,
     ChannelSource,
-    ConfigError,
-    Fault,
-    FaultStep,
-    FencingError,
-    InjectedFault,
     Job,
-    OperatorDefinitionError,
     Pipeline,
-    SnapshotNotFoundError,
     Snapshots,
-    SourceError,
-    UpstreamNotReadyError,
     rollback,
     untag,
     vacuum,
 )
-from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.job_manifest import DecisionStatus, open_job
 from pyspark_abs.cli import main as cli
+from pyspark_abs.errors import (
+    ConfigError,
+    FencingError,
+    InjectedFault,
+    OperatorDefinitionError,
+    SnapshotNotFoundError,
+    SourceError,
+    UpstreamNotReadyError,
+)
 from pyspark_abs.examples import medallion
-from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
+from pyspark_abs.job.ledger.manifest import DecisionStatus, open_job
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.compaction import compact
 from tests.support.jobs import FILES, assert_job_matches, job_of, run_streaming
 from tests.support.pipelines import assert_same
 

@@ -21,23 +21,23 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
-    ExternalChangeError,
-    Fault,
-    FaultStep,
-    InjectedFault,
     Job,
     KafkaSink,
     KafkaSource,
-    OperatorDefinitionError,
     Pipeline,
-    PublishError,
     Snapshots,
     restore,
     rollback,
     vacuum,
 )
+from pyspark_abs.errors import (
+    ExternalChangeError,
+    InjectedFault,
+    OperatorDefinitionError,
+    PublishError,
+)
 from pyspark_abs.examples import wordcount
-from pyspark_abs.faults import EXIT_CODE
+from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
 from pyspark_abs.protocol.lease import break_lease
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import KafkaSource, Pipeline, SourceError
+from pyspark_abs import KafkaSource, Pipeline
+from pyspark_abs.errors import SourceError
 from pyspark_abs.examples.wordcount import word_count
 from tests.support.kafka import KAFKA_JARS
 

@@ -20,14 +20,10 @@ from pyspark.sql import functions as F
 from pyspark_abs import (
     AbsConfig,
     DeltaSource,
-    Fault,
-    FaultStep,
-    InjectedFault,
     KeyGroupContext,
     KeyGroupResult,
     Operator,
     Pipeline,
-    PipelineMismatchError,
     Snapshots,
     compact,
     restore,
@@ -36,7 +32,9 @@ from pyspark_abs import (
     vectorized_operator,
     write_state,
 )
+from pyspark_abs.errors import InjectedFault, PipelineMismatchError
 from pyspark_abs.examples.wordcount import word_count
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS, running_counts, write_epochs
 from tests.support.pipelines import (
     OP,

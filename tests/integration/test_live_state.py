@@ -18,26 +18,16 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
+from pyspark_abs import AbsConfig, EpochStatus, Pipeline, Snapshots, restore, rollback, write_state
+from pyspark_abs.errors import (
     ConfigError,
-    EpochStatus,
-    Fault,
-    FaultStep,
     InjectedFault,
-    Pipeline,
     PipelineMismatchError,
     SnapshotDamagedError,
-    Snapshots,
     StorageError,
-    restore,
-    rollback,
-    write_state,
 )
-from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import validate
 from pyspark_abs.examples.wordcount import word_count
+from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.manifest.table import manifest_root_id
 from pyspark_abs.operators.state_codec import (
     MARKER_BYTES,
@@ -50,6 +40,9 @@ from pyspark_abs.operators.state_codec import (
 from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.protocol.state_chain import read_chain
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.compaction import compact
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import validate
 from tests.support.inputs import running_counts, write_epochs
 from tests.support.pipelines import (
     STATE_DDL,

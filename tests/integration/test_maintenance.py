@@ -19,25 +19,17 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    CommitError,
-    ConfigError,
-    KeyState,
-    ManifestError,
-    SnapshotNotFoundError,
-    Snapshots,
-    operator,
-    rollback,
-)
-from pyspark_abs.admin.compaction import compact
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import validate
+from pyspark_abs import KeyState, Snapshots, operator, rollback
+from pyspark_abs.errors import CommitError, ConfigError, ManifestError, SnapshotNotFoundError
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.protocol.precommit import root_tag
 from pyspark_abs.storage.root import sink_table
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.compaction import compact
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import validate
 from tests.support.inputs import EPOCHS, race, write_epochs
 from tests.support.pipelines import (
     STATE_DDL,
@@ -199,7 +191,7 @@ def paused_compaction(root: Path) -> subprocess.Popen[bytes]:
     script = (
         "import sys; from pyspark_abs import AbsConfig; "
         "from pyspark_abs.faults import Fault, FaultAction, FaultStep; "
-        "from pyspark_abs.admin.compaction import compact; "
+        "from pyspark_abs.upkeep.compaction import compact; "
         f"done = compact(sys.argv[1], config=AbsConfig(faults=(Fault({fault.step.value!r}, "
         f"action={fault.action.value!r}),))); print([r.skipped for r in done])"
     )

@@ -10,19 +10,11 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
-    ConfigError,
-    Fault,
-    FaultStep,
-    InjectedFault,
-    Pipeline,
-    SnapshotInfo,
-    SnapshotListener,
-    Snapshots,
-)
+from pyspark_abs import AbsConfig, Pipeline, SnapshotInfo, SnapshotListener, Snapshots
 from pyspark_abs.cli import main as cli
+from pyspark_abs.errors import ConfigError, InjectedFault
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS, write_epochs
 
 

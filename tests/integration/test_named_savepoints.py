@@ -8,21 +8,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
-    ConfigError,
-    DeltaSource,
-    Pipeline,
-    SnapshotNotFoundError,
-    Snapshots,
-    restore,
-    rollback,
-    untag,
-)
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import validate
+from pyspark_abs import AbsConfig, DeltaSource, Pipeline, Snapshots, restore, rollback, untag
 from pyspark_abs.cli import main as cli
+from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
 from pyspark_abs.examples.wordcount import word_count
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import validate
 from tests.support.inputs import EPOCHS
 from tests.support.pipelines import OP, assert_same, counts_df, word_table
 

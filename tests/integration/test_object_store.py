@@ -21,24 +21,16 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import CaseInsensitiveDict
 
-from pyspark_abs import (
-    ConcurrentWriteError,
-    ConfigError,
-    DeltaSource,
-    EpochStatus,
-    FencingError,
-    Snapshots,
-    SourceError,
-    rollback,
-)
-from pyspark_abs.admin.validation import validate
+from pyspark_abs import DeltaSource, EpochStatus, Snapshots, rollback
 from pyspark_abs.cli import main
+from pyspark_abs.errors import ConcurrentWriteError, ConfigError, FencingError, SourceError
 from pyspark_abs.examples import medallion, wordcount
 from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.protocol.lease import break_lease, read_lease
-from pyspark_abs.sources.delta_stream import DeltaDataSource
-from pyspark_abs.sources.read_limits import ReadAllAvailable
+from pyspark_abs.sources.delta.stream import DeltaDataSource
+from pyspark_abs.sources.readers import ReadAllAvailable
 from pyspark_abs.storage.store import DeltaStore, TableSpec
+from pyspark_abs.upkeep.validation import validate
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, arrow_schema, running_counts, write_epochs
 from tests.support.jobs import FILES, job_of

@@ -13,15 +13,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import (
-    AbsConfig,
-    ConfigError,
-    EpochStatus,
-    Pipeline,
-    Snapshots,
-    operator,
-    vectorized_operator,
-)
+from pyspark_abs import AbsConfig, EpochStatus, Pipeline, Snapshots, operator, vectorized_operator
+from pyspark_abs.errors import ConfigError
 from pyspark_abs.examples import wordcount
 from pyspark_abs.storage.spark import load_dataframe
 from pyspark_abs.storage.store import DeltaStore

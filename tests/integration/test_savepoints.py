@@ -15,30 +15,31 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
-    ConfigError,
     DeltaSource,
     EpochStatus,
-    ExternalChangeError,
-    Fault,
-    FaultStep,
-    InjectedFault,
     KeyGroupContext,
     KeyGroupResult,
     Pipeline,
-    PipelineMismatchError,
-    SnapshotNotFoundError,
-    SnapshotRootError,
     Snapshots,
-    SourceError,
-    StateEvolutionError,
-    UncommittableEpochError,
     cli,
     restore,
     rollback,
     vectorized_operator,
     write_state,
 )
+from pyspark_abs.errors import (
+    ConfigError,
+    ExternalChangeError,
+    InjectedFault,
+    PipelineMismatchError,
+    SnapshotNotFoundError,
+    SnapshotRootError,
+    SourceError,
+    StateEvolutionError,
+    UncommittableEpochError,
+)
 from pyspark_abs.examples.wordcount import word_count, words_of
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS, running_counts
 from tests.support.pipelines import (
     OP,

@@ -19,23 +19,22 @@ from pyspark.sql import SparkSession
 from pyspark_abs import (
     AbsConfig,
     BackEdge,
-    ConfigError,
     EpochStatus,
-    Fault,
-    FaultStep,
-    InjectedFault,
     Pipeline,
-    SnapshotDamagedError,
     SnapshotInfo,
     SnapshotListener,
-    SnapshotNotFoundError,
     Snapshots,
     cli,
     rollback,
 )
-from pyspark_abs.admin.retention import vacuum
-from pyspark_abs.admin.validation import require_intact, validate
+from pyspark_abs.errors import (
+    ConfigError,
+    InjectedFault,
+    SnapshotDamagedError,
+    SnapshotNotFoundError,
+)
 from pyspark_abs.examples import retry, wordcount
+from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
@@ -43,6 +42,8 @@ from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.spark import load_dataframe
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.storage.transactions import EPOCH_KEY, app_id
+from pyspark_abs.upkeep.retention import vacuum
+from pyspark_abs.upkeep.validation import require_intact, validate
 from tests.support.inputs import write_epochs
 from tests.support.pipelines import (
     assert_same,

@@ -18,20 +18,17 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import (
     AbsConfig,
-    ExternalChangeError,
-    Fault,
-    FaultStep,
-    InjectedFault,
     Job,
     Pipeline,
     Snapshots,
-    SourceError,
     SparkDeltaSource,
     restore,
     rollback,
     validate,
 )
+from pyspark_abs.errors import ExternalChangeError, InjectedFault, SourceError
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.storage.spark import spark_reads_delta
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import assert_same_words_and_updates, words_and_updates

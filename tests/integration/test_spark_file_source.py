@@ -12,18 +12,10 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pyspark_abs import (
-    AbsConfig,
-    Fault,
-    FaultStep,
-    InjectedFault,
-    Pipeline,
-    Snapshots,
-    SourceError,
-    restore,
-    rollback,
-)
+from pyspark_abs import AbsConfig, Pipeline, Snapshots, restore, rollback
+from pyspark_abs.errors import InjectedFault, SourceError
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
 from tests.support.readme import block_with

@@ -12,15 +12,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pyspark_abs import (
-    ChannelSource,
-    DeltaSource,
-    FileSource,
-    Snapshots,
-    SparkVersionError,
-    restore,
-    rollback,
-)
+from pyspark_abs import ChannelSource, DeltaSource, FileSource, Snapshots, restore, rollback
+from pyspark_abs.errors import SparkVersionError
 from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest.entries import EpochStatus
 from tests.support.inputs import EPOCHS, write_epochs

@@ -20,22 +20,20 @@ from pyspark.sql import functions as F
 from pyspark_abs import (
     DeltaSource,
     EpochStatus,
-    Fault,
-    FaultStep,
-    InjectedFault,
     KeyState,
     Operator,
     Pipeline,
     Snapshots,
     StateEvolution,
-    StateEvolutionError,
     check,
     operator,
     restore,
     rollback,
 )
-from pyspark_abs.admin.validation import validate
 from pyspark_abs.cli import main as cli
+from pyspark_abs.errors import InjectedFault, StateEvolutionError
+from pyspark_abs.faults import Fault, FaultStep
+from pyspark_abs.upkeep.validation import validate
 from tests.support.pipelines import assert_same, event_table, session_pipeline
 
 Batch = Sequence[tuple[str, int]]

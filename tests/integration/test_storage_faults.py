@@ -21,26 +21,27 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import (
     AbsConfig,
-    CommitError,
     EpochStatus,
-    Fault,
-    FaultStep,
-    InjectedFault,
     KeyState,
     Operator,
     Pipeline,
-    SnapshotDamagedError,
-    SnapshotRootError,
     Snapshots,
-    StorageError,
-    UncommittableEpochError,
     operator,
     rollback,
     vacuum,
 )
-from pyspark_abs.admin.validation import validate
+from pyspark_abs.errors import (
+    CommitError,
+    InjectedFault,
+    SnapshotDamagedError,
+    SnapshotRootError,
+    StorageError,
+    UncommittableEpochError,
+)
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.validation import validate
 from tests.support.inputs import EPOCHS, running_counts, write_epochs
 from tests.support.pipelines import (
     STATE_DDL,

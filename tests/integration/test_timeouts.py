@@ -14,16 +14,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pyspark_abs import (
-    AbsConfig,
-    FileSource,
-    KeyState,
-    Operator,
-    Pipeline,
-    SchemaMismatchError,
-    operator,
-    write_state,
-)
+from pyspark_abs import AbsConfig, FileSource, KeyState, Operator, Pipeline, operator, write_state
+from pyspark_abs.errors import SchemaMismatchError
 from tests.support.pipelines import (
     SESSION_DDL,
     assert_same,

@@ -28,11 +28,11 @@ from pyspark_abs import (
     Operator,
     Pipeline,
     StateEvolution,
-    StateEvolutionError,
     operator,
     rollback,
     write_state,
 )
+from pyspark_abs.errors import StateEvolutionError
 from tests.support.pipelines import assert_same, event_table, session_pipeline
 from tests.support.readme import run_block
 from tests.support.timers import remind

@@ -18,9 +18,6 @@ from pyspark.sql import functions as F
 from pyspark_abs import (
     AbsConfig,
     EpochStatus,
-    Fault,
-    FaultStep,
-    InjectedFault,
     Job,
     KeyGroupContext,
     KeyGroupResult,
@@ -38,7 +35,9 @@ from pyspark_abs import (
     vectorized_operator,
     write_state,
 )
+from pyspark_abs.errors import InjectedFault
 from pyspark_abs.examples import retry
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.jobs import run_streaming
 from tests.support.pipelines import assert_same, event_table
 from tests.support.ttl import (

@@ -24,15 +24,14 @@ from pyspark_abs import (
     Job,
     KeyGroupResult,
     Operator,
-    OperatorDefinitionError,
     Pipeline,
     StateEvolution,
-    StateEvolutionError,
     restore,
     rollback,
     tumbling_window,
     vectorized_operator,
 )
+from pyspark_abs.errors import OperatorDefinitionError, StateEvolutionError
 from tests.support.pipelines import assert_same
 from tests.support.readme import run_block
 from tests.support.windows_model import Model

@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pyspark_abs import AbsConfig, Fault, FaultAction, FaultStep, local_session
+from pyspark_abs import AbsConfig, local_session
 from pyspark_abs.examples import medallion
+from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from tests.support.jobs import dedup_v2
 
 

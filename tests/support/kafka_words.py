@@ -14,16 +14,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pyspark_abs import (
-    AbsConfig,
-    Fault,
-    FaultAction,
-    FaultStep,
-    KafkaSink,
-    KafkaSource,
-    Pipeline,
-)
+from pyspark_abs import AbsConfig, KafkaSink, KafkaSource, Pipeline
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.session import local_session
 from tests.support.versions import sink_of
 

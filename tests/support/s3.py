@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from pyspark_abs import (
-    AbsConfig,
-    DeltaSink,
-    Fault,
-    FaultStep,
-    FileSource,
-    InjectedFault,
-    Pipeline,
-)
+from pyspark_abs import AbsConfig, DeltaSink, FileSource, Pipeline
+from pyspark_abs.errors import InjectedFault
 from pyspark_abs.examples import wordcount
+from pyspark_abs.faults import Fault, FaultStep
 from tests.support.inputs import EPOCHS
 from tests.support.readme import block_with
 from tests.support.servers import free_port, serving

@@ -18,15 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pyspark_abs import (
-    ArrowContext,
-    Clock,
-    KeyGroupResult,
-    OperatorDefinitionError,
-    SchemaMismatchError,
-    TimeoutMode,
-    arrow_operator,
-)
+from pyspark_abs import ArrowContext, Clock, KeyGroupResult, TimeoutMode, arrow_operator
+from pyspark_abs.errors import OperatorDefinitionError, SchemaMismatchError
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import castable

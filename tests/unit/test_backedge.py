@@ -15,7 +15,7 @@ from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.operators.contract import Clock, KeyGroupContext
 from pyspark_abs.pipeline.backedge import BackEdge, check_back_edges, check_loop_schema
 from pyspark_abs.sources.backedge_log import consumed_before, split_offsets
-from pyspark_abs.sources.delta_offsets import Offset
+from pyspark_abs.sources.delta.offsets import Offset
 from tests.support.inputs import arrow_schema
 from tests.support.manifest import entry
 

@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log, manifest_spec
-from pyspark_abs.sources.channel_log import ManifestFollower
+from pyspark_abs.sources.channel.log import ManifestFollower
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.rewrites import compact_small_files
 from pyspark_abs.storage.store import DeltaStore

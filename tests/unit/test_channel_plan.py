@@ -8,10 +8,9 @@ import random
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from pyspark_abs import ConfigError, OperatorDefinitionError
-from pyspark_abs.sources.channel import ChannelSource
-from pyspark_abs.sources.channel_log import Channel
-from pyspark_abs.sources.channel_plan import (
+from pyspark_abs.errors import ConfigError, OperatorDefinitionError
+from pyspark_abs.sources.channel.log import Channel
+from pyspark_abs.sources.channel.plan import (
     NO_BARRIER,
     ChannelOffset,
     Upstream,
@@ -20,6 +19,7 @@ from pyspark_abs.sources.channel_plan import (
     frontier_of,
     next_epoch,
 )
+from pyspark_abs.sources.channel.source import ChannelSource
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from pyspark_abs import CommitError, InjectedFault
+from pyspark_abs.errors import CommitError, InjectedFault
 from pyspark_abs.protocol.committer import Group, OrderedCommitter
 from tests.support.manifest import entry
 

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from pyspark_abs import AbsConfig, ConfigError
+from pyspark_abs import AbsConfig
+from pyspark_abs.errors import ConfigError
 from pyspark_abs.pipeline.connect import require_supported
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pyspark_abs.admin.savepoints import rollback
 from pyspark_abs.errors import PipelineMismatchError
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
 from pyspark_abs.manifest.relocation import moved_prefix, relocated
 from pyspark_abs.manifest.table import manifest_root_id, open_manifest
+from pyspark_abs.pipeline.savepoints import rollback
 from pyspark_abs.protocol.lineage import require_own_sinks
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.roots import PIPELINE, SINK, committed_root

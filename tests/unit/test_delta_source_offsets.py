@@ -12,8 +12,8 @@ import pytest
 
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.sources import DeltaSource
-from pyspark_abs.sources.delta_files import partition_array
-from pyspark_abs.sources.delta_offsets import (
+from pyspark_abs.sources.delta.files import partition_array
+from pyspark_abs.sources.delta.offsets import (
     Offset,
     Planned,
     RowSlice,

@@ -1,5 +1,4 @@
-from pyspark_abs import OperatorError, SchemaMismatchError
-from pyspark_abs.errors import rebuild_from_text
+from pyspark_abs.errors import OperatorError, SchemaMismatchError, rebuild_from_text
 
 
 def test_rebuilds_the_innermost_error_from_spark_text() -> None:

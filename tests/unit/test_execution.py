@@ -12,16 +12,18 @@ import pytest
 
 from pyspark_abs import (
     Clock,
-    InvalidTimeoutError,
     KeyGroupContext,
     KeyGroupResult,
     KeyState,
-    OperatorError,
-    SchemaMismatchError,
-    StateTooLargeError,
     TimeoutMode,
     operator,
     vectorized_operator,
+)
+from pyspark_abs.errors import (
+    InvalidTimeoutError,
+    OperatorError,
+    SchemaMismatchError,
+    StateTooLargeError,
 )
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pyspark_abs.admin.sink_restores import keeping_other_writers
 from pyspark_abs.errors import ExternalChangeError
-from pyspark_abs.sources.channel_log import Rewrites
+from pyspark_abs.install.sink_restores import keeping_other_writers
+from pyspark_abs.sources.channel.log import Rewrites
 from pyspark_abs.storage.commits import commits_between
 from pyspark_abs.storage.files import add_actions, files_at
 from pyspark_abs.storage.store import DeltaStore

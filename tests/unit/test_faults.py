@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pyspark_abs import ConfigError, Fault, FaultAction, FaultStep, InjectedFault
-from pyspark_abs.faults import FaultInjector, task_fault
+from pyspark_abs.errors import ConfigError, InjectedFault
+from pyspark_abs.faults import Fault, FaultAction, FaultInjector, FaultStep, task_fault
 
 
 def test_driver_fault_fires_once_at_its_step_and_epoch() -> None:

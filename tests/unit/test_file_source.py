@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pyspark_abs import ConfigError, FileSource, SourceError
-from pyspark_abs.sources.files import (
+from pyspark_abs import FileSource
+from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.sources.files.offsets import (
     NOTHING,
     START,
     FileOffset,

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from pyspark_abs.admin.installing import StateInstall
-from pyspark_abs.admin.job_listing import job_origins
-from pyspark_abs.admin.job_manifest import (
+from pyspark_abs.errors import ConcurrentWriteError
+from pyspark_abs.install.installing import StateInstall
+from pyspark_abs.job.ledger.listing import job_origins
+from pyspark_abs.job.ledger.manifest import (
     DecisionStatus,
     JobDecision,
     JobRecord,
@@ -17,7 +18,6 @@ from pyspark_abs.admin.job_manifest import (
     record,
     record_decisions,
 )
-from pyspark_abs.errors import ConcurrentWriteError
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.store import DeltaStore
 
@@ -26,7 +26,7 @@ def clock(monkeypatch: pytest.MonkeyPatch, minutes: float) -> None:
     """Record job rows as a host whose clock is off by ``minutes`` would."""
     real = dt.datetime.now
     monkeypatch.setattr(
-        "pyspark_abs.admin.job_manifest.now",
+        "pyspark_abs.job.ledger.manifest.now",
         lambda: real(dt.timezone.utc) + dt.timedelta(minutes=minutes),
     )
 

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from pyspark_abs import ConfigError, KafkaSource, SourceError
-from pyspark_abs.sources.kafka import subscribed, with_new_partitions
+from pyspark_abs import KafkaSource
+from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.sources.kafka.source import subscribed, with_new_partitions
 
 SERVERS = {"kafka.bootstrap.servers": "broker:9092"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import pyspark_abs.protocol.lease as lease_module
-from pyspark_abs import FencingError
+from pyspark_abs.errors import FencingError
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.lease import (

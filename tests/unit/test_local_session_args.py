@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from pyspark_abs import ConfigError, local_session
+from pyspark_abs import local_session
+from pyspark_abs.errors import ConfigError
 
 
 @pytest.mark.parametrize(

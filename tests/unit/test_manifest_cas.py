@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pyspark_abs.admin.retention import expire
 from pyspark_abs.errors import ManifestError
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.retention import expire
 from tests.support.inputs import race
 from tests.support.manifest import T0
 from tests.support.roots import PIPELINE, committed_root, make_root, prepared, writer_of

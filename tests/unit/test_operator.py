@@ -4,13 +4,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from pyspark_abs import (
-    OperatorDefinitionError,
-    StateEvolution,
-    TimeoutMode,
-    operator,
-    vectorized_operator,
-)
+from pyspark_abs import StateEvolution, TimeoutMode, operator, vectorized_operator
+from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.per_key import PerKeyAdapter
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyspark_abs.admin.retention import (
+from pyspark_abs.upkeep.retention import (
     DELTA_DELETED_FILE_RETENTION_SECONDS,
     deleted_file_retention_seconds,
 )

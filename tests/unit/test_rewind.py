@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 
-from pyspark_abs import ConfigError, SourceError
+from pyspark_abs.errors import ConfigError, SourceError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.protocol.epoch_writer import now
+from pyspark_abs.sources.delta.spark import DeltaPosition, SparkDeltaSource
 from pyspark_abs.sources.rewind import require_rewindable, unrewindable
-from pyspark_abs.sources.spark_delta import DeltaPosition, SparkDeltaSource
 from tests.support.manifest import entry
 
 DELTA = json.dumps({"source": "pyspark_abs_delta", "version": 3, "index": 0})

@@ -9,14 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pyspark_abs import (
-    Clock,
-    KeyGroupContext,
-    KeyGroupResult,
-    OperatorError,
-    StateEncodingError,
-    TimeoutMode,
-)
+from pyspark_abs import Clock, KeyGroupContext, KeyGroupResult, TimeoutMode
+from pyspark_abs.errors import OperatorError, StateEncodingError
 from pyspark_abs.operators.key_group import run_key_group, run_key_groups
 from pyspark_abs.operators.keygroups import murmur3_int, slot_of, slot_values
 from pyspark_abs.operators.state_codec import SlotEntry, decode_slot, encode_slot

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from pyspark_abs import ConfigError, SourceError, SparkFileSource
-from pyspark_abs.sources.spark_files import files_through, path_forms
+from pyspark_abs import SparkFileSource
+from pyspark_abs.errors import ConfigError, SourceError
+from pyspark_abs.sources.files.spark import files_through, path_forms
 
 
 def log_file(*entries: tuple[str, int]) -> str:

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from pyspark_abs.admin.retention import expire
-from pyspark_abs.admin.tags import tag, untag
 from pyspark_abs.errors import ConfigError, ManifestError, SnapshotNotFoundError
 from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog, is_tag_name
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.storage.store import DeltaStore
+from pyspark_abs.upkeep.retention import expire
+from pyspark_abs.upkeep.tags import tag, untag
 from tests.support.inputs import race
 from tests.support.manifest import T0, entry
 from tests.support.roots import PIPELINE, committed_root, prepared
@@ -197,7 +197,7 @@ def skewed(monkeypatch: pytest.MonkeyPatch, minutes: float) -> None:
     """Record savepoint rows as a host whose clock is off by ``minutes`` would."""
     real = dt.datetime.now
     monkeypatch.setattr(
-        "pyspark_abs.admin.tags.now",
+        "pyspark_abs.upkeep.tags.now",
         lambda: real(dt.timezone.utc) + dt.timedelta(minutes=minutes),
     )
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pyspark_abs import InvalidTimeoutError, SchemaMismatchError
+from pyspark_abs.errors import InvalidTimeoutError, SchemaMismatchError
 from pyspark_abs.operators.schema import frame_to_arrow, instant_columns, localize
 from pyspark_abs.operators.timers import to_epoch_ms
 

@@ -15,13 +15,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from pyspark_abs import (
-    InvalidTimeoutError,
-    KeyState,
-    OperatorDefinitionError,
-    TimeoutMode,
-    operator,
-)
+from pyspark_abs import KeyState, TimeoutMode, operator
+from pyspark_abs.errors import InvalidTimeoutError, OperatorDefinitionError
 from pyspark_abs.operators.contract import Clock
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan

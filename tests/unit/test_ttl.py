@@ -11,15 +11,14 @@ import pytest
 
 from pyspark_abs import (
     Clock,
-    InvalidTimeoutError,
     KeyGroupContext,
     KeyGroupResult,
     KeyState,
-    OperatorDefinitionError,
     TimeoutMode,
     operator,
     vectorized_operator,
 )
+from pyspark_abs.errors import InvalidTimeoutError, OperatorDefinitionError
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.per_key import PerKeyAdapter
 from pyspark_abs.operators.plan import OperatorPlan

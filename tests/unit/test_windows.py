@@ -22,7 +22,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pyspark_abs import OperatorDefinitionError, session_window, tumbling_window
+from pyspark_abs import session_window, tumbling_window
+from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.operators.contract import Clock, Operator
 from pyspark_abs.operators.key_group import run_key_group
 from pyspark_abs.operators.plan import OperatorPlan

@@ -1,1 +1,0 @@
-"""Savepoints (rollback, restore, written state), compaction, retention and validation."""

@@ -1,0 +1,1 @@
+"""Channels: a job's stage reading its upstream stages' outputs, aligned epoch by epoch."""

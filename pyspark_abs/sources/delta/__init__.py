@@ -1,0 +1,1 @@
+"""The Delta source: a Delta table read as a replayable stream, and Spark's own Delta reader."""

@@ -1,0 +1,1 @@
+"""The Kafka source: topics read with Spark's Kafka connector, rewindable to a snapshot."""

@@ -1,0 +1,1 @@
+"""Upkeep the user runs on a root: compaction, retention, validation and savepoint names."""

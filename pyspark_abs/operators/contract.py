@@ -13,11 +13,19 @@ changed are written to the snapshot.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Generic,
+    NotRequired,
+    Required,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+    Unpack,
+)
 
 import pandas as pd
 import pyarrow as pa
@@ -153,6 +161,47 @@ class KeyGroupResult:
     output: Rows | Mapping[str, Rows] | None = None
 
 
+class OperatorOptions(TypedDict):
+    """The declaration every operator decorator takes, as keyword arguments.
+
+    :func:`operator`, :func:`vectorized_operator` and :func:`arrow_operator` (and the window
+    operators, which fill some in themselves) take these; a dict of them can be kept and
+    passed on whole (``@vectorized_operator(**options)``)::
+
+        counting: OperatorOptions = {"key": "word", "state_schema": "count long",
+                                     "output_schema": "word string, count long"}
+
+    Keys:
+        key: Key column name(s).
+        state_schema: Columns of a key's state. Leave it out for a stateless operator (a
+            filter, a parser, a bronze stage): its state table stays empty, and it may not
+            return state, have timeouts or a ttl.
+        output_schema: Schema of the single output, named ``"output"``.
+        outputs: Several named outputs with their schemas (instead of ``output_schema``).
+        timeout: ``"none"`` (the default), ``"processing_time"`` or ``"event_time"``.
+        name: Operator id; defaults to the function's name. It names the state table, so
+            keep it when the function is renamed.
+        evolution: How state stored by an earlier version of the operator becomes
+            ``state_schema``; the next start migrates it once (see :class:`StateEvolution`).
+        ttl: State time-to-live: a key whose state the function has not written for
+            longer is removed (a tombstone in the snapshot of the epoch in which it expires,
+            and the function no longer sees it). Each write starts the key's clock again.
+        ttl_clock: ``"processing_time"`` (the default: the micro-batch's time) or
+            ``"event_time"`` (the key's newest event when it was written, against the
+            watermark).
+    """
+
+    key: Required[str | Sequence[str]]
+    state_schema: NotRequired[SchemaLike | None]
+    output_schema: NotRequired[SchemaLike | None]
+    outputs: NotRequired[Mapping[str, SchemaLike] | None]
+    timeout: NotRequired[TimeoutMode | str]
+    name: NotRequired[str | None]
+    evolution: NotRequired[StateEvolution | None]
+    ttl: NotRequired[dt.timedelta | None]
+    ttl_clock: NotRequired[TimeoutMode | str]
+
+
 @dataclass(frozen=True)
 class Operator:
     """A declared stateful operator, built with :func:`operator` or :func:`vectorized_operator`.
@@ -199,16 +248,7 @@ class Operator:
 
 
 def vectorized_operator(
-    *,
-    key: str | Sequence[str],
-    state_schema: SchemaLike | None = None,
-    output_schema: SchemaLike | None = None,
-    outputs: Mapping[str, SchemaLike] | None = None,
-    timeout: TimeoutMode | str = TimeoutMode.NONE,
-    name: str | None = None,
-    evolution: StateEvolution | None = None,
-    ttl: dt.timedelta | None = None,
-    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
+    **options: Unpack[OperatorOptions],
 ) -> Callable[[KeyGroupFunction], Operator]:
     """Declare a vectorized operator: ``fn(rows, state, ctx) -> KeyGroupResult``.
 
@@ -228,51 +268,17 @@ def vectorized_operator(
             return KeyGroupResult(state=new, output=new)
 
     Args:
-        key: Key column name(s).
-        state_schema: Columns of a key's state. Leave it out for a stateless operator (a
-            filter, a parser, a bronze stage): its state table stays empty, and it may not
-            return state, have timeouts or a ttl.
-        output_schema: Schema of the single output, named ``"output"``.
-        outputs: Several named outputs with their schemas (instead of ``output_schema``).
-        timeout: ``"none"``, ``"processing_time"`` or ``"event_time"``.
-        name: Operator id; defaults to the function's name. It names the state table, so
-            keep it when the function is renamed.
-        evolution: How state stored by an earlier version of the operator becomes
-            ``state_schema``; the next start migrates it once (see :class:`StateEvolution`).
-        ttl: State time-to-live: a key whose state the function has not written for
-            longer is removed (a tombstone in the snapshot of the epoch in which it expires,
-            and the function no longer sees it). Each write starts the key's clock again.
-        ttl_clock: ``"processing_time"`` (the micro-batch's time) or ``"event_time"`` (the
-            key's newest event when it was written, against the watermark).
+        options: The declaration: ``key`` and the schemas, clocks, name and evolution
+            (see :class:`OperatorOptions`).
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
     """
-    return functools.partial(
-        declare,
-        key=key,
-        state_schema=state_schema,
-        output_schema=output_schema,
-        outputs=outputs,
-        timeout=timeout,
-        name=name,
-        evolution=evolution,
-        ttl=ttl,
-        ttl_clock=ttl_clock,
-    )
+    return lambda fn: declare(fn, options)
 
 
 def arrow_operator(
-    *,
-    key: str | Sequence[str],
-    state_schema: SchemaLike | None = None,
-    output_schema: SchemaLike | None = None,
-    outputs: Mapping[str, SchemaLike] | None = None,
-    timeout: TimeoutMode | str = TimeoutMode.NONE,
-    name: str | None = None,
-    evolution: StateEvolution | None = None,
-    ttl: dt.timedelta | None = None,
-    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
+    **options: Unpack[OperatorOptions],
 ) -> Callable[[ArrowKeyGroupFunction], Operator]:
     """Declare a vectorized operator on ``pyarrow`` tables: ``fn(rows, state, ctx)``.
 
@@ -295,47 +301,42 @@ def arrow_operator(
             ...
             return KeyGroupResult(state=counts, output=counts)
 
-    The arguments are those of :func:`vectorized_operator`.
+    The arguments are those of :func:`vectorized_operator` (see :class:`OperatorOptions`).
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
     """
-    return functools.partial(
-        declare,
-        key=key,
-        state_schema=state_schema,
-        output_schema=output_schema,
-        outputs=outputs,
-        timeout=timeout,
-        name=name,
-        evolution=evolution,
-        ttl=ttl,
-        ttl_clock=ttl_clock,
-        arrow=True,
-    )
+    return lambda fn: declare(fn, options, arrow=True)
 
 
-def declare(
-    fn: AnyKeyGroupFunction,
-    *,
-    key: str | Sequence[str],
-    state_schema: SchemaLike | None,
-    output_schema: SchemaLike | None,
-    outputs: Mapping[str, SchemaLike] | None,
-    timeout: TimeoutMode | str,
-    name: str | None,
-    evolution: StateEvolution | None = None,
-    ttl: dt.timedelta | None = None,
-    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
-    arrow: bool = False,
-) -> Operator:
-    """Check a declaration and build its :class:`Operator` (see :func:`vectorized_operator`).
+def declare(fn: AnyKeyGroupFunction, options: OperatorOptions, *, arrow: bool = False) -> Operator:
+    """Check a declaration and build its :class:`Operator` (see :class:`OperatorOptions`).
 
     ``arrow``: the function takes ``pyarrow`` tables (see :func:`arrow_operator`).
 
     Raises:
         OperatorDefinitionError: The declaration is inconsistent.
     """
+    name = options.get("name")
+    unknown = sorted(set(options) - set(OperatorOptions.__annotations__))
+    if unknown:
+        raise OperatorDefinitionError(
+            f"operator {name or getattr(fn, '__name__', '')!r}: unknown option(s) {unknown}; "
+            f"an operator takes {list(OperatorOptions.__annotations__)}"
+        )
+    if "key" not in options:
+        raise OperatorDefinitionError(
+            f"operator {name or getattr(fn, '__name__', '')!r}: key= is missing; name the key "
+            f'column(s), e.g. key="word"'
+        )
+    key = options["key"]
+    state_schema = options.get("state_schema")
+    output_schema = options.get("output_schema")
+    outputs = options.get("outputs")
+    timeout = options.get("timeout", TimeoutMode.NONE)
+    evolution = options.get("evolution")
+    ttl = options.get("ttl")
+    ttl_clock = options.get("ttl_clock", TimeoutMode.PROCESSING_TIME)
     op_name = name or getattr(fn, "__name__", "")
     if not callable(fn):
         raise OperatorDefinitionError(f"operator {op_name!r}: expected a function, got {fn!r}")

@@ -7,11 +7,10 @@ fired, each with its :class:`KeyState`.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, Unpack
 
 import pandas as pd
 
@@ -25,16 +24,15 @@ from pyspark_abs.operators.contract import (
     KeyGroupContext,
     KeyGroupResult,
     Operator,
+    OperatorOptions,
     TimeoutMode,
     declare,
 )
-from pyspark_abs.operators.evolution import StateEvolution
 from pyspark_abs.operators.key_state import KeyState
 from pyspark_abs.operators.outputs import OutputRows, collect
 from pyspark_abs.operators.schema import (
     TIMEOUT,
     TIMERS,
-    SchemaLike,
     object_frame,
     python_value,
 )
@@ -51,17 +49,7 @@ PerKeyFunction: TypeAlias = "Callable[[tuple[Any, ...], pd.DataFrame, KeyState],
 
 
 def operator(
-    *,
-    key: str | Sequence[str],
-    state_schema: SchemaLike | None = None,
-    output_schema: SchemaLike | None = None,
-    outputs: Mapping[str, SchemaLike] | None = None,
-    timeout: TimeoutMode | str = TimeoutMode.NONE,
-    name: str | None = None,
-    evolution: StateEvolution | None = None,
-    ttl: dt.timedelta | None = None,
-    ttl_clock: TimeoutMode | str = TimeoutMode.PROCESSING_TIME,
-    timers: bool = False,
+    *, timers: bool = False, **options: Unpack[OperatorOptions]
 ) -> Callable[[PerKeyFunction], Operator]:
     """Declare a per-key operator: ``fn(key, rows, state)``.
 
@@ -79,8 +67,9 @@ def operator(
             state.update({"count": count})
             return {"word": key[0], "count": count}
 
-    The arguments are those of :func:`~pyspark_abs.operators.contract.vectorized_operator`,
-    and ``timers=True``: keep several timers per key (:meth:`KeyState.register_timer`) on
+    The arguments are those of :func:`~pyspark_abs.operators.contract.vectorized_operator`
+    (see :class:`~pyspark_abs.operators.contract.OperatorOptions`), and ``timers=True``: keep
+    several timers per key (:meth:`KeyState.register_timer`) on
     the clock ``timeout`` names, in the state column ``_timers``, instead of one timeout.
 
     Raises:
@@ -88,24 +77,13 @@ def operator(
     """
 
     def build(fn: PerKeyFunction) -> Operator:
-        declared = declare(
-            fn,  # checked, then wrapped below
-            key=key,
-            state_schema=state_schema,
-            output_schema=output_schema,
-            outputs=outputs,
-            timeout=timeout,
-            name=name,
-            evolution=evolution,
-            ttl=ttl,
-            ttl_clock=ttl_clock,
-        )
+        declared = declare(fn, options)  # checked, then wrapped below
         # with a TTL, the timeouts are the expiries: KeyState offers none
         timeouts = TimeoutMode.NONE if declared.ttl_ms is not None else declared.timeout
         adapter = PerKeyAdapter(fn, declared.key, timeouts, timers=timers)
         if timers:
-            check_timers(declared, state_schema)
-            state = with_timers(declared.name, state_schema)  # type: ignore[arg-type]
+            check_timers(declared, options.get("state_schema"))
+            state = with_timers(declared.name, options.get("state_schema"))  # type: ignore[arg-type]
             return replace(declared, state_schema=state, function=adapter)
         return replace(declared, function=adapter)
 

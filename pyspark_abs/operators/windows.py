@@ -360,19 +360,20 @@ def _window(
     key_ddl = ", ".join(f"{k} {t}" for k, t in key.items())
     declared = declare(
         function,
-        key=keys,
-        state_schema=", ".join(
-            [f"{START} array<bigint>", f"{END} array<bigint>"]
-            + [f"{a.name} array<{a.kind}>" for a in parsed]
-        ),
-        output_schema=", ".join(
-            [key_ddl, f"{START} timestamp", f"{END} timestamp"]
-            + [f"{a.name} {a.kind}" for a in parsed]
-        ),
-        outputs=None,
-        timeout=TimeoutMode.EVENT_TIME,
-        name=name,
-        evolution=evolution,
+        {
+            "key": keys,
+            "state_schema": ", ".join(
+                [f"{START} array<bigint>", f"{END} array<bigint>"]
+                + [f"{a.name} array<{a.kind}>" for a in parsed]
+            ),
+            "output_schema": ", ".join(
+                [key_ddl, f"{START} timestamp", f"{END} timestamp"]
+                + [f"{a.name} {a.kind}" for a in parsed]
+            ),
+            "timeout": TimeoutMode.EVENT_TIME,
+            "name": name,
+            "evolution": evolution,
+        },
         arrow=True,
     )
     return replace(declared, input_problem=function.input_problem)

@@ -26,7 +26,9 @@ from pyspark_abs import (
     Snapshots,
     operator,
     rollback,
+    vectorized_operator,
 )
+from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.examples import components
 from pyspark_abs.examples.wordcount import word_count, words_of
 from tests.support.inputs import write_epochs
@@ -205,6 +207,37 @@ def test_the_delta_source_block(spark: SparkSession, tmp_path: Path) -> None:
     snapshots = Snapshots(str(tmp_path / "root"), spark)
     assert_same(snapshots.state("word_count"), counts_df(spark, TEXTS))
     assert_same(snapshots.sink("output"), expected_sink(spark, TEXTS))
+
+
+def test_the_options_block_declares_both_forms_from_one_object(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ns: dict[str, object] = {}
+    run_block('"output_schema": "word string, count long",', ns, {})
+    pandas_form, arrow_form = cast(Operator, ns["count_words"]), ns["count_words_in_arrow"]
+    assert isinstance(arrow_form, Operator)
+    assert (arrow_form.name, pandas_form.name) == ("count_words_arrow", "count_words")
+    assert (arrow_form.arrow, pandas_form.arrow) == (True, False)
+    words = word_table(tmp_path / "words", TEXTS)
+    for form in (pandas_form, arrow_form):
+        root = str(tmp_path / form.name)
+        Pipeline(
+            form.name,
+            DeltaSource(words, max_files_per_trigger=1),
+            form,
+            root=root,
+            sinks=f"{root}_sink",
+            config=AbsConfig(key_groups=4),
+        ).run()
+        snapshots = Snapshots(root, spark)
+        assert_same(snapshots.state(form.name), counts_df(spark, TEXTS))
+        assert_same(snapshots.sink("output"), expected_sink(spark, TEXTS))
+    with pytest.raises(OperatorDefinitionError, match=r"unknown option\(s\) \['ttl_clok'\]"):
+        vectorized_operator(**{**cast(dict[str, Any], ns["counting"]), "ttl_clok": "x"})(
+            lambda rows, state, ctx: None
+        )
+    with pytest.raises(OperatorDefinitionError, match="key= is missing"):
+        vectorized_operator(output_schema="word string")(lambda rows, state, ctx: None)  # type: ignore[call-arg]
 
 
 @pytest.mark.delta_jvm  # Spark writes the bronze table with Delta's jars

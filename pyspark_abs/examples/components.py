@@ -6,7 +6,7 @@ its neighbours, and a new edge makes both ends send theirs across it; those offe
 over the back-edge ``offers`` and come back as input in a later epoch. When the pipeline is
 quiescent, every vertex is labelled with the smallest vertex id of its component.
 
-Run it as a program (``scripts/connected_components.py`` does the same)::
+Run it as a program (``scripts/examples/connected_components.py`` does the same)::
 
     python -m pyspark_abs.examples.components --root DIR [--edges FILE.csv]
 

@@ -6,7 +6,7 @@ is tried again in a later epoch. A job still failing after ``max_attempts`` atte
 the dead-letter table. Every job ends in exactly one of ``done`` and ``dead_letter``, with
 its exact number of attempts, also across crashes: retries in flight are in the snapshot.
 
-Run it as a program (``scripts/retry_loop.py`` does the same)::
+Run it as a program (``scripts/examples/retry_loop.py`` does the same)::
 
     python -m pyspark_abs.examples.retry --root DIR [--jobs N] [--max-attempts K]
 """

@@ -6,7 +6,7 @@ Run it as a program to process a directory of text files, one file per epoch::
 
 ``--crash`` exits the process at that protocol step, as a crash would; running the same
 command again recovers and finishes. ``--pause STEP:EPOCH`` stops the process there
-(SIGSTOP) instead, for a supervisor such as ``scripts/chaos.py`` to kill.
+(SIGSTOP) instead, for a supervisor such as ``scripts/harnesses/chaos.py`` to kill.
 """
 
 from __future__ import annotations

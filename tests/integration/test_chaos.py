@@ -12,7 +12,14 @@ REPO = Path(__file__).parents[2]
 
 
 def test_killed_and_restarted_pipeline_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    command = [sys.executable, str(REPO / "scripts" / "chaos.py"), "--kills", "3", "--seed", "7"]
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "harnesses" / "chaos.py"),
+        "--kills",
+        "3",
+        "--seed",
+        "7",
+    ]
     command += ["--root", str(tmp_path / "root")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -27,7 +34,14 @@ def test_killed_and_restarted_pipeline_loses_and_duplicates_nothing(tmp_path: Pa
 
 
 def test_killed_and_restarted_job_keeps_every_job_snapshot_a_true_cut(tmp_path: Path) -> None:
-    command = [sys.executable, str(REPO / "scripts" / "chaos.py"), "--kills", "2", "--seed", "3"]
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "harnesses" / "chaos.py"),
+        "--kills",
+        "2",
+        "--seed",
+        "3",
+    ]
     command += ["--root", str(tmp_path / "job"), "--job"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)

@@ -1,8 +1,8 @@
 """A short job nemesis schedule: job operations with every feature, checked after each step.
 
-``scripts/job_nemesis.py`` runs every job operation in a child process (this process starts
+``scripts/harnesses/job_nemesis.py`` runs every job operation in a child process (this process starts
 no Spark) and checks every stage snapshot of every job root against its reference model
-(``scripts/job_model.py``, deltalake and pyarrow only), every listed job snapshot for a
+(``scripts/harnesses/job_model.py``, deltalake and pyarrow only), every listed job snapshot for a
 consistent cut, the stages' savepoint names, and validate. Each run costs a child's Spark
 start, so the schedule is short. Then the model is told of an input file that never landed:
 the same check must find the job's snapshots wrong.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts" / "harnesses"))
 
 import job_nemesis
 

@@ -1,6 +1,6 @@
 """A short nemesis schedule: lifecycle operations against one pipeline, checked after each.
 
-``scripts/nemesis.py`` runs every pipeline operation in a child process (this process starts
+``scripts/harnesses/nemesis.py`` runs every pipeline operation in a child process (this process starts
 no Spark), and checks every retained snapshot of every root against its reference model after
 each step. Each pipeline run costs a child's Spark start (15 to 40 s on a loaded two-core
 machine), so the schedule is short: seed 92 draws a kill, two restores, a rollback, a run
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts" / "harnesses"))
 
 import nemesis
 

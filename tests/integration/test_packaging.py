@@ -74,7 +74,7 @@ def test_a_classic_installation_runs_a_pipeline_without_spark_connect_packages(
         PYSPARK_DRIVER_PYTHON=str(python),
         PYSPARK_SUBMIT_ARGS=f"--properties-file {REPO / 'conf' / 'spark-defaults.conf'} pyspark-shell",
     )
-    job = [str(REPO / "scripts" / "spark_submit_job.py"), "--input", str(inputs)]
+    job = [str(REPO / "scripts" / "examples" / "spark_submit_job.py"), "--input", str(inputs)]
     run = subprocess.run(
         [str(python), *job, "--root", str(root), "--config", str(REPO / "conf" / "pipeline.toml")],
         cwd=tmp_path,

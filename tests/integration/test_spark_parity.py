@@ -1,9 +1,9 @@
-"""Same answers as Spark: a short differential schedule (``scripts/spark_parity.py``).
+"""Same answers as Spark: a short differential schedule (``scripts/harnesses/spark_parity.py``).
 
 Each seed runs one per-key logic through Spark's own ``applyInPandasWithState`` and through
 pyspark-abs operators (per key, and in the Arrow form) on the same Parquet files, over a state schema drawn from every scalar
 Spark SQL type with nulls and extremes, and compares every call's output (the typed state it
-read and its ``repr``) with chispa; and the README's example of nulls. Longer schedules: ``python scripts/spark_parity.py
+read and its ``repr``) with chispa; and the README's example of nulls. Longer schedules: ``python scripts/harnesses/spark_parity.py
 --seeds 200``.
 """
 
@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark_abs import AbsConfig, FileSource, Operator, Pipeline, operator
 from tests.support.readme import run_block
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts" / "harnesses"))
 
 import spark_parity
 

@@ -33,7 +33,7 @@ def submit(python: Path, tmp_path: Path, *options: str) -> subprocess.CompletedP
         *options,
         "--properties-file",
         str(REPO / "conf" / "spark-defaults.conf"),
-        str(REPO / "scripts" / "spark_submit_job.py"),
+        str(REPO / "scripts" / "examples" / "spark_submit_job.py"),
         "--input",
         str(inputs),
         "--root",

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts" / "bench"))
 
 from bench_recovery import check
 

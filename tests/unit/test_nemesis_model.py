@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts" / "harnesses"))
 
 import nemesis
 

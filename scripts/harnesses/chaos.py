@@ -1,6 +1,6 @@
 """Chaos run: SIGKILL a word-count pipeline at random moments, restart it, check exactly once.
 
-    python scripts/chaos.py --kills N --seed S [--input DIR] [--root DIR] [--job]
+    python scripts/harnesses/chaos.py --kills N --seed S [--input DIR] [--root DIR] [--job]
 
 The example word count (``pyspark_abs.examples.wordcount``, one text file per epoch) runs in
 a child process in its own process group, so a kill takes the Python driver and Spark's JVM
@@ -66,7 +66,7 @@ from pyspark_abs.sources.files.offsets import FileOffset
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import validate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.support.jobs import model  # noqa: E402  (the job's model, shared with the tests)
 

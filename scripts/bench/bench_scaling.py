@@ -9,7 +9,7 @@ afterwards. Each master gets its own SparkSession; an active session with the sa
 (a test's) is reused. The plot shows records/s per master. The last line printed is one
 JSON object.
 
-    python scripts/bench_scaling.py [--records N] [--keys N] [--epochs N] [--repeats N]
+    python scripts/bench/bench_scaling.py [--records N] [--keys N] [--epochs N] [--repeats N]
         [--masters local[1] local[2] standalone] [--plot PATH]
 """
 
@@ -174,12 +174,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         {v: [rates[m][v] for m in masters] for v in VARIANTS},
     )
     figures = {
-        "records": args.records,
-        "keys": args.keys,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "partitions": args.partitions,
-        "key_groups": args.key_groups,
+        **_bench.workload_figures(args),
         "masters": masters,
         "records_per_s": {m: {v: round(r) for v, r in rs.items()} for m, rs in rates.items()},
         "async_vs_baseline": {

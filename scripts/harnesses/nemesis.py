@@ -1,6 +1,6 @@
 """Nemesis: a random schedule of lifecycle operations, checked against a reference model.
 
-    python scripts/nemesis.py --ops N --seed S [--root DIR] [--kinds run,kill,...]
+    python scripts/harnesses/nemesis.py --ops N --seed S [--root DIR] [--kinds run,kill,...]
 
 One keyed word count (a ``DeltaSource`` over a bronze Delta table of ``(word, reset)`` rows;
 a ``reset`` row removes the word's key; the sink gets ``(word, count, batch)`` per changed
@@ -59,14 +59,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
 PIPELINE = "nemesis"
 OPERATOR = "nemesis_count"
@@ -695,25 +695,24 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         return
 
 
-class Nemesis:
-    """Runs the schedule and checks after every step."""
+class Harness:
+    """What both nemeses share: the schedule's random streams, children started one ahead
+    (each a Spark driver given its operation later), and the tallies of the report."""
 
-    def __init__(
-        self,
-        workdir: Path,
-        seed: int,
-        kinds: Sequence[str],
-    ) -> None:
+    script: Path
+    """The harness's own script, which its children run."""
+    count_names: tuple[str, ...]
+    """The counts of the report, each zero in a sound run."""
+    child_timeout_s: float
+    """How long a child's operation may take before it is killed."""
+
+    def __init__(self, workdir: Path, seed: int, kinds: Sequence[str]) -> None:
         self.workdir = workdir
         self.schedule = random.Random(seed)  # the kinds alone: a seed's schedule is its own
         self.rng = random.Random(seed + 1_000_003)
         self.kinds = list(kinds)
-        self.bronze = workdir / "bronze"
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        first = workdir / "root-0"
-        self.plans: dict[Path, RootPlan] = {first: RootPlan(first, first / "sinks" / "counts")}
-        self.current = first
         self.ops: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
@@ -721,6 +720,111 @@ class Nemesis:
         self.errors: list[str] = []
         self.children = 0
         self.ahead: Child | None = None
+
+    def start_child(self, *args: str) -> Child:
+        """A child process starting Spark, to be given its operation later."""
+        self.children += 1
+        return start_child(self.script, self.logs / f"{self.children:04d}.log", *args)
+
+    def give(self, command: Sequence[str], *args: str) -> Child:
+        """Give ``command`` to the child started ahead and start the next one; a child that
+        needs other ``args`` is started for the command alone."""
+        if args:
+            child = self.start_child(*args)
+        else:
+            child = self.ahead or self.start_child()
+            self.ahead = self.start_child()
+        child.order(command)
+        return child
+
+    def close(self) -> None:
+        """Stop the child started ahead."""
+        if self.ahead is not None:
+            signal_group(self.ahead.process.pid, signal.SIGKILL)
+            self.ahead.process.wait()
+            self.ahead = None
+
+    def expect_ok(self, child: Child, what: str) -> dict[str, Any]:
+        """The child's result; an error of the run if it did not exit 0."""
+        code, result = child.wait(self.child_timeout_s)
+        if code != 0:
+            self.error(f"{what} exited {code}: {result or 'no result'}, see {child.log}")
+        return result
+
+    def error(self, message: str) -> None:
+        """Record an error of the run, and show it at once."""
+        self.errors.append(message)
+        print(f"  ERROR {message}", file=sys.stderr)
+
+    @classmethod
+    def run_schedule(cls, workdir: Path, seed: int, kinds: Sequence[str], ops: int) -> Self:
+        """Run ``ops`` operations of a seed's schedule in ``workdir``; the harness, for its
+        report."""
+        harness = cls(workdir, seed, kinds)
+        try:
+            harness.run(ops)
+        finally:
+            harness.close()
+        return harness
+
+    def run(self, ops: int) -> None:
+        """Run ``ops`` operations of the schedule, checking after each."""
+        raise NotImplementedError
+
+    def report(self, seed: int, wall_s: float) -> dict[str, Any]:
+        """The JSON report of a run (see :meth:`tallies`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def main(
+        cls, argv: Sequence[str] | None, doc: str | None, weights: Mapping[str, int], prefix: str
+    ) -> dict[str, Any]:
+        """Run a schedule; print progress to stderr and the JSON report as the last stdout
+        line."""
+        description = (doc or "").splitlines()[0]
+        args, kinds, workdir = schedule_arguments(argv, description, weights, prefix)
+        started = time.monotonic()
+        harness = cls.run_schedule(workdir, args.seed, kinds, args.ops)
+        report = harness.report(args.seed, time.monotonic() - started)
+        print(f"workdir: {workdir}", file=sys.stderr)
+        print(json.dumps(report), flush=True)
+        return report
+
+    @classmethod
+    def sound(cls, report: Mapping[str, Any]) -> bool:
+        """Whether every count of the report is zero."""
+        return not any(report[name] for name in cls.count_names)
+
+    def tallies(self, seed: int, wall_s: float, **figures: Any) -> dict[str, Any]:
+        """The report: the seed, the operations and their outcomes, ``figures``, the counts
+        of :attr:`count_names` (errors among them), the first failures and the wall time."""
+        counts = dict(self.counts)
+        counts["errors"] = len(self.errors)
+        return {
+            "seed": seed,
+            "ops": dict(sorted(self.ops.items())),
+            "outcomes": dict(sorted(self.outcomes.items())),
+            **figures,
+            **{name: counts.get(name, 0) for name in self.count_names},
+            "failures": self.failures[:20],
+            "error_messages": self.errors[:20],
+            "wall_s": round(wall_s, 1),
+        }
+
+
+class Nemesis(Harness):
+    """Runs the schedule and checks after every step."""
+
+    script = SCRIPT
+    count_names = COUNTS
+    child_timeout_s = CHILD_TIMEOUT_S
+
+    def __init__(self, workdir: Path, seed: int, kinds: Sequence[str]) -> None:
+        super().__init__(workdir, seed, kinds)
+        self.bronze = workdir / "bronze"
+        first = workdir / "root-0"
+        self.plans: dict[Path, RootPlan] = {first: RootPlan(first, first / "sinks" / "counts")}
+        self.current = first
         self.inputs: dict[int, list[Row]] = {}
         self.appended = 0
         self.checked: dict[Path, tuple[dict[str, int | str], Counter[str], list[str]]] = {}
@@ -743,22 +847,7 @@ class Nemesis:
         command = [what, "--bronze", str(self.bronze), "--root", str(root)]
         command += ["--sink", str(plan.sink), "--key-groups", str(plan.key_groups)]
         command += ["--partitions", str(plan.partitions), *extra]
-        child = self.ahead or self.start_child()
-        self.ahead = self.start_child()
-        child.order(command)
-        return child
-
-    def start_child(self) -> Child:
-        """A child process starting Spark, to be given its operation later."""
-        self.children += 1
-        return start_child(SCRIPT, self.logs / f"{self.children:04d}.log")
-
-    def close(self) -> None:
-        """Stop the child started ahead."""
-        if self.ahead is not None:
-            signal_group(self.ahead.process.pid, signal.SIGKILL)
-            self.ahead.process.wait()
-            self.ahead = None
+        return self.give(command)
 
     def run_args(self, root: Path) -> list[str]:
         """A random commit mode and change-file share (1000: every small key group goes on
@@ -773,16 +862,6 @@ class Nemesis:
         if self.rng.random() < 0.3:
             extra += ["--compact-every", "1"]
         return extra
-
-    def expect_ok(self, child: Child, what: str) -> dict[str, Any]:
-        code, result = child.wait()
-        if code != 0:
-            self.error(f"{what} exited {code}: {result or 'no result'}, see {child.log}")
-        return result
-
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-        print(f"  ERROR {message}", file=sys.stderr)
 
     def next_epoch(self, root: Path) -> int:
         """One more than the newest epoch in the manifest (0 for a new root)."""
@@ -1018,41 +1097,17 @@ class Nemesis:
                 epochs += len(manifest_epochs(root))
             except Exception:
                 continue
-        counts = dict(self.counts)
-        counts["errors"] = len(self.errors)
-        return {
-            "seed": seed,
-            "ops": dict(sorted(self.ops.items())),
-            "outcomes": dict(sorted(self.outcomes.items())),
-            "roots": len(self.plans),
-            "epochs": epochs,
-            "input_rows": self.appended,
-            **{name: counts.get(name, 0) for name in COUNTS},
-            "failures": self.failures[:20],
-            "error_messages": self.errors[:20],
-            "wall_s": round(wall_s, 1),
-        }
+        return self.tallies(
+            seed, wall_s, roots=len(self.plans), epochs=epochs, input_rows=self.appended
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run a schedule; print progress to stderr and the JSON report as the last stdout line."""
-    description = (__doc__ or "").splitlines()[0]
-    args, kinds, workdir = schedule_arguments(argv, description, WEIGHTS, "pyspark-abs-nemesis-")
-    started = time.monotonic()
-    nemesis = Nemesis(workdir, args.seed, kinds)
-    try:
-        nemesis.run(args.ops)
-    finally:
-        nemesis.close()
-    report = nemesis.report(args.seed, time.monotonic() - started)
-    print(f"workdir: {workdir}", file=sys.stderr)
-    print(json.dumps(report), flush=True)
-    return report
+    """Run a schedule (see :meth:`Harness.main`)."""
+    return Nemesis.main(argv, __doc__, WEIGHTS, "pyspark-abs-nemesis-")
 
 
-def sound(report: dict[str, Any]) -> bool:
-    """Whether every count of the report is zero."""
-    return not any(report[name] for name in COUNTS)
+sound = Nemesis.sound
 
 
 if __name__ == "__main__":

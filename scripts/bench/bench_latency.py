@@ -17,7 +17,7 @@ the end of the ``foreachBatch`` that appended the file's micro-batch. Epoch time
 median ``triggerExecution`` of the micro-batches that read input. Variants are interleaved;
 the last line printed is one JSON object.
 
-    python scripts/bench_latency.py [--files N] [--interval S] [--records-per-file N]
+    python scripts/bench/bench_latency.py [--files N] [--interval S] [--records-per-file N]
         [--keys N] [--key-groups K] [--repeats N]
 """
 

@@ -1,6 +1,6 @@
 """A retry loop with bounded attempts and a dead-letter table, run until quiescent.
 
-    python scripts/retry_loop.py --root DIR [--jobs 1000] [--max-attempts 3]
+    python scripts/examples/retry_loop.py --root DIR [--jobs 1000] [--max-attempts 3]
 
 See pyspark_abs/examples/retry.py and the README's "Cycles" section.
 """

@@ -4,7 +4,7 @@ A keyed count over a Delta table source (one append per epoch) builds a snapshot
 script then times each maintenance and restore operation on it and reports state-table size
 before and after compaction. The last line of output is one JSON object with every figure.
 
-    python scripts/bench_snapshots.py [--records 1000000] [--keys 200000] [--epochs 10]
+    python scripts/bench/bench_snapshots.py [--records 1000000] [--keys 200000] [--epochs 10]
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> int:
     parser.add_argument("--workdir", help="directory for tables (default: a temporary one)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-snapshots-"))
-    log_config = Path(__file__).parents[1] / "conf" / "log4j2.properties"
+    log_config = Path(__file__).parents[2] / "conf" / "log4j2.properties"
     spark = local_session(
         "bench-snapshots",
         cores=2,

@@ -12,7 +12,7 @@ events per user and 5-minute window and appends each window once, when it closes
 
 Variants are interleaved; medians are compared. The last line printed is one JSON object.
 
-    python scripts/bench_windows.py [--records N] [--keys N] [--epochs N] [--repeats N]
+    python scripts/bench/bench_windows.py [--records N] [--keys N] [--epochs N] [--repeats N]
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import datetime as dt
 import shutil
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,20 +89,8 @@ def run_builtin(spark: SparkSession, work: Path, inputs: Path) -> tuple[float, i
         .agg(F.count("*").alias("events"), F.sum("amount").alias("spent"))
     )
 
-    def append(batch: DataFrame, batch_id: int) -> None:
-        batch.write.mode("append").parquet(str(out / "windows"))
-
-    started = time.perf_counter()
-    query = (
-        windows.writeStream.outputMode("append")
-        .foreachBatch(append)
-        .option("checkpointLocation", str(out / "_checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    seconds = time.perf_counter() - started
-    written = spark.read.parquet(str(out / "windows")).count() if (out / "windows").exists() else 0
+    seconds = _bench.run_spark_query(windows, out, "append")
+    written = spark.read.parquet(str(out / "rows")).count() if (out / "rows").exists() else 0
     shutil.rmtree(out, ignore_errors=True)
     return seconds, written
 
@@ -143,11 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, ratio in ratios.items():
         print(f"{name:<30} {ratio:6.3f}")
     figures = {
-        "records": args.records,
-        "keys": args.keys,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "key_groups": args.key_groups,
+        **_bench.workload_figures(args),
         "records_per_s": {v: round(r) for v, r in rate.items()},
         "windows_written": written,
         **ratios,

@@ -1,6 +1,6 @@
 """Streaming connected components over an edge file, run until quiescent (exit 0 if exact).
 
-    python scripts/connected_components.py --root DIR [--edges FILE.csv]
+    python scripts/examples/connected_components.py --root DIR [--edges FILE.csv]
 
 See pyspark_abs/examples/components.py and the README's "Cycles" section.
 """

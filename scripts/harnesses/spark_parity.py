@@ -20,7 +20,7 @@ conversion fails on some schedules with an array column (``convert_array``: ``'f
 is not iterable``, seed 7), so the oracle outputs nested values as :func:`canonical` text;
 they still cross Spark's own row conversion.
 
-    python scripts/spark_parity.py --seeds 200 [--first-seed 0]
+    python scripts/harnesses/spark_parity.py --seeds 200 [--first-seed 0]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ time (Spark's ``triggerExecution`` of the micro-batches that read input) and the
 seconds per epoch of the Python workers and of the JVM (a run's CPU over its files, the
 query's start included); the last line is one JSON object.
 
-    python scripts/probe_call_floor.py [--files 20] [--records-per-file 200] [--keys 1000]
+    python scripts/bench/probe_call_floor.py [--files 20] [--records-per-file 200] [--keys 1000]
         [--key-groups 256] [--partitions 4] [--repeats 2] [--variants builtin,...]
 """
 

@@ -1,6 +1,6 @@
 """Job nemesis: a random schedule against the medallion job, checked against a reference model.
 
-    python scripts/job_nemesis.py --ops N --seed S [--root DIR] [--kinds run,kill,...]
+    python scripts/harnesses/job_nemesis.py --ops N --seed S [--root DIR] [--kinds run,kill,...]
 
 The medallion job (``pyspark_abs.examples.medallion``: bronze lands JSON event files, silver
 drops event ids it has seen, gold totals each user's amounts, audit reads bronze and silver
@@ -31,7 +31,7 @@ the operation before runs, so their Spark start is out of the way):
 
 Before every operation new event files land. After every operation each job root is
 checked: every retained snapshot of every stage (state and sink) against the model
-(``scripts/job_model.py``, which reads the input and the manifests with deltalake and
+(``scripts/harnesses/job_model.py``, which reads the input and the manifests with deltalake and
 pyarrow only), every job snapshot the job lists is a consistent cut, every stage's names
 fold as the schedule gave them, and ``validate`` is clean for every stage root.
 
@@ -63,15 +63,14 @@ from deltalake import DeltaTable
 from job_model import STAGES, Delete, Event, JobModel, JobPlan, read_table, read_tags, state_as_of
 from nemesis import (
     Child,
+    Harness,
     beside,
     kill,
-    schedule_arguments,
     signal_group,
-    start_child,
     wait_stop,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
 FENCED_EXIT = 3
 CHILD_TIMEOUT_S = 300.0
@@ -303,20 +302,19 @@ def write_events(directory: Path, files: Sequence[Sequence[Event]], first: int) 
 # The schedule.
 
 
-class JobNemesis:
+class JobNemesis(Harness):
     """Runs the schedule and checks after every step."""
 
+    script = SCRIPT
+    count_names = COUNTS
+    child_timeout_s = CHILD_TIMEOUT_S
+
     def __init__(self, workdir: Path, seed: int, kinds: Sequence[str]) -> None:
-        self.workdir = workdir
-        self.schedule = random.Random(seed)
-        self.rng = random.Random(seed + 1_000_003)
+        super().__init__(workdir, seed, kinds)
         # a stream of its own, so that a seed's other draws stay as they were before it
         self.streaming = random.Random(seed + 2_000_003)
-        self.kinds = list(kinds)
         self.inputs_dir = workdir / "in"
         self.local = workdir / "local"
-        self.logs = workdir / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
         first = JobPlan(workdir / "job-0", self.inputs_dir)
         self.plans: list[JobPlan] = [first]
         self.current = first
@@ -326,13 +324,6 @@ class JobNemesis:
         self.silver = "v1"
         self.fresh = True
         self.key_groups, self.partitions = 4, 2
-        self.ops: Counter[str] = Counter()
-        self.outcomes: Counter[str] = Counter()
-        self.counts: Counter[str] = Counter()
-        self.failures: list[dict[str, Any]] = []
-        self.errors: list[str] = []
-        self.children = 0
-        self.ahead: Child | None = None
 
     # -- input and children
 
@@ -350,30 +341,12 @@ class JobNemesis:
         write_events(self.inputs_dir, [events], len(self.inputs))
         self.inputs.append(events)
 
-    def start_child(self, cluster: bool = False) -> Child:
-        """A child process starting Spark, to be given its operation later."""
-        self.children += 1
-        log = self.logs / f"{self.children:04d}.log"
-        return start_child(SCRIPT, log, *(["--cluster"] if cluster else []))
-
     def spawn(self, what: str, plan: JobPlan, *extra: str, cluster: bool = False) -> Child:
         """Give an operation on a job root to the child started ahead (or a new one)."""
         command = [what, "--job", str(plan.root), "--inputs", str(self.inputs_dir)]
         command += ["--key-groups", str(self.key_groups), "--partitions", str(self.partitions)]
         command += ["--silver", self.silver, "--local", str(self.local), *extra]
-        if cluster:
-            child = self.start_child(cluster=True)
-        else:
-            child = self.ahead or self.start_child()
-            self.ahead = self.start_child()
-        child.order(command)
-        return child
-
-    def close(self) -> None:
-        if self.ahead is not None:
-            signal_group(self.ahead.process.pid, signal.SIGKILL)
-            self.ahead.process.wait()
-            self.ahead = None
+        return self.give(command, *(["--cluster"] if cluster else []))
 
     def run_args(self) -> list[str]:
         """A random commit mode and change-file share (1000: every small key group goes on
@@ -389,16 +362,6 @@ class JobNemesis:
         if self.streaming.random() < 0.5:
             extra += ["--streaming"]
         return extra
-
-    def expect_ok(self, child: Child, what: str) -> dict[str, Any]:
-        code, result = child.wait(CHILD_TIMEOUT_S)
-        if code != 0:
-            self.error(f"{what} exited {code}: {result or 'no result'}, see {child.log}")
-        return result
-
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-        print(f"  ERROR {message}", file=sys.stderr)
 
     def newest_epoch(self, plan: JobPlan, stage: str) -> int:
         try:
@@ -739,47 +702,16 @@ class JobNemesis:
             self.check(ops + 1, "final")
 
     def report(self, seed: int, wall_s: float) -> dict[str, Any]:
-        counts = dict(self.counts)
-        counts["errors"] = len(self.errors)
-        return {
-            "seed": seed,
-            "ops": dict(sorted(self.ops.items())),
-            "outcomes": dict(sorted(self.outcomes.items())),
-            "jobs": len(self.plans),
-            "input_files": len(self.inputs),
-            **{name: counts.get(name, 0) for name in COUNTS},
-            "failures": self.failures[:20],
-            "error_messages": self.errors[:20],
-            "wall_s": round(wall_s, 1),
-        }
+        return self.tallies(seed, wall_s, jobs=len(self.plans), input_files=len(self.inputs))
 
 
-def run_schedule(workdir: Path, seed: int, kinds: Sequence[str], ops: int) -> JobNemesis:
-    """Run ``ops`` operations of a seed's schedule in ``workdir``; the nemesis, for its report."""
-    nemesis = JobNemesis(workdir, seed, kinds)
-    try:
-        nemesis.run(ops)
-    finally:
-        nemesis.close()
-    return nemesis
+run_schedule = JobNemesis.run_schedule
+sound = JobNemesis.sound
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run a schedule; print progress to stderr and the JSON report as the last stdout line."""
-    description = (__doc__ or "").splitlines()[0]
-    prefix = "pyspark-abs-job-nemesis-"
-    args, kinds, workdir = schedule_arguments(argv, description, WEIGHTS, prefix)
-    started = time.monotonic()
-    nemesis = run_schedule(workdir, args.seed, kinds, args.ops)
-    report = nemesis.report(args.seed, time.monotonic() - started)
-    print(f"workdir: {workdir}", file=sys.stderr)
-    print(json.dumps(report), flush=True)
-    return report
-
-
-def sound(report: dict[str, Any]) -> bool:
-    """Whether every count of the report is zero."""
-    return not any(report[name] for name in COUNTS)
+    """Run a schedule (see :meth:`Harness.main`)."""
+    return JobNemesis.main(argv, __doc__, WEIGHTS, "pyspark-abs-job-nemesis-")
 
 
 if __name__ == "__main__":

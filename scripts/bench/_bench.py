@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROCKSDB = {
     "spark.sql.streaming.stateStore.providerClass": (
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -155,6 +155,14 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, repeats: int = 3)
     parser.add_argument("--workdir", type=Path, help="directory for tables (default: temporary)")
 
 
+def workload_figures(args: argparse.Namespace) -> dict[str, int]:
+    """The options of :func:`add_workload_arguments` a report gives with its figures."""
+    return {
+        name: getattr(args, name)
+        for name in ("records", "keys", "epochs", "repeats", "partitions", "key_groups")
+    }
+
+
 def session(partitions: int, master: str | None = None, jars: str | None = None) -> SparkSession:
     """The benchmark session: the active one if there is one (tests), else a new local[2].
 
@@ -251,6 +259,25 @@ def run_pipeline(
     query = pipeline.run()
     seconds = time.perf_counter() - started
     return PipelineRun(seconds, root, spark_medians(query.query))
+
+
+def run_spark_query(frame: DataFrame, out: Path, output_mode: str) -> float:
+    """Run Spark's own streaming query over ``frame`` to the end of its input, appending each
+    micro-batch to Parquet under ``out``; its wall time."""
+
+    def append(batch: DataFrame, batch_id: int) -> None:
+        batch.write.mode("append").parquet(str(out / "rows"))
+
+    started = time.perf_counter()
+    query = (
+        frame.writeStream.outputMode(output_mode)
+        .foreachBatch(append)
+        .option("checkpointLocation", str(out / "_checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return time.perf_counter() - started
 
 
 def spark_medians(query: Any) -> dict[str, float]:

@@ -26,7 +26,7 @@ the local disk, not durable). A run that fails (Spark's default store runs out o
 heap at 32M keys) is left out of ``results`` and its error is in ``failed``; the JVM may not
 survive it, so the variants run after it at that N fail too.
 
-    python scripts/bench_state_scale.py [--keys 500000,2000000,8000000,32000000]
+    python scripts/bench/bench_state_scale.py [--keys 500000,2000000,8000000,32000000]
         [--records 200000] [--steady-epochs 3] [--repeats 1] [--plot PATH]
 """
 

@@ -29,7 +29,7 @@ Variants, interleaved:
 
 The last line printed is one JSON object.
 
-    python scripts/bench_multistage.py [--records N] [--keys N] [--epochs N] [--repeats N]
+    python scripts/bench/bench_multistage.py [--records N] [--keys N] [--epochs N] [--repeats N]
         [--buckets N]
 """
 
@@ -172,12 +172,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     latency = round(_bench.median(latencies), 2) if latencies else None
     print(f"job: median seconds from stage 1 PREPARED to stage 2 COMMITTED per epoch: {latency}")
     figures = {
-        "records": args.records,
-        "keys": args.keys,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "partitions": args.partitions,
-        "key_groups": args.key_groups,
+        **_bench.workload_figures(args),
         "buckets": args.buckets,
         "topology": "two concurrent pipelines connected through a Delta table: independent "
         "(DeltaSource) or one Job (ChannelSource)",

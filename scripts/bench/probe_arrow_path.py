@@ -26,7 +26,7 @@ On ``--master local[...]`` there is one executor and nothing can move; ``--maste
 standalone`` starts a two-worker standalone cluster on this machine (see
 ``bench_scaling.py``). The last line printed is one JSON object.
 
-    python scripts/probe_arrow_path.py [--files 12] [--records-per-file 400] [--keys 1000]
+    python scripts/bench/probe_arrow_path.py [--files 12] [--records-per-file 400] [--keys 1000]
         [--key-groups 32] [--partitions 4] [--master standalone]
 """
 

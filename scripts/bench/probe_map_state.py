@@ -9,7 +9,7 @@ prints the seconds and the checkpoint bytes per epoch; compare them with
 ``bench_state_scale.py``. The last line is
 one JSON object.
 
-    python scripts/probe_map_state.py [--keys 500000] [--records 200000] [--epochs 3]
+    python scripts/bench/probe_map_state.py [--keys 500000] [--records 200000] [--epochs 3]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Python data source workers import it from there; ``--py-files`` does not reach t
 
     PYSPARK_PYTHON=$(which python) spark-submit --master 'local[2]' \\
         --properties-file conf/spark-defaults.conf \\
-        scripts/spark_submit_job.py --input DIR --root DIR [--config conf/pipeline.toml]
+        scripts/examples/spark_submit_job.py --input DIR --root DIR [--config conf/pipeline.toml]
 
 Settings come from ``--config`` (the ``[abs]`` table of a TOML file) or else from the
 ``spark.abs.*`` keys of the properties file. The last line printed is a JSON summary.

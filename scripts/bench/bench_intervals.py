@@ -21,7 +21,7 @@ same for CPU time). The plot (``--plot``, default ``bench_intervals.png`` in the
 directory) shows overhead in percent against the interval. The last line printed is one
 JSON object.
 
-    python scripts/bench_intervals.py [--records N] [--keys N] [--epochs N] [--repeats N]
+    python scripts/bench/bench_intervals.py [--records N] [--keys N] [--epochs N] [--repeats N]
         [--intervals 1,2,5,10] [--plot PATH]
 """
 
@@ -151,12 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         xticks=intervals,
     )
     figures = {
-        "records": args.records,
-        "keys": args.keys,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "partitions": args.partitions,
-        "key_groups": args.key_groups,
+        **_bench.workload_figures(args),
         "intervals": intervals,
         "baseline_records_per_s": round(args.records / base),
         "records_per_s": {v: round(args.records / _bench.median(s)) for v, s in seconds.items()},

@@ -23,7 +23,7 @@ Two measures, the variants interleaved in each:
   of the Kafka transaction that published it (when a snapshot listener hears of the epoch).
   p50 and p99 over all measured runs.
 
-    python scripts/bench_kafka.py [--records N] [--keys N] [--rate N] [--seconds N]
+    python scripts/bench/bench_kafka.py [--records N] [--keys N] [--rate N] [--seconds N]
 
 The last line printed is one JSON object.
 """
@@ -287,11 +287,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for variant, found in percentiles.items():
         print(f"{variant:<14} p50 {found['p50']:>6} ms   p99 {found['p99']:>6} ms")
     figures = {
-        "records": args.records,
-        "keys": args.keys,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "key_groups": args.key_groups,
+        **_bench.workload_figures(args),
         "rate": args.rate,
         "trigger": args.trigger,
         "records_per_s": {v: round(r) for v, r in rate.items()},

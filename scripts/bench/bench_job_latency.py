@@ -22,7 +22,7 @@ Python workers) are reported beside those of as many Spark streaming queries wai
 empty directory. Variants (the stages' commit mode) are interleaved; the last line printed
 is one JSON object.
 
-    python scripts/bench_job_latency.py [--files N] [--interval S] [--records-per-file N]
+    python scripts/bench/bench_job_latency.py [--files N] [--interval S] [--records-per-file N]
         [--keys N] [--key-groups K] [--repeats N] [--idle-seconds IDLE]
 """
 

@@ -16,7 +16,7 @@ Variants are interleaved; medians are compared against the targets (``abs_async`
 1.0x ``builtin_rocksdb`` and ``builtin_default``, raised from 0.8x by issue 20, and at least
 0.95x ``abs_baseline``). The last line printed is one JSON object.
 
-    python scripts/bench_builtin.py [--records N] [--keys N] [--epochs N] [--repeats N]
+    python scripts/bench/bench_builtin.py [--records N] [--keys N] [--epochs N] [--repeats N]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,20 +87,8 @@ def run_builtin(
         counts = source.groupBy("key").count()
         conf = STATE_STORES[variant]
 
-    def append(batch: DataFrame, batch_id: int) -> None:
-        batch.write.mode("append").parquet(str(out / "counts"))
-
     with _bench.session_conf(spark, conf):
-        started = time.perf_counter()
-        query = (
-            counts.writeStream.outputMode("update")
-            .foreachBatch(append)
-            .option("checkpointLocation", str(out / "_checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        seconds = time.perf_counter() - started
+        seconds = _bench.run_spark_query(counts, out, "update")
     shutil.rmtree(out, ignore_errors=True)
     return seconds
 
@@ -143,12 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         by_cpu = cpu_ratios[f"abs_async_vs_{reference}"]
         print(f"abs_async / {reference:<16} {ratio:6.3f} ({by_cpu:.3f})  {verdict} >= {target}")
     figures = {
-        "records": args.records,
-        "keys": args.keys,
-        "epochs": args.epochs,
-        "repeats": args.repeats,
-        "partitions": args.partitions,
-        "key_groups": args.key_groups,
+        **_bench.workload_figures(args),
         "records_per_s": {v: round(r) for v, r in rate.items()},
         **ratios,
         "async_vs_baseline": ratios["abs_async_vs_abs_baseline"],

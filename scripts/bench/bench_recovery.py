@@ -20,7 +20,7 @@ cluster's restart, with the local-state directory removed, reads a second one. T
 ``abs_new_cluster`` at most ``rocksdb`` at every N, and at most 2x ``abs_warm`` at the
 largest N. The last line printed is one JSON object.
 
-    python scripts/bench_recovery.py [--keys 2000000,8000000,32000000] [--records 200000]
+    python scripts/bench/bench_recovery.py [--keys 2000000,8000000,32000000] [--records 200000]
         [--key-groups 256] [--partitions 4]
 """
 

@@ -33,7 +33,7 @@ from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import DELETED, EPOCH
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.lease import Lease
-from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.protocol.precommit import TableTarget, write_files
 from pyspark_abs.snapshots.reading import state_table_description
 from pyspark_abs.sources.backedge_log import in_flight
 from pyspark_abs.sources.rewind import require_rewindable
@@ -42,6 +42,7 @@ from pyspark_abs.storage.root import (
     BACKEDGE_PREFIX,
     STATE_PREFIX,
     SnapshotRoot,
+    file_prefix,
     state_table,
 )
 from pyspark_abs.storage.schemas import arrow_schema, delta_schema_json

@@ -37,7 +37,7 @@ from pyspark_abs.operators.evolution import (
     compare_state,
     evolve_rows,
 )
-from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.partitioning import key_group_column
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import (
     DELETED,

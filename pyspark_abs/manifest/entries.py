@@ -154,48 +154,103 @@ MANIFEST_SCHEMA = pa.schema(_MANIFEST_FIELDS)
 """Schema of the ``_manifest`` table."""
 
 
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One transition of one epoch.
+@dataclass(frozen=True, kw_only=True)
+class EpochRecord:
+    """What the manifest says of one epoch that a reader of snapshots sees.
+
+    The fields :class:`ManifestEntry` (a row of the manifest) and
+    :class:`~pyspark_abs.manifest.info.SnapshotInfo` (an epoch as users read it) share,
+    defined once here.
+
+    Attributes:
+        epoch: The epoch.
+        status: The status the epoch enters (an entry) or its latest status (a snapshot's
+            info): COMMITTED or RESTORED (a snapshot), MERGED (committed as part of a later
+            snapshot), PREPARED, ABORTED or EXPIRED; TAGGED and UNTAGGED rows name snapshots.
+        recorded_at: When the epoch reached its status, by the writer's clock.
+        table_versions: Delta version of each table as of the epoch (snapshots only).
+        rows: Rows the epoch wrote per table.
+        bytes: Bytes the epoch wrote per table.
+        state_keys: Live keys in the operator's state after the epoch.
+        batch_ms: Processing plus pre-commit time.
+        precommit_ms: The slowest task's time writing files.
+        align_wait_ms: Time between the first and the last partition's barrier marker.
+        align_ms: Time to align markers and verify files.
+        prepare_ms: Time to record PREPARED.
+        commit_ms: Time to commit the tables (for a snapshot, of its whole group).
+        pending_epochs: Earlier epochs PREPARED and not committed yet when this one was
+            PREPARED: waiting for the background committer (async mode) or for their
+            group to close (``snapshot_interval`` > 1).
+        query_id: Spark's id of the checkpoint that ran the epoch, as in
+            ``StreamingQueryProgress.id``.
+        batch_id: Spark's micro-batch id, as in ``StreamingQueryProgress.batchId``.
+        watermark_ms: The epoch's event-time watermark.
+        source_offsets: The source offsets Spark recorded for the epoch.
+        error: Why the epoch was aborted (ABORTED).
+        restored_from: Restore epochs: the epoch whose snapshot they install.
+        origin: Restore epochs: what installed them (rollback, restore, write_state, a job's
+            decision), for people reading the manifest.
+        snapshot_epoch: The snapshot whose commit made the epoch's outputs visible: the
+            epoch itself for a snapshot, the end of its group for a MERGED epoch (kept when
+            the epoch is EXPIRED); None before the commit.
+    """
+
+    epoch: int
+    status: EpochStatus
+    recorded_at: dt.datetime
+    table_versions: Mapping[str, int] = field(default_factory=dict)
+    rows: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    state_keys: int | None = None
+    batch_ms: float | None = None
+    precommit_ms: float | None = None
+    align_wait_ms: float | None = None
+    align_ms: float | None = None
+    prepare_ms: float | None = None
+    commit_ms: float | None = None
+    pending_epochs: int | None = None
+    query_id: str | None = None
+    batch_id: int | None = None
+    watermark_ms: int | None = None
+    source_offsets: str | None = None
+    error: str | None = None
+    restored_from: int | None = None
+    origin: str | None = None
+    snapshot_epoch: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManifestEntry(EpochRecord):
+    """One transition of one epoch: a row of the manifest.
+
+    The fields of :class:`EpochRecord`, and those below, which say who recorded the row and
+    what a restart, a recovery or a restore needs. Which fields a row fills depends on its
+    status and on what wrote it:
+
+    - every row: ``pipeline``, ``epoch``, ``status``, ``recorded_at``, ``run_id``,
+      ``manifest_version`` (on load);
+    - an epoch of a run (PREPARED, then COMMITTED or MERGED, ABORTED): ``query_id``,
+      ``batch_id``, ``commit_mode``, ``num_partitions``, ``key_groups``, ``slots``,
+      ``checkpoint``, ``snapshot_interval``, ``tables``, ``files`` (PREPARED), the figures
+      and timings, ``source_offsets``, ``watermark_ms``;
+    - a restore epoch (PREPARED, then RESTORED): ``restored_from``, ``origin``,
+      ``restore_versions``, ``table_schemas``, ``watermark_after_ms``, ``job`` (a job's
+      decision), ``tables``, ``files``;
+    - COMMITTED, RESTORED, MERGED: ``table_versions`` (snapshots), ``snapshot_epoch``;
+      ABORTED: ``error``; TAGGED, UNTAGGED: ``tag``.
 
     Attributes:
         pipeline: The pipeline's name.
-        epoch: The epoch.
-        status: The status the epoch enters.
-        recorded_at: When the transition was recorded.
         run_id: The pipeline run (process) that recorded it.
-        query_id: Spark's id of the checkpoint that produced the epoch.
-        batch_id: Spark's micro-batch id.
         commit_mode: ``sync`` or ``async``.
         num_partitions: Partitions that acknowledged the epoch.
         key_groups: Key groups the operator used.
         tables: Table id to table URI, for every table of the pipeline.
         files: Pre-committed files (PREPARED).
-        table_versions: Delta version of each table as of this epoch (COMMITTED).
-        rows: Rows pre-committed per table.
-        bytes: Bytes pre-committed per table.
-        state_keys: Live keys in the operator's state after the epoch.
-        source_offsets: The source offsets Spark recorded for the micro-batch.
-        watermark_ms: The micro-batch's event-time watermark.
-        batch_ms: Wall time of processing plus pre-commit.
-        precommit_ms: The slowest task's time writing files.
-        align_wait_ms: Time between the first and the last partition's barrier marker.
-        align_ms: Time to align markers and verify files.
-        prepare_ms: Time to record PREPARED.
-        commit_ms: Time to commit all tables.
-        pending_epochs: Earlier epochs PREPARED and not committed yet when this one was
-            PREPARED: waiting for the background committer (async mode) or for their
-            group to close (``snapshot_interval`` > 1).
-        error: Why the epoch was aborted (ABORTED).
         checkpoint: The Spark checkpoint location of the run.
-        restored_from: Restore epochs: the epoch whose snapshot they install.
         restore_versions: Restore epochs: the Delta version each sink table goes back to.
-        origin: Restore epochs: what installed them, for people reading the manifest.
         snapshot_interval: Micro-batch epochs: the run's ``snapshot_interval``, which
             recovery uses to close the groups the run would have closed.
-        snapshot_epoch: The snapshot whose commit made the epoch's files visible: the
-            epoch itself when COMMITTED or RESTORED, the end of its group when MERGED
-            (kept when the epoch is EXPIRED); None before the commit.
         tag: TAGGED and UNTAGGED rows: the savepoint name given to or taken from the
             epoch's snapshot.
         table_schemas: Restore epochs: the Delta schema (JSON) each state table and
@@ -216,37 +271,15 @@ class ManifestEntry:
     """
 
     pipeline: str
-    epoch: int
-    status: EpochStatus
-    recorded_at: dt.datetime
     run_id: str
-    query_id: str | None = None
-    batch_id: int | None = None
     commit_mode: str | None = None
     num_partitions: int | None = None
     key_groups: int | None = None
     tables: Mapping[str, str] = field(default_factory=dict)
     files: tuple[FileEntry, ...] = ()
-    table_versions: Mapping[str, int] = field(default_factory=dict)
-    rows: Mapping[str, int] = field(default_factory=dict)
-    bytes: Mapping[str, int] = field(default_factory=dict)
-    state_keys: int | None = None
-    source_offsets: str | None = None
-    watermark_ms: int | None = None
-    batch_ms: float | None = None
-    precommit_ms: float | None = None
-    align_wait_ms: float | None = None
-    align_ms: float | None = None
-    prepare_ms: float | None = None
-    commit_ms: float | None = None
-    pending_epochs: int | None = None
-    error: str | None = None
     checkpoint: str | None = None
-    restored_from: int | None = None
     restore_versions: Mapping[str, int] = field(default_factory=dict)
-    origin: str | None = None
     snapshot_interval: int | None = None
-    snapshot_epoch: int | None = None
     tag: str | None = None
     table_schemas: Mapping[str, str] = field(default_factory=dict)
     manifest_version: int | None = None

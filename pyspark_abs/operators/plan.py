@@ -155,7 +155,7 @@ class OperatorPlan:
         live_state: Where key groups keep their state between epochs.
         arrow: The function takes ``pyarrow`` tables, not pandas frames.
         slots: How many slots Spark groups the key groups into, one call per slot and
-            epoch (see :func:`~pyspark_abs.operators.keygroups.slot_values`); None: one
+            epoch (see :func:`~pyspark_abs.operators.partitioning.slot_values`); None: one
             call per key group.
     """
 

@@ -48,7 +48,7 @@ from pyspark_abs.job.actions.state import write_job_state
 from pyspark_abs.job.ledger.links import linked_job
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.table import manifest_owner
-from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.partitioning import key_group_column
 from pyspark_abs.operators.schema import KEY_GROUP, RESERVED_COLUMNS, TIMEOUT, TIMERS
 from pyspark_abs.sources.rewind import require_no_channels, require_rewindable
 from pyspark_abs.storage.root import (

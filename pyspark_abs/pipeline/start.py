@@ -35,7 +35,7 @@ from pyspark_abs.job.actions.state import Redeployed, refuse_lone_migration
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode
-from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.partitioning import key_group_column
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import KEY_GROUP
 from pyspark_abs.pipeline.backedge import BackEdge, loop_head
@@ -56,13 +56,18 @@ from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.lease import Lease
 from pyspark_abs.protocol.lineage import Lineage, require_own_sinks, resolve_lineage
 from pyspark_abs.protocol.listeners import SnapshotListener
-from pyspark_abs.protocol.precommit import root_tag
 from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import decided_replays
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources import RewindableSource
 from pyspark_abs.sources.channel.source import ChannelSource
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, SINK_PREFIX, STATE_PREFIX, SnapshotRoot
+from pyspark_abs.storage.root import (
+    BACKEDGE_PREFIX,
+    SINK_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    root_tag,
+)
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import require_sound_start
 

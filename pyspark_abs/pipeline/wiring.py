@@ -17,7 +17,7 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.operators.envelope import ENVELOPE_DDL, STATE_DDL
-from pyspark_abs.operators.keygroups import key_group_column, slot_column
+from pyspark_abs.operators.partitioning import key_group_column, slot_column
 from pyspark_abs.operators.plan import OperatorPlan
 from pyspark_abs.operators.schema import (
     KEY_GROUP,

@@ -33,16 +33,11 @@ from pyspark_abs.logs import background, logger
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.operators.changelog import latest_per_key
 from pyspark_abs.operators.envelope import Kind
-from pyspark_abs.protocol.precommit import (
-    TableTarget,
-    compaction_prefix,
-    file_name,
-    write_files,
-)
+from pyspark_abs.protocol.precommit import TableTarget, write_files
 from pyspark_abs.sources.backedge_log import consumed_before
 from pyspark_abs.storage.files import add_actions, delete_files, files_at
 from pyspark_abs.storage.rewrites import Actions, commit_retrying, superseded
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, compaction_prefix, file_name
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.store import DeltaStore
 

@@ -56,12 +56,12 @@ from pyspark_abs.protocol.compaction import BackgroundCompactor, CompactionPolic
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.listeners import SnapshotListener, notify
-from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask, root_tag
+from pyspark_abs.protocol.precommit import PrecommitPlan, PrecommitTask
 from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import check_replay_reached
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.storage.files import FileEntry, delete_files
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, root_tag, state_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -9,12 +9,8 @@ log, so a failed or retried task leaves only orphans that no marker lists.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
-import os
-import re
 import time
-import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,13 +30,13 @@ from pyspark_abs.operators.state_codec import BatchCodec
 from pyspark_abs.protocol.barrier import BarrierMarker
 from pyspark_abs.runtime import settle_worker_heap
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import file_epoch, file_prefix
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _ESCAPED = set("\"#%'*/:=?\\{[]^\x7f") | {chr(c) for c in range(0x20)}
 _FLUSH_ROWS = 256 * 1024
 _STATS_TYPES = (pa.types.is_integer, pa.types.is_date32, pa.types.is_string)
 _MAX_STAT_CHARS = 64
-_FILE_NAME = re.compile(r"(?:^|/)abs-([ec])(\d{12})-(?:t([0-9a-f]{8})-)?[^/]*\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -171,62 +167,6 @@ def write_partition(
         acked_at_ms=time.time() * 1000,
         files=tuple(files),
     )
-
-
-def root_tag(root: str) -> str:
-    """A snapshot root's tag in the names of the files it writes (8 hex digits).
-
-    A sink table can be written by several pipelines; the tag tells vacuum which files are
-    this root's to delete.
-    """
-    location = root.rstrip("/") if "://" in root else os.path.abspath(os.path.expanduser(root))
-    return hashlib.sha256(location.encode()).hexdigest()[:8]
-
-
-def file_prefix(epoch: int, writer: str, tag: str = "") -> str:
-    """Name prefix of the data files ``writer`` writes for ``epoch`` (see :func:`file_name`).
-
-    Args:
-        epoch: The epoch the files are written for.
-        writer: Who writes them, e.g. ``p00003-a0`` (partition 3, attempt 0) or ``restore``.
-        tag: The writing root's :func:`root_tag`, or empty.
-    """
-    tagged = f"t{tag}-" if tag else ""
-    return f"abs-e{epoch:012d}-{tagged}{writer}-{uuid.uuid4().hex[:12]}"
-
-
-def compaction_prefix(epoch: int) -> str:
-    """Name prefix of the files a compaction as of snapshot ``epoch`` writes."""
-    return f"abs-c{epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
-
-
-@dataclass(frozen=True)
-class FileName:
-    """What a data file's name says about it.
-
-    Attributes:
-        epoch: The epoch it was written for (compaction: the snapshot compacted).
-        compaction: Whether a compaction wrote it (else a pre-commit task or restore).
-        tag: The writing root's tag, or None in names without one.
-    """
-
-    epoch: int
-    compaction: bool
-    tag: str | None
-
-
-def file_name(path: str) -> FileName | None:
-    """Parse a data file name pyspark-abs writes; None for any other file."""
-    match = _FILE_NAME.search(path)
-    if match is None:
-        return None
-    return FileName(int(match.group(2)), match.group(1) == "c", match.group(3))
-
-
-def file_epoch(path: str) -> int | None:
-    """The epoch a pre-commit or restore file was written for; None for other files."""
-    name = file_name(path)
-    return name.epoch if name is not None and not name.compaction else None
 
 
 def write_files(

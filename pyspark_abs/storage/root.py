@@ -3,11 +3,18 @@
 A snapshot root holds the ``_manifest`` Delta table and, under table ids, the state table
 of each operator (``state/<operator>``) and the log of each back-edge
 (``backedge/<edge>``). Sinks (``sink/<output>``) are named the same way in the manifest
-but may live anywhere. Every module spells these through here.
+but may live anywhere. The data files a root writes into any table are named
+``abs-e<epoch>-t<root tag>-<writer>-<random>.parquet`` (``abs-c<epoch>-compact-...`` for a
+compaction): :func:`file_prefix` and :func:`file_name`. Every module spells these through
+here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import uuid
 from dataclasses import dataclass
 
 from pyspark_abs.errors import SnapshotNotFoundError
@@ -23,6 +30,8 @@ SINK_PREFIX = "sink/"
 
 BACKEDGE_PREFIX = "backedge/"
 """Table ids of back-edge logs start with this."""
+
+_FILE_NAME = re.compile(r"(?:^|/)abs-([ec])(\d{12})-(?:t([0-9a-f]{8})-)?[^/]*\.parquet$")
 
 
 def state_table(operator: str) -> str:
@@ -64,3 +73,59 @@ class SnapshotRoot:
         return SnapshotNotFoundError(
             f"{self.uri} is not a pyspark-abs snapshot root (it has no {MANIFEST_TABLE} table)"
         )
+
+
+def root_tag(root: str) -> str:
+    """A snapshot root's tag in the names of the files it writes (8 hex digits).
+
+    A sink table can be written by several pipelines; the tag tells vacuum which files are
+    this root's to delete.
+    """
+    location = root.rstrip("/") if "://" in root else os.path.abspath(os.path.expanduser(root))
+    return hashlib.sha256(location.encode()).hexdigest()[:8]
+
+
+def file_prefix(epoch: int, writer: str, tag: str = "") -> str:
+    """Name prefix of the data files ``writer`` writes for ``epoch`` (see :func:`file_name`).
+
+    Args:
+        epoch: The epoch the files are written for.
+        writer: Who writes them, e.g. ``p00003-a0`` (partition 3, attempt 0) or ``restore``.
+        tag: The writing root's :func:`root_tag`, or empty.
+    """
+    tagged = f"t{tag}-" if tag else ""
+    return f"abs-e{epoch:012d}-{tagged}{writer}-{uuid.uuid4().hex[:12]}"
+
+
+def compaction_prefix(epoch: int) -> str:
+    """Name prefix of the files a compaction as of snapshot ``epoch`` writes."""
+    return f"abs-c{epoch:012d}-compact-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class FileName:
+    """What a data file's name says about it.
+
+    Attributes:
+        epoch: The epoch it was written for (compaction: the snapshot compacted).
+        compaction: Whether a compaction wrote it (else a pre-commit task or restore).
+        tag: The writing root's tag, or None in names without one.
+    """
+
+    epoch: int
+    compaction: bool
+    tag: str | None
+
+
+def file_name(path: str) -> FileName | None:
+    """Parse a data file name pyspark-abs writes; None for any other file."""
+    match = _FILE_NAME.search(path)
+    if match is None:
+        return None
+    return FileName(int(match.group(2)), match.group(1) == "c", match.group(3))
+
+
+def file_epoch(path: str) -> int | None:
+    """The epoch a pre-commit or restore file was written for; None for other files."""
+    name = file_name(path)
+    return name.epoch if name is not None and not name.compaction else None

@@ -29,10 +29,6 @@ from pyspark_abs.manifest.table import (
 )
 from pyspark_abs.protocol.compaction import Progress, quiet
 from pyspark_abs.protocol.epoch_writer import MANIFEST_RETRIES, EpochWriter
-from pyspark_abs.protocol.precommit import (
-    file_name,
-    root_tag,
-)
 from pyspark_abs.storage.files import (
     add_actions,
     data_files,
@@ -41,7 +37,7 @@ from pyspark_abs.storage.files import (
     removed_paths,
 )
 from pyspark_abs.storage.log_files import remove_log_below
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, file_name, root_tag
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 

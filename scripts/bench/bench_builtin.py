@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_abs import AbsConfig
-from pyspark_abs.operators.keygroups import key_group_column
+from pyspark_abs.operators.partitioning import key_group_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

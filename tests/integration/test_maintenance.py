@@ -24,8 +24,7 @@ from pyspark_abs.errors import CommitError, ConfigError, ManifestError, Snapshot
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.operators.changelog import latest_per_key
-from pyspark_abs.protocol.precommit import root_tag
-from pyspark_abs.storage.root import sink_table
+from pyspark_abs.storage.root import root_tag, sink_table
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.compaction import compact
 from pyspark_abs.upkeep.retention import vacuum

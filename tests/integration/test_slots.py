@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from pyspark_abs import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.examples.wordcount import word_count
-from pyspark_abs.operators.keygroups import murmur3_int, slot_values
+from pyspark_abs.operators.partitioning import murmur3_int, slot_values
 from tests.support.inputs import write_epochs
 from tests.support.pipelines import STATE_DDL, assert_word_counts, word_pipeline
 from tests.support.versions import shuffle_partitions

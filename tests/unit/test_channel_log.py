@@ -21,7 +21,14 @@ NOW = dt.datetime(2026, 11, 25, tzinfo=dt.timezone.utc)
 def _epoch(store: DeltaStore, uri: str, epoch: int, version: int) -> int:
     """Record epoch ``epoch`` PREPARED, then COMMITTED: two appends, as a run makes them."""
     files = (FileEntry("sink/output", f"abs-e{epoch:012d}-0.parquet", 100, 3, 1),)
-    prepared = ManifestEntry("up", epoch, EpochStatus.PREPARED, NOW, "run", files=files)
+    prepared = ManifestEntry(
+        pipeline="up",
+        epoch=epoch,
+        status=EpochStatus.PREPARED,
+        recorded_at=NOW,
+        run_id="run",
+        files=files,
+    )
     version = store.append(uri, entries_to_table([prepared]), version)
     committed = prepared.transition(
         EpochStatus.COMMITTED, table_versions={"sink/output": epoch + 1}, snapshot_epoch=epoch

@@ -53,11 +53,11 @@ def test_a_copy_may_not_roll_back_the_originals_sink(tmp_path: Path) -> None:
 
 def test_entries_written_elsewhere_name_their_tables_where_the_copy_is() -> None:
     entry = ManifestEntry(
-        "p",
-        3,
-        EpochStatus.COMMITTED,
-        dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-        "r",
+        pipeline="p",
+        epoch=3,
+        status=EpochStatus.COMMITTED,
+        recorded_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        run_id="r",
         tables={
             "state/op": "/data/job-1/stages/s/state/op",
             "sink/out": "/data/job-1/tables/s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,10 @@ SINK = "sink/output"
 WHEN = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
-def entry(epoch: int, status: EpochStatus, **fields: object) -> ManifestEntry:
-    return ManifestEntry("p", epoch, status, WHEN, "run", **fields)  # type: ignore[arg-type]
+def entry(epoch: int, status: EpochStatus, **fields: Any) -> ManifestEntry:
+    return ManifestEntry(
+        pipeline="p", epoch=epoch, status=status, recorded_at=WHEN, run_id="run", **fields
+    )
 
 
 def test_each_snapshot_after_the_marker_is_owed_once_in_order() -> None:

@@ -12,7 +12,7 @@ import pytest
 from pyspark_abs import Clock, KeyGroupContext, KeyGroupResult, TimeoutMode
 from pyspark_abs.errors import OperatorError, StateEncodingError
 from pyspark_abs.operators.key_group import run_key_group, run_key_groups
-from pyspark_abs.operators.keygroups import murmur3_int, slot_of, slot_values
+from pyspark_abs.operators.partitioning import murmur3_int, slot_of, slot_values
 from pyspark_abs.operators.state_codec import SlotEntry, decode_slot, encode_slot
 from tests.support.key_groups import assert_kept_rows, rows, sort, word_plan
 

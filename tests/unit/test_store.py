@@ -11,9 +11,10 @@ from deltalake.exceptions import TableNotFoundError
 
 from pyspark_abs.errors import CommitError
 from pyspark_abs.operators.envelope import Kind
-from pyspark_abs.protocol.precommit import TableTarget, file_prefix, write_files
+from pyspark_abs.protocol.precommit import TableTarget, write_files
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.log_files import log_entries, remove_log_below
+from pyspark_abs.storage.root import file_prefix
 from pyspark_abs.storage.store import KEEP_LOG, DeltaStore, TableSpec
 from tests.support.inputs import arrow_schema
 

@@ -1,4 +1,4 @@
-"""Key groups: the unit of state partitioning (Flink's key groups, max parallelism).
+"""Partitioning by key: keys into key groups (Flink's key groups), key groups into slots.
 
 A key belongs to key group ``pmod(hash(key), K)``, computed by Spark's own Murmur3 ``hash``.
 The operator processes whole key groups, vectorised; Spark groups the key groups into slots,

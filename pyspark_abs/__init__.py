@@ -5,8 +5,8 @@ Stateful pandas operators whose state and outputs are snapshotted every micro-ba
 through a two-phase commit, exactly once.
 
 The subpackages are the layers, lowest first: ``operators``, ``storage``, ``manifest``,
-``sources``, ``protocol``, ``snapshots``, ``upkeep``, ``job.ledger``, ``install``,
-``job.actions``, ``pipeline``, ``job``; each imports only from the ones before it
+``sources``, ``protocol``, ``snapshots``, ``upkeep``, ``job_ledger``, ``install``,
+``job_actions``, ``pipeline``, ``job``; each imports only from the ones before it
 (``tests/unit/test_layers.py`` holds the order and docs/architecture.md lists it).
 
 The names here are the ones the guide uses. The errors live in :mod:`pyspark_abs.errors`
@@ -32,8 +32,8 @@ require_pyspark()
 if TYPE_CHECKING:
     from pyspark_abs.config import AbsConfig
     from pyspark_abs.job.declaration import Job
-    from pyspark_abs.job.ledger.cut import JobSnapshot
     from pyspark_abs.job.query import JobQuery
+    from pyspark_abs.job_ledger.cut import JobSnapshot
     from pyspark_abs.manifest.entries import EpochStatus
     from pyspark_abs.manifest.info import SnapshotInfo
     from pyspark_abs.operators.contract import (
@@ -82,7 +82,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
     "pyspark_abs.upkeep.tags": ("tag", "untag"),
     "pyspark_abs.upkeep.validation": ("validate",),
     "pyspark_abs.config": ("AbsConfig",),
-    "pyspark_abs.job.ledger.cut": ("JobSnapshot",),
+    "pyspark_abs.job_ledger.cut": ("JobSnapshot",),
     "pyspark_abs.job.declaration": ("Job",),
     "pyspark_abs.job.query": ("JobQuery",),
     "pyspark_abs.manifest.entries": ("EpochStatus",),

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pyspark_abs.cli.output import epoch_or_name, print_json, print_table
-from pyspark_abs.job.actions.rollbacks import restore_job, rollback_job
-from pyspark_abs.job.actions.tags import tag_job
-from pyspark_abs.job.ledger.listing import job_origins, job_snapshots_at, job_stages
-from pyspark_abs.job.ledger.manifest import open_job
+from pyspark_abs.job_actions.rollbacks import restore_job, rollback_job
+from pyspark_abs.job_actions.tags import tag_job
+from pyspark_abs.job_ledger.listing import job_origins, job_snapshots_at, job_stages
+from pyspark_abs.job_ledger.manifest import open_job
 from pyspark_abs.storage.store import DeltaStore
 
 

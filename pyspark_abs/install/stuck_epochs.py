@@ -22,8 +22,8 @@ crashed, then a VACUUM ran), the job rollback records that decision ABANDONED wi
 from __future__ import annotations
 
 from pyspark_abs.errors import CommitError, UncommittableEpochError
-from pyspark_abs.job.ledger.links import linked_job
-from pyspark_abs.job.ledger.listing import snapshots_of
+from pyspark_abs.job_ledger.links import linked_job
+from pyspark_abs.job_ledger.listing import snapshots_of
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.upkeep.validation import missing_for_commit

@@ -4,7 +4,7 @@ A :class:`Job` is a graph of stages. Each stage is a :class:`~pyspark_abs.Pipeli
 own snapshot root; a stage whose source is a :class:`~pyspark_abs.sources.ChannelSource`
 reads other stages' sinks one upstream epoch per micro-batch. Every stage therefore
 numbers its epochs like the stages it reads, and epoch ``n`` of all stages is one
-consistent cut of the job: the job snapshot ``n`` (see :mod:`~pyspark_abs.job.ledger.cut`).
+consistent cut of the job: the job snapshot ``n`` (see :mod:`~pyspark_abs.job_ledger.cut`).
 
 The stages run as concurrent streaming queries in one Spark application. A downstream
 stage plans its epoch ``n`` only once every upstream stage has committed ``n``; Spark plans
@@ -25,15 +25,15 @@ from pyspark_abs.errors import (
     SnapshotNotFoundError,
     UncommittableEpochError,
 )
-from pyspark_abs.job.actions.decisions import finish
-from pyspark_abs.job.actions.rollbacks import restore_job, rollback_job
-from pyspark_abs.job.actions.state import migrate_job
-from pyspark_abs.job.actions.tags import tag_job
-from pyspark_abs.job.ledger.cut import JobSnapshot
-from pyspark_abs.job.ledger.links import link_stages
-from pyspark_abs.job.ledger.listing import pick, snapshots_of
-from pyspark_abs.job.ledger.manifest import JobDecision, JobManifest, JobRecord, open_job, record
 from pyspark_abs.job.query import JobQuery
+from pyspark_abs.job_actions.decisions import finish
+from pyspark_abs.job_actions.rollbacks import restore_job, rollback_job
+from pyspark_abs.job_actions.state import migrate_job
+from pyspark_abs.job_actions.tags import tag_job
+from pyspark_abs.job_ledger.cut import JobSnapshot
+from pyspark_abs.job_ledger.links import link_stages
+from pyspark_abs.job_ledger.listing import pick, snapshots_of
+from pyspark_abs.job_ledger.manifest import JobDecision, JobManifest, JobRecord, open_job, record
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.sources.channel.source import ChannelSource
 from pyspark_abs.storage.store import DeltaStore, normalize_uri

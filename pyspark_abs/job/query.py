@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pyspark_abs.errors import AbsError, ConfigError, UpstreamNotReadyError
-from pyspark_abs.job.actions.tags import stages_named
-from pyspark_abs.job.ledger.cut import JobSnapshot
+from pyspark_abs.job_actions.tags import stages_named
+from pyspark_abs.job_ledger.cut import JobSnapshot
 from pyspark_abs.logs import logger
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import load_epoch_log
@@ -31,8 +31,24 @@ from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.tags import check_name
 
-if TYPE_CHECKING:
-    from pyspark_abs.job.declaration import Job
+
+class RunningJob(Protocol):
+    """What a job's run reads of its declaration (a :class:`~.declaration.Job`)."""
+
+    name: str
+    stages: dict[str, Pipeline]
+    upstreams: dict[str, list[str]]
+
+    @property
+    def heads(self) -> list[str]:
+        """The stages that read no channel."""
+
+    def snapshot(self, epoch: int | None = None) -> JobSnapshot:
+        """The job snapshot as of ``epoch`` (None: the newest)."""
+
+    def tag(self, epoch: int | str, name: str, *, move: bool = False) -> JobSnapshot:
+        """Name the job snapshot as of ``epoch``."""
+
 
 log = logger(__name__)
 
@@ -79,7 +95,9 @@ class JobQuery:
         stages: Each started stage's run, upstream stages first.
     """
 
-    def __init__(self, job: Job, *, available_now: bool, processing_time: str | None) -> None:
+    def __init__(
+        self, job: RunningJob, *, available_now: bool, processing_time: str | None
+    ) -> None:
         """Start every stage that can start now; start the others when they can.
 
         Raises:

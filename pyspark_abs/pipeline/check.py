@@ -20,8 +20,8 @@ from enum import Enum
 
 from pyspark_abs.errors import AbsError, ConfigError
 from pyspark_abs.install.migration import plan_migration
-from pyspark_abs.job.actions.state import job_migration_plan
-from pyspark_abs.job.ledger.links import linked_job
+from pyspark_abs.job_actions.state import job_migration_plan
+from pyspark_abs.job_ledger.links import linked_job
 from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
 from pyspark_abs.operators.envelope import Kind

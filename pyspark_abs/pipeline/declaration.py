@@ -22,7 +22,7 @@ from pyspark_abs.errors import (
     ConfigError,
     OperatorDefinitionError,
 )
-from pyspark_abs.job.actions.state import Redeployed
+from pyspark_abs.job_actions.state import Redeployed
 from pyspark_abs.logs import logger, working_for
 from pyspark_abs.operators.arrow_types import to_spark
 from pyspark_abs.operators.contract import Operator

@@ -22,6 +22,7 @@ from pyspark_abs.operators.contract import TimeoutMode
 from pyspark_abs.pipeline.connect import (
     ConnectRun,
 )
+from pyspark_abs.pipeline.start import Declared
 from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.snapshots.reading import Snapshots
 from pyspark_abs.sources.backedge_log import in_flight_count
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
     from pyspark_abs.pipeline.backedge import BackEdge
-    from pyspark_abs.pipeline.declaration import Pipeline
 
 log = logger(__name__)
 
@@ -60,7 +60,7 @@ class PipelineQuery:
         self,
         query: StreamingQuery,
         coordinator: EpochCoordinator | ConnectRun,
-        pipeline: Pipeline,
+        pipeline: Declared,
         recovered_epochs: list[int],
         stop_when_idle: bool = False,
     ) -> None:

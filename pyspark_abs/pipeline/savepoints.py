@@ -43,9 +43,9 @@ from pyspark_abs.install.installing import (
     snapshot_of,
 )
 from pyspark_abs.install.stuck_epochs import recover, unfinishable
-from pyspark_abs.job.actions.decisions import settle_stage
-from pyspark_abs.job.actions.state import write_job_state
-from pyspark_abs.job.ledger.links import linked_job
+from pyspark_abs.job_actions.decisions import settle_stage
+from pyspark_abs.job_actions.state import write_job_state
+from pyspark_abs.job_ledger.links import linked_job
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.table import manifest_owner
 from pyspark_abs.operators.partitioning import key_group_column

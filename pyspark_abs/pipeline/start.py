@@ -30,8 +30,8 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.faults import FaultInjector
 from pyspark_abs.install.migration import migrate_state
 from pyspark_abs.install.stuck_epochs import recover
-from pyspark_abs.job.actions.decisions import settle_stage
-from pyspark_abs.job.actions.state import Redeployed, refuse_lone_migration
+from pyspark_abs.job_actions.decisions import settle_stage
+from pyspark_abs.job_actions.state import Redeployed, refuse_lone_migration
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import Operator, TimeoutMode

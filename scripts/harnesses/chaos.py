@@ -59,7 +59,7 @@ from pyspark_abs.errors import SnapshotNotFoundError
 from pyspark_abs.examples import medallion
 from pyspark_abs.examples.wordcount import input_files, words_in
 from pyspark_abs.faults import EXIT_CODE, FaultStep
-from pyspark_abs.job.ledger.listing import job_snapshots_at
+from pyspark_abs.job_ledger.listing import job_snapshots_at
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
 from pyspark_abs.sources.files.offsets import FileOffset

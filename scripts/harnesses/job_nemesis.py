@@ -260,7 +260,7 @@ def _run(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 def _rollback(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     from pyspark_abs import AbsConfig
     from pyspark_abs.examples.wordcount import parse_pause
-    from pyspark_abs.job.actions.rollbacks import rollback_job
+    from pyspark_abs.job_actions.rollbacks import rollback_job
 
     faults = (parse_pause(args.fault.split(":", 2)[2]),) if args.fault else ()
     done = rollback_job(args.job, args.epoch, config=AbsConfig(faults=faults))
@@ -372,7 +372,7 @@ class JobNemesis(Harness):
         return max((int(e) for e in epochs if e is not None), default=-1)
 
     def job_snapshots(self, plan: JobPlan) -> list[Any]:
-        from pyspark_abs.job.ledger.listing import job_snapshots_at
+        from pyspark_abs.job_ledger.listing import job_snapshots_at
 
         try:
             return list(job_snapshots_at(str(plan.root)))
@@ -418,7 +418,7 @@ class JobNemesis(Harness):
         return "failed_as_injected"
 
     def op_rollback(self) -> str:
-        from pyspark_abs.job.actions.rollbacks import rollback_job
+        from pyspark_abs.job_actions.rollbacks import rollback_job
 
         found = self.job_snapshots(self.current)
         if not found:
@@ -455,7 +455,7 @@ class JobNemesis(Harness):
         return "killed"
 
     def op_restore(self) -> str:
-        from pyspark_abs.job.actions.rollbacks import restore_job
+        from pyspark_abs.job_actions.rollbacks import restore_job
 
         found = self.job_snapshots(self.current)
         if not found:

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark_abs import Snapshots
 from pyspark_abs.errors import ExternalChangeError
 from pyspark_abs.examples import medallion
-from pyspark_abs.job.ledger.manifest import open_job
+from pyspark_abs.job_ledger.manifest import open_job
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.jobs import FILES, Event, assert_job_matches, job_of
 

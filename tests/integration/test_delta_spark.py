@@ -23,7 +23,7 @@ from pyspark.sql.types import MapType
 
 from pyspark_abs import compact, rollback, vacuum
 from pyspark_abs.examples import medallion
-from pyspark_abs.job.ledger.manifest import job_manifest_uri
+from pyspark_abs.job_ledger.manifest import job_manifest_uri
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.storage.root import sink_table
 from pyspark_abs.storage.spark import load_with_delta_rs

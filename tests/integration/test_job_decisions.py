@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-import pyspark_abs.job.actions.decisions as job_decisions
+import pyspark_abs.job_actions.decisions as job_decisions
 from pyspark_abs import (
     AbsConfig,
     EpochStatus,
@@ -40,7 +40,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
 from pyspark_abs.install.installing import StateInstall
-from pyspark_abs.job.ledger.manifest import DecisionStatus, JobRecord, open_job
+from pyspark_abs.job_ledger.manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.storage.store import DeltaStore

@@ -40,7 +40,7 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.examples import medallion
 from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
-from pyspark_abs.job.ledger.manifest import DecisionStatus, open_job
+from pyspark_abs.job_ledger.manifest import DecisionStatus, open_job
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.compaction import compact
 from tests.support.jobs import FILES, assert_job_matches, job_of, run_streaming

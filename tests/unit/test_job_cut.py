@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pyspark_abs.job.ledger.cut import StageEpochs, job_snapshots
+from pyspark_abs.job_ledger.cut import StageEpochs, job_snapshots
 
 
 class _Stage:

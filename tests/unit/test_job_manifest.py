@@ -9,8 +9,8 @@ import pytest
 
 from pyspark_abs.errors import ConcurrentWriteError
 from pyspark_abs.install.installing import StateInstall
-from pyspark_abs.job.ledger.listing import job_origins
-from pyspark_abs.job.ledger.manifest import (
+from pyspark_abs.job_ledger.listing import job_origins
+from pyspark_abs.job_ledger.manifest import (
     DecisionStatus,
     JobDecision,
     JobRecord,
@@ -26,7 +26,7 @@ def clock(monkeypatch: pytest.MonkeyPatch, minutes: float) -> None:
     """Record job rows as a host whose clock is off by ``minutes`` would."""
     real = dt.datetime.now
     monkeypatch.setattr(
-        "pyspark_abs.job.ledger.manifest.now",
+        "pyspark_abs.job_ledger.manifest.now",
         lambda: real(dt.timezone.utc) + dt.timedelta(minutes=minutes),
     )
 

@@ -3,7 +3,7 @@
 Every ``import`` and ``from ... import`` in every module counts, wherever it stands: at the
 top, inside a function (a deferred import is still a dependency at run time) and under
 ``if TYPE_CHECKING:`` (a type from a higher layer, or a type-only cycle, ties the design just
-the same). The one exception is listed in :data:`TYPE_ONLY_BACK_REFERENCES`. The implicit
+the same), with no exception. The implicit
 import of a module's parent packages never counts.
 """
 
@@ -29,31 +29,18 @@ LAYERS: list[tuple[str, ...]] = [
     ("protocol",),
     ("snapshots",),
     ("upkeep",),
-    ("job.ledger",),
+    ("job_ledger",),
     ("install",),
-    ("job.actions",),
+    ("job_actions",),
     ("pipeline",),
     ("job",),
     ("cli", "testing", "examples", "__main__", ""),
 ]
 """Lowest first: a module may import its own layer and the layers before it.
 
-Each name is a subpackage or a top-level module of ``pyspark_abs``, or a subpackage of one
-(``job.ledger``: a folder whose concern spans floors keeps its lower floors as subfolders, and
-a module belongs to the longest name that holds it); ``""`` is the package's ``__init__``
-(the public API). Within a layer only cycles are refused.
+Each name is a subpackage or a top-level module of ``pyspark_abs``; ``""`` is the package's
+``__init__`` (the public API). Within a layer only cycles are refused.
 """
-
-
-TYPE_ONLY_BACK_REFERENCES = {
-    ("pyspark_abs.pipeline.query", "pyspark_abs.pipeline.declaration"): (
-        "Pipeline.start returns the run handle, PipelineQuery, which keeps its Pipeline"
-    ),
-    ("pyspark_abs.job.query", "pyspark_abs.job.declaration"): (
-        "Job.start returns the run handle, JobQuery, which keeps its Job"
-    ),
-}
-"""Imports left out of the cycle check, and why; each must stay under TYPE_CHECKING."""
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -142,15 +129,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def layer(module: str) -> int:
     """The position in :data:`LAYERS` of a module of the package."""
-    parts = module.split(".")[1:]
-    for depth in range(len(parts), 0, -1):
-        head = ".".join(parts[:depth])
-        for position, members in enumerate(LAYERS):
-            if head in members:
-                return position
-    if not parts:
-        return next(position for position, members in enumerate(LAYERS) if "" in members)
-    raise AssertionError(f"{module} belongs to no layer: add {parts[0]!r} to LAYERS")
+    head = module.split(".")[1] if "." in module else ""
+    for position, members in enumerate(LAYERS):
+        if head in members:
+            return position
+    raise AssertionError(f"{module} belongs to no layer: add {head!r} to LAYERS")
 
 
 def layer_listing(root: Path = ROOT) -> str:
@@ -160,12 +143,11 @@ def layer_listing(root: Path = ROOT) -> str:
         for name in members:
             if name in ("", "__main__"):
                 continue
-            place = root.joinpath(*name.split("."))
-            folder = place.is_dir()
-            path = place / "__init__.py" if folder else place.with_suffix(".py")
+            folder = (root / name).is_dir()
+            path = root / name / "__init__.py" if folder else root / f"{name}.py"
             doc = ast.get_docstring(ast.parse(path.read_text())) or ""
             summary = doc.splitlines()[0]
-            label = f"{name.replace('.', '/')}/" if folder else f"{name}.py"
+            label = f"{name}/" if folder else f"{name}.py"
             lines.append(f"{number:>2}  {label:<13} {summary}")
     return "\n".join(lines)
 
@@ -176,13 +158,7 @@ def test_the_architecture_document_lists_the_layers() -> None:
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    graph = import_graph()
-    run_time = import_graph(type_only=False)
-    for module, target in TYPE_ONLY_BACK_REFERENCES:
-        assert target in graph[module]
-        assert target not in run_time[module], f"{module} imports {target} at run time"
-        graph[module].discard(target)
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
 
 
 def test_no_module_imports_a_higher_layer() -> None:

@@ -1,6 +1,6 @@
 """A job's rollback to one of its job snapshots, and its restore into a new job root.
 
-Both are job-wide decisions (see :mod:`~pyspark_abs.job.actions.decisions`).
+Both are job-wide decisions (see :mod:`~pyspark_abs.job_actions.decisions`).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import ConfigError, SnapshotRootError
-from pyspark_abs.job.actions.decisions import decide, finish, restore_into
-from pyspark_abs.job.actions.tags import job_epoch
-from pyspark_abs.job.ledger.manifest import JobDecision, JobRecord, open_job
+from pyspark_abs.job_actions.decisions import decide, finish, restore_into
+from pyspark_abs.job_actions.tags import job_epoch
+from pyspark_abs.job_ledger.manifest import JobDecision, JobRecord, open_job
 from pyspark_abs.storage.store import DeltaStore
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import pyarrow.fs as pafs
 
 from pyspark_abs.errors import SnapshotNotFoundError
-from pyspark_abs.job.ledger.manifest import JobManifest, open_job
+from pyspark_abs.job_ledger.manifest import JobManifest, open_job
 from pyspark_abs.storage.store import DeltaStore, normalize_uri
 
 LINK_FILE = "_job.json"

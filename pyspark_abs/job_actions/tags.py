@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pyspark_abs.errors import SnapshotNotFoundError
-from pyspark_abs.job.ledger.cut import JobSnapshot
-from pyspark_abs.job.ledger.listing import job_stages, pick, snapshots_of
-from pyspark_abs.job.ledger.manifest import open_job
+from pyspark_abs.job_ledger.cut import JobSnapshot
+from pyspark_abs.job_ledger.listing import job_stages, pick, snapshots_of
+from pyspark_abs.job_ledger.manifest import open_job
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.tags import check_name, tag

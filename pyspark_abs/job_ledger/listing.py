@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from pyspark_abs.errors import ConfigError, SnapshotNotFoundError
-from pyspark_abs.job.ledger.cut import JobSnapshot, StageEpochs, job_snapshots
-from pyspark_abs.job.ledger.manifest import (
+from pyspark_abs.job_ledger.cut import JobSnapshot, StageEpochs, job_snapshots
+from pyspark_abs.job_ledger.manifest import (
     DecisionStatus,
     JobDecision,
     JobManifest,

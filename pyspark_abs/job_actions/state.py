@@ -1,6 +1,6 @@
 """State changes of job stages: a migration to a new state schema, and written state.
 
-Both are job-wide decisions (:mod:`~pyspark_abs.job.actions.decisions`): every stage goes
+Both are job-wide decisions (:mod:`~pyspark_abs.job_actions.decisions`): every stage goes
 back to the newest job snapshot as one restore epoch, so that the stages keep one epoch
 numbering, and the changed stages get their new state in that epoch.
 """
@@ -15,10 +15,10 @@ from pyspark_abs.config import AbsConfig
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.install.installing import StateInstall, prepare_state, snapshot_of
 from pyspark_abs.install.migration import migrated_state, plan_migration
-from pyspark_abs.job.actions.decisions import decide
-from pyspark_abs.job.ledger.cut import JobSnapshot
-from pyspark_abs.job.ledger.listing import next_restore_epoch, require_newest, snapshots_of
-from pyspark_abs.job.ledger.manifest import JobDecision, JobManifest, JobRecord
+from pyspark_abs.job_actions.decisions import decide
+from pyspark_abs.job_ledger.cut import JobSnapshot
+from pyspark_abs.job_ledger.listing import next_restore_epoch, require_newest, snapshots_of
+from pyspark_abs.job_ledger.manifest import JobDecision, JobManifest, JobRecord
 from pyspark_abs.logs import logger
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.table import load_epoch_log

@@ -3,7 +3,7 @@
 A job rollback, a job restore, a state migration of a stage and state written to a stage
 all change the stages' epochs, and the stages must keep one epoch numbering so that their
 channels stay aligned. Each is therefore one decision for the whole job, made in the job
-manifest (:mod:`~pyspark_abs.job.ledger.manifest`) in two phases:
+manifest (:mod:`~pyspark_abs.job_ledger.manifest`) in two phases:
 
 1. every stage's lease is taken, so no stage runs (or starts) while the job decides, and
    no sink would go back across another writer's DELETE (checked before deciding);
@@ -46,14 +46,14 @@ from pyspark_abs.install.installing import (
 )
 from pyspark_abs.install.sink_restores import check_sink_restores
 from pyspark_abs.install.stuck_epochs import recover, unfinishable
-from pyspark_abs.job.ledger.cut import JobSnapshot
-from pyspark_abs.job.ledger.links import link_stages, linked_job
-from pyspark_abs.job.ledger.listing import (
+from pyspark_abs.job_ledger.cut import JobSnapshot
+from pyspark_abs.job_ledger.links import link_stages, linked_job
+from pyspark_abs.job_ledger.listing import (
     next_restore_epoch,
     pick,
     snapshots_of,
 )
-from pyspark_abs.job.ledger.manifest import (
+from pyspark_abs.job_ledger.manifest import (
     DecisionStatus,
     JobDecision,
     JobManifest,

@@ -174,7 +174,7 @@ def test_an_interrupted_job_decision_holds_back_every_stage_until_it_has_its_par
             job.rollback(4)  # restore epoch 6
     medallion.write_events(tmp_path / "in", FILES[4:])
     with monkeypatch.context() as patch:  # as an older pyspark-abs did: no part installed
-        patch.setattr("pyspark_abs.pipeline.declaration.settle_stage", lambda *a: None)
+        patch.setattr("pyspark_abs.pipeline.start.settle_stage", lambda *a: None)
         job.stages["bronze"].start(available_now=True).await_termination()
     assert Snapshots(job.stages["bronze"].root).get(6).status.value == "COMMITTED"
     job.run()

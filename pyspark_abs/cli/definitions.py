@@ -19,7 +19,7 @@ from pyspark_abs.pipeline.check import check
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.pipeline.savepoints import write_state
 from pyspark_abs.storage.root import SnapshotRoot, state_table
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -66,7 +66,7 @@ FORMATS = ("delta", "parquet", "csv")
 
 def _write_state(args: argparse.Namespace) -> int:
     operator = _operator(args.operator)
-    root = normalize_uri(args.root)
+    root = SnapshotRoot(args.root)
     from pyspark_abs.session import local_session
 
     spark = local_session("pyspark-abs write-state")
@@ -146,7 +146,7 @@ def _is_delta(path: str) -> bool:
 
 
 def _read_state(
-    spark: SparkSession, path: str, fmt: str, root: str, operator: Operator
+    spark: SparkSession, path: str, fmt: str, root: SnapshotRoot, operator: Operator
 ) -> DataFrame:
     """The state at ``path``; CSV columns are cast to the types of the root's state table."""
     from pyspark.errors import AnalysisException
@@ -163,7 +163,7 @@ def _read_state(
         frame = spark.read.option("header", True).option("inferSchema", True).csv(path)
     except AnalysisException as err:
         raise ConfigError(f"--from {path!r} cannot be read as {fmt}: {err}") from None
-    table = SnapshotRoot(root).table_uri(state_table(operator.name))
+    table = root.table_uri(state_table(operator.name))
     if not DeltaStore().exists(table):
         return frame
     from pyspark.sql import functions as F

@@ -20,9 +20,9 @@ from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.sources.channel.plan import realigned
 from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.files import FileEntry
-from pyspark_abs.storage.root import STATE_PREFIX
+from pyspark_abs.storage.root import STATE_PREFIX, SnapshotRoot
 from pyspark_abs.storage.schemas import arrow_schema
-from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
+from pyspark_abs.storage.store import DeltaStore, TableSpec
 
 
 def copy_snapshot(
@@ -106,7 +106,7 @@ def copy_snapshot(
 
 
 def restore_stage(
-    root: str,
+    root: SnapshotRoot,
     epoch: int,
     into: EpochWriter,
     restore_epoch: int,
@@ -124,7 +124,7 @@ def restore_stage(
         SnapshotNotFoundError: ``epoch`` is not a snapshot of the stage.
         SnapshotRootError: ``into`` already holds other epochs.
     """
-    source = open_writer(DeltaStore(), normalize_uri(root), None, config)
+    source = open_writer(DeltaStore(), root, None, config)
     target = snapshot_of(source.epochs, epoch, source.root)
     moved = replace(target, source_offsets=realigned(target.source_offsets, restore_epoch + 1))
     return copy_snapshot(source, moved, epoch, into, config, restore_epoch, job)

@@ -12,10 +12,13 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
 from pyspark_abs.sources.files.rewinds import record_rewind, rewound_files
 from pyspark_abs.sources.files.spark import SparkFileSource, files_through
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 
-def files_read(store: DeltaStore, target: ManifestEntry, target_root: str) -> list[str] | None:
+def files_read(
+    store: DeltaStore, target: ManifestEntry, target_root: SnapshotRoot
+) -> list[str] | None:
     """The files Spark's file source had read through ``target``, or None if it read none.
 
     Raises:
@@ -42,8 +45,8 @@ def files_read(store: DeltaStore, target: ManifestEntry, target_root: str) -> li
 def keep_files_read(
     store: DeltaStore,
     target: ManifestEntry | None,
-    target_root: str,
-    root: str,
+    target_root: SnapshotRoot,
+    root: SnapshotRoot,
     epoch: int,
     run_id: str,
 ) -> None:
@@ -57,7 +60,7 @@ def keep_files_read(
         record_rewind(store, root, epoch, run_id, files)
 
 
-def _source_log(target: ManifestEntry, root: str, index: int) -> dict[str, str]:
+def _source_log(target: ManifestEntry, root: SnapshotRoot, index: int) -> dict[str, str]:
     where = f"epoch {target.epoch} of {root}"
     if target.checkpoint is None or target.query_id is None:
         raise SourceError(f"{where} records no Spark checkpoint, whose log the rewind needs")

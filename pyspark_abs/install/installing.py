@@ -52,7 +52,7 @@ from pyspark_abs.upkeep.validation import require_intact
 
 def open_writer(
     store: DeltaStore,
-    root: str,
+    root: SnapshotRoot,
     pipeline: str | None,
     config: AbsConfig,
     lease: Lease | None = None,
@@ -63,11 +63,9 @@ def open_writer(
     writes as the holder of that lease.
     """
     if pipeline is None:
-        owner = (
-            manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
-        )
+        owner = manifest_owner(store, root) if store.exists(root.manifest_uri) else None
         if owner is None:
-            raise SnapshotRoot(root).not_found()
+            raise root.not_found()
         pipeline = owner
     else:
         store.ensure_root(root)
@@ -83,7 +81,7 @@ def open_writer(
     )
 
 
-def snapshot_of(epochs: EpochLog, epoch: int | str, root: str) -> ManifestEntry:
+def snapshot_of(epochs: EpochLog, epoch: int | str, root: SnapshotRoot) -> ManifestEntry:
     """The entry of an epoch, or of a savepoint's name, which must be a readable snapshot."""
     entry = epochs.require_snapshot(epochs.resolve(epoch, root), root)
     require_intact(root, epochs, entry.epoch, "It cannot be restored.")
@@ -151,7 +149,7 @@ def install_tables(
     state_keys: int | None = None,
     schemas: Mapping[str, str] | None = None,
     job: str | None = None,
-    target_root: str | None = None,
+    target_root: SnapshotRoot | None = None,
     target_epochs: EpochLog | None = None,
     replacing: str | None = None,
 ) -> SnapshotInfo:
@@ -271,7 +269,7 @@ class StateInstall:
 
 def prepare_state(
     store: DeltaStore,
-    root: str,
+    root: SnapshotRoot,
     plan: OperatorPlan,
     rows: pa.Table,
     epoch: int,
@@ -291,7 +289,7 @@ def prepare_state(
             says what was refused).
     """
     table = state_table(plan.name)
-    uri = SnapshotRoot(root).table_uri(table)
+    uri = root.table_uri(table)
     schema = plan.state_table_schema
     if store.exists(uri):
         keys = json.loads(store.description(uri) or "{}").get("key")

@@ -81,7 +81,7 @@ class StoredState:
 
 
 def compare_stored_state(
-    store: DeltaStore, root: str, plan: OperatorPlan, evolution: StateEvolution | None
+    store: DeltaStore, root: SnapshotRoot, plan: OperatorPlan, evolution: StateEvolution | None
 ) -> StoredState | None:
     """The operator's stored state against its declaration; None if it has no state table.
 
@@ -89,10 +89,10 @@ def compare_stored_state(
     earlier name (``evolution.renamed_from``).
     """
     table = state_table(plan.name)
-    uri = SnapshotRoot(root).table_uri(table)
+    uri = root.table_uri(table)
     if not store.exists(uri) and evolution is not None and evolution.renamed_from:
         table = state_table(evolution.renamed_from)
-        uri = SnapshotRoot(root).table_uri(table)
+        uri = root.table_uri(table)
     if not store.exists(uri):
         return None
     schema = arrow_schema(store.open(uri))
@@ -139,7 +139,7 @@ class Migration:
 
 def plan_migration(
     store: DeltaStore,
-    root: str,
+    root: SnapshotRoot,
     plan: OperatorPlan,
     evolution: StateEvolution | None,
     latest: ManifestEntry | None,
@@ -196,7 +196,7 @@ def migrate_state(
 
 def migrated_state(
     store: DeltaStore,
-    root: str,
+    root: SnapshotRoot,
     plan: OperatorPlan,
     evolution: StateEvolution | None,
     spark: SparkSession,

@@ -36,7 +36,8 @@ from pyspark_abs.job_ledger.listing import pick, snapshots_of
 from pyspark_abs.job_ledger.manifest import JobDecision, JobManifest, JobRecord, open_job, record
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.sources.channel.source import ChannelSource
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -81,9 +82,9 @@ class Job:
                 f"{[type(s).__name__ for s in strangers] or 'none'}"
             )
         self.name = name
-        self.root = normalize_uri(root)
+        self.root = SnapshotRoot(root)
         by_name: dict[str, Pipeline] = {}
-        roots: dict[str, str] = {}
+        roots: dict[SnapshotRoot, str] = {}
         for stage in stages:
             if stage.name in by_name or stage.root in roots:
                 raise OperatorDefinitionError(

@@ -27,7 +27,6 @@ from pyspark_abs.protocol.lineage import read_lineage
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.sources.channel.log import ManifestFollower
 from pyspark_abs.sources.channel.source import ChannelSource
-from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.tags import check_name
 
@@ -71,7 +70,7 @@ def _may_start(stage: Pipeline, *, streaming: bool) -> bool:
     if not isinstance(source, ChannelSource):
         return True
     store = DeltaStore()
-    uri = SnapshotRoot(stage.root).manifest_uri
+    uri = stage.root.manifest_uri
     epochs = load_epoch_log(store, uri) if store.exists(uri) else EpochLog()
     decided = epochs.latest_decided()
     if epochs.pending():

@@ -71,7 +71,7 @@ from pyspark_abs.protocol.lease import Lease, read_lease
 from pyspark_abs.sources.channel.plan import realigned
 from pyspark_abs.sources.rewind import require_rewindable
 from pyspark_abs.storage.root import SnapshotRoot
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.store import DeltaStore
 
 log = logger(__name__)
 
@@ -85,7 +85,7 @@ class _Held:
     """The stages' leases a job-wide operation holds, and their writers."""
 
     store: DeltaStore
-    leases: dict[str, Lease]
+    leases: dict[SnapshotRoot, Lease]
     config: AbsConfig
     configs: Mapping[str, AbsConfig]
 
@@ -93,9 +93,9 @@ class _Held:
         """The configuration a stage's part is installed with (file size, faults)."""
         return self.configs.get(stage, self.config)
 
-    def writer(self, stage: str, root: str, pipeline: str | None) -> EpochWriter:
+    def writer(self, stage: str, root: SnapshotRoot, pipeline: str | None) -> EpochWriter:
         """A writer of a stage's root that writes as the holder of its lease."""
-        lease = self.leases[normalize_uri(root)]
+        lease = self.leases[root]
         return open_writer(self.store, root, pipeline, self.config_of(stage), lease)
 
 
@@ -103,7 +103,7 @@ class _Held:
 def _holding(
     store: DeltaStore,
     action: str,
-    roots: Mapping[str, str],
+    roots: Mapping[str, SnapshotRoot],
     config: AbsConfig,
     configs: Mapping[str, AbsConfig] | None = None,
 ) -> Iterator[_Held]:
@@ -114,13 +114,13 @@ def _holding(
             taken so far are given back and nothing is changed.
     """
     run_id = f"job-{uuid.uuid4().hex}"
-    leases: dict[str, Lease] = {}
+    leases: dict[SnapshotRoot, Lease] = {}
     try:
         for name, root in roots.items():
             try:
-                leases[normalize_uri(root)] = Lease.acquire(normalize_uri(root), name, run_id)
+                leases[root] = Lease.acquire(root, name, run_id)
             except FencingError:
-                holder = read_lease(normalize_uri(root))
+                holder = read_lease(root)
                 shown = "another run" if holder is None else holder.describe(time.time())
                 raise FencingError(
                     f"{action} is refused: stage {name!r} is held by {shown}; nothing was "
@@ -204,7 +204,7 @@ def restore_into(
     store: DeltaStore,
     source: JobManifest,
     target: JobManifest,
-    stages: Mapping[str, str],
+    stages: Mapping[str, SnapshotRoot],
     epoch: int,
     config: AbsConfig | None = None,
 ) -> JobDecision:
@@ -302,7 +302,7 @@ def _blocks(store: DeltaStore, manifest: JobManifest, decision: JobDecision, nam
 
     A stage that installed its part may have run on after it: that is no conflict.
     """
-    uri = SnapshotRoot(manifest.stages[name]).manifest_uri
+    uri = manifest.stages[name].manifest_uri
     if not store.exists(uri):
         return False
     epochs = load_epoch_log(store, uri)

@@ -12,6 +12,7 @@ from pyspark_abs.errors import ConfigError, SnapshotRootError
 from pyspark_abs.job_actions.decisions import decide, finish, restore_into
 from pyspark_abs.job_actions.tags import job_epoch
 from pyspark_abs.job_ledger.manifest import JobDecision, JobRecord, open_job
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -21,6 +22,7 @@ def rollback_job(root: str, epoch: int | str, *, config: AbsConfig | None = None
     ``epoch`` is a job snapshot's number or a job savepoint's name. See
     :meth:`~pyspark_abs.job.declaration.Job.rollback`.
     """
+    root = SnapshotRoot(root)
     store = DeltaStore()
     manifest = open_job(store, root, None)
     target = job_epoch(root, epoch)
@@ -57,6 +59,7 @@ def restore_job(
             holds epochs.
         ConfigError: ``stages`` does not name exactly the job's stages.
     """
+    root, into = SnapshotRoot(root), SnapshotRoot(into)
     store = DeltaStore()
     source = open_job(store, root, None)
     target = open_job(store, into, source.job)
@@ -64,7 +67,10 @@ def restore_job(
         return finish(store, target, config).decisions[-1]
     if target.decisions:
         raise SnapshotRootError(f"job root {into} already holds a job; restore into a new root")
-    new_stages = dict(stages or {n: f"{target.root}/stages/{n}" for n in source.stages})
+    new_stages = {
+        n: SnapshotRoot(r)
+        for n, r in (stages or {n: f"{target.root}/stages/{n}" for n in source.stages}).items()
+    }
     if set(new_stages) != set(source.stages):
         raise ConfigError(
             f"restore of job {source.job!r} into {into}: give a new root for exactly the "

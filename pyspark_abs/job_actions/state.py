@@ -47,7 +47,7 @@ class Redeployed:
         config: Its configuration.
     """
 
-    root: str
+    root: SnapshotRoot
     plan: OperatorPlan
     evolution: StateEvolution | None
     spark: SparkSession
@@ -56,7 +56,7 @@ class Redeployed:
 
 def needs_migration(store: DeltaStore, stage: Redeployed) -> bool:
     """Whether starting ``stage`` would migrate its stored state (or refuse to)."""
-    uri = SnapshotRoot(stage.root).manifest_uri
+    uri = stage.root.manifest_uri
     if not store.exists(uri):
         return False
     snapshots = load_epoch_log(store, uri).snapshots()
@@ -90,7 +90,7 @@ def migrate_job(
     def migrated(snapshot: JobSnapshot, restore_epoch: int) -> dict[str, StateInstall]:
         states = {}
         for name, stage in needing.items():
-            epochs = load_epoch_log(store, SnapshotRoot(stage.root).manifest_uri)
+            epochs = load_epoch_log(store, stage.root.manifest_uri)
             target = snapshot_of(epochs, snapshot.stages[name], stage.root)
             rows = migrated_state(
                 store, stage.root, stage.plan, stage.evolution, stage.spark, stage.config, target
@@ -126,7 +126,7 @@ def migrate_job(
 def write_job_state(
     store: DeltaStore,
     manifest: JobManifest,
-    root: str,
+    root: SnapshotRoot,
     plan: OperatorPlan,
     rows: pa.Table,
     *,
@@ -156,7 +156,7 @@ def write_job_state(
         }
 
     decided = decide(store, manifest, JobRecord.WRITE_STATE, states=written, config=config)
-    entry = load_epoch_log(store, SnapshotRoot(root).manifest_uri).latest(decided.restore_epoch)
+    entry = load_epoch_log(store, root.manifest_uri).latest(decided.restore_epoch)
     assert entry is not None
     return SnapshotInfo.from_entry(entry)
 
@@ -178,7 +178,7 @@ def refuse_lone_migration(store: DeltaStore, manifest: JobManifest, stage: Redep
         )
 
 
-def job_migration_plan(store: DeltaStore, manifest: JobManifest, root: str) -> list[str]:
+def job_migration_plan(store: DeltaStore, manifest: JobManifest, root: SnapshotRoot) -> list[str]:
     """What starting the job does when the stage at ``root`` needs a migration, a line each."""
     name = manifest.stage_of(root)
     found = snapshots_of(manifest.stages)
@@ -196,7 +196,7 @@ def job_migration_plan(store: DeltaStore, manifest: JobManifest, root: str) -> l
         f"{snapshot.epoch} and continues at epoch {restore_epoch + 1}"
     ]
     for stage, stage_root in manifest.stages.items():
-        epochs = load_epoch_log(store, SnapshotRoot(stage_root).manifest_uri).entries
+        epochs = load_epoch_log(store, stage_root.manifest_uri).entries
         newest = max((e.epoch for e in epochs), default=-1)
         if newest > snapshot.epoch:
             lines.append(

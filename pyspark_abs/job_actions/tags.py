@@ -16,6 +16,7 @@ from pyspark_abs.job_ledger.cut import JobSnapshot
 from pyspark_abs.job_ledger.listing import job_stages, pick, snapshots_of
 from pyspark_abs.job_ledger.manifest import open_job
 from pyspark_abs.manifest.table import open_root
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.tags import check_name, tag
 
@@ -29,6 +30,7 @@ def tag_job(root: str, epoch: int | str, name: str, *, move: bool = False) -> Jo
             again with ``move=True`` finishes the job.
         SnapshotNotFoundError: ``root`` is not a job root, or ``epoch`` is not a job snapshot.
     """
+    root = SnapshotRoot(root)
     check_name(name)
     stages = job_stages(root)
     job = open_job(DeltaStore(), root, None).job
@@ -45,6 +47,7 @@ def job_epoch(root: str, epoch: int | str) -> int:
         SnapshotNotFoundError: No job snapshot has the name on every stage; the message
             says which stages lack it, or lists the names every stage has.
     """
+    root = SnapshotRoot(root)
     if not isinstance(epoch, str):
         return epoch
     store = DeltaStore()
@@ -70,7 +73,7 @@ def job_epoch(root: str, epoch: int | str) -> int:
     )
 
 
-def stages_named(stages: Mapping[str, str], name: str) -> list[str]:
+def stages_named(stages: Mapping[str, SnapshotRoot], name: str) -> list[str]:
     """The stages (name to snapshot root) that have a savepoint named ``name``."""
     store = DeltaStore()
     return sorted(stage for stage, root in stages.items() if name in open_root(store, root).tags())

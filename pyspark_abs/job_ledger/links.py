@@ -13,21 +13,22 @@ import pyarrow.fs as pafs
 
 from pyspark_abs.errors import SnapshotNotFoundError
 from pyspark_abs.job_ledger.manifest import JobManifest, open_job
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
 
 LINK_FILE = "_job.json"
 """The file in a stage's snapshot root that names the job the stage belongs to."""
 
 
-def link_stages(job: str, root: str, stages: Mapping[str, str]) -> None:
+def link_stages(job: str, root: SnapshotRoot, stages: Mapping[str, SnapshotRoot]) -> None:
     """Write each stage root's link to the job (only where it is missing or names another).
 
     Raises:
         SnapshotRootError: A link cannot be written.
     """
-    wanted = json.dumps({"job": job, "root": normalize_uri(root)}).encode()
+    wanted = json.dumps({"job": job, "root": root}).encode()
     for stage_root in stages.values():
-        fs, path = pafs.FileSystem.from_uri(normalize_uri(stage_root))
+        fs, path = pafs.FileSystem.from_uri(stage_root)
         link = f"{path}/{LINK_FILE}"
         if _read(fs, link) == wanted:
             continue
@@ -36,13 +37,13 @@ def link_stages(job: str, root: str, stages: Mapping[str, str]) -> None:
             out.write(wanted)
 
 
-def linked_job(store: DeltaStore, root: str) -> JobManifest | None:
+def linked_job(store: DeltaStore, root: SnapshotRoot) -> JobManifest | None:
     """The manifest of the job whose stage ``root`` is, or None if it is no job's stage."""
-    fs, path = pafs.FileSystem.from_uri(normalize_uri(root))
+    fs, path = pafs.FileSystem.from_uri(root)
     data = _read(fs, f"{path}/{LINK_FILE}")
     if data is None:
         return None
-    job_root = json.loads(data)["root"]
+    job_root = SnapshotRoot(json.loads(data)["root"])
     try:
         manifest = open_job(store, job_root, None)
     except SnapshotNotFoundError:

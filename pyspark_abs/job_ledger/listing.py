@@ -21,12 +21,12 @@ from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 
-def snapshots_of(stages: Mapping[str, str]) -> list[JobSnapshot]:
+def snapshots_of(stages: Mapping[str, SnapshotRoot]) -> list[JobSnapshot]:
     """The job snapshots of stages (name to snapshot root), oldest first."""
     store = DeltaStore()
     found = []
     for name, root in stages.items():
-        uri = SnapshotRoot(root).manifest_uri
+        uri = root.manifest_uri
         if not store.exists(uri):
             return []
         found.append(stage_epochs(name, load_epoch_log(store, uri)))
@@ -70,11 +70,11 @@ def pick(job: str, found: list[JobSnapshot], epoch: int | None) -> JobSnapshot:
     )
 
 
-def next_restore_epoch(store: DeltaStore, stages: Mapping[str, str]) -> int:
+def next_restore_epoch(store: DeltaStore, stages: Mapping[str, SnapshotRoot]) -> int:
     """The epoch after every epoch of every stage: a job-wide restore epoch."""
     newest = -1
     for root in stages.values():
-        uri = SnapshotRoot(root).manifest_uri
+        uri = root.manifest_uri
         if store.exists(uri):
             epochs = load_epoch_log(store, uri).entries
             newest = max(newest, max((e.epoch for e in epochs), default=-1))
@@ -92,7 +92,7 @@ def require_newest(
     Raises:
         ConfigError: The stage has snapshots after the job snapshot.
     """
-    epochs = load_epoch_log(store, SnapshotRoot(manifest.stages[name]).manifest_uri)
+    epochs = load_epoch_log(store, manifest.stages[name].manifest_uri)
     newest = epochs.snapshots()[-1].epoch
     if newest != snapshot.stages[name]:
         raise ConfigError(
@@ -103,12 +103,13 @@ def require_newest(
         )
 
 
-def job_stages(root: str) -> dict[str, str]:
+def job_stages(root: str) -> dict[str, SnapshotRoot]:
     """The stages of the job at ``root`` and their snapshot roots, as last recorded.
 
     Raises:
         SnapshotNotFoundError: ``root`` is not a job root.
     """
+    root = SnapshotRoot(root)
     return dict(open_job(DeltaStore(), root, None).stages)
 
 

@@ -39,7 +39,8 @@ import pyarrow as pa
 
 from pyspark_abs.errors import ManifestError, PipelineMismatchError, SnapshotNotFoundError
 from pyspark_abs.protocol.epoch_writer import now
-from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore, TableSpec
 
 JOB_TABLE = "_job"
 """Table id, and directory under the job's root, of the job manifest."""
@@ -101,7 +102,7 @@ class JobDecision:
     stage_epochs: Mapping[str, int]
     status: DecisionStatus
     source: str | None = None
-    source_stages: Mapping[str, str] = field(default_factory=dict)
+    source_stages: Mapping[str, SnapshotRoot] = field(default_factory=dict)
     states: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -120,13 +121,13 @@ class JobManifest:
     uri: str
     job: str
     version: int
-    stages: Mapping[str, str] = field(default_factory=dict)
+    stages: Mapping[str, SnapshotRoot] = field(default_factory=dict)
     decisions: tuple[JobDecision, ...] = ()
 
     @property
-    def root(self) -> str:
+    def root(self) -> SnapshotRoot:
         """The job root."""
-        return self.uri[: -len(JOB_TABLE) - 1]
+        return SnapshotRoot(self.uri[: -len(JOB_TABLE) - 1])
 
     @property
     def unfinished(self) -> JobDecision | None:
@@ -134,18 +135,17 @@ class JobManifest:
         last = self.decisions[-1] if self.decisions else None
         return last if last is not None and last.status is DecisionStatus.PREPARED else None
 
-    def stage_of(self, root: str) -> str | None:
+    def stage_of(self, root: SnapshotRoot) -> str | None:
         """The name of the stage whose snapshot root is ``root``, if it is one of the job's."""
-        wanted = normalize_uri(root)
-        return next((n for n, r in self.stages.items() if normalize_uri(r) == wanted), None)
+        return next((n for n, r in self.stages.items() if r == root), None)
 
 
-def job_manifest_uri(root: str) -> str:
+def job_manifest_uri(root: SnapshotRoot) -> str:
     """Where the job manifest of a job root lives."""
-    return f"{normalize_uri(root)}/{JOB_TABLE}"
+    return root.table_uri(JOB_TABLE)
 
 
-def open_job(store: DeltaStore, root: str, job: str | None) -> JobManifest:
+def open_job(store: DeltaStore, root: SnapshotRoot, job: str | None) -> JobManifest:
     """Read a job's manifest; with ``job`` given, create it if there is none.
 
     Raises:
@@ -157,17 +157,17 @@ def open_job(store: DeltaStore, root: str, job: str | None) -> JobManifest:
     if not store.exists(uri):
         if job is None:
             raise SnapshotNotFoundError(
-                f"{normalize_uri(root)} is not a job root (it has no {JOB_TABLE} table); give "
+                f"{root} is not a job root (it has no {JOB_TABLE} table); give "
                 f"the root a Job was declared with"
             )
-        store.ensure_root(normalize_uri(root))
+        store.ensure_root(root)
         store.ensure_table(_spec(uri, job))
     else:
         store.add_missing_columns(_spec(uri, job or ""))
     manifest = _read(store, uri)
     if job is not None and manifest.job != job:
         raise PipelineMismatchError(
-            f"job root {normalize_uri(root)} belongs to job {manifest.job!r}, not {job!r}; give "
+            f"job root {root} belongs to job {manifest.job!r}, not {job!r}; give "
             f"this job its own root"
         )
     return manifest
@@ -191,11 +191,11 @@ def _read(store: DeltaStore, uri: str) -> JobManifest:
         owner = json.loads(store.description(uri) or "{}").get("job")
     except Exception as err:
         raise ManifestError(f"cannot read the job manifest at {uri}: {err}") from err
-    stages: dict[str, str] = {}
+    stages: dict[str, SnapshotRoot] = {}
     decisions: dict[int, JobDecision] = {}
     for row in sorted(rows.to_pylist(), key=_commit_order):
         if row["record"] == JobRecord.STAGES.value:
-            stages = dict(row["stages"] or ())
+            stages = _roots(row["stages"])
             continue
         decisions[row["restore_epoch"]] = JobDecision(
             JobRecord(row["record"]),
@@ -204,12 +204,17 @@ def _read(store: DeltaStore, uri: str) -> JobManifest:
             dict(row["stage_epochs"] or ()),
             DecisionStatus(row["status"]),
             row["source"],
-            dict(row["stages"] or ()) if row["source"] else {},
+            _roots(row["stages"]) if row["source"] else {},
             dict(row.get("states") or ()),
         )
     return JobManifest(
         uri, str(owner), version, stages, tuple(decisions[e] for e in sorted(decisions))
     )
+
+
+def _roots(stages: Any) -> dict[str, SnapshotRoot]:
+    """A ``stages`` column's value: stage names and their snapshot roots."""
+    return {name: SnapshotRoot(root) for name, root in dict(stages or ()).items()}
 
 
 def record(store: DeltaStore, manifest: JobManifest, **row: Any) -> JobManifest:

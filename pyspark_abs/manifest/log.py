@@ -16,6 +16,7 @@ from pyspark_abs.manifest.entries import (
     check_transition,
     commit_order,
 )
+from pyspark_abs.storage.root import SnapshotRoot
 
 log = logger(__name__)
 
@@ -238,7 +239,7 @@ class EpochLog:
             if self._latest[e].status in SNAPSHOT_STATUSES
         ]
 
-    def require_snapshot(self, epoch: int, root: str) -> ManifestEntry:
+    def require_snapshot(self, epoch: int, root: SnapshotRoot) -> ManifestEntry:
         """The latest entry of ``epoch``, which must be a readable snapshot.
 
         Raises:
@@ -270,7 +271,7 @@ class EpochLog:
         """The names of the snapshot of ``epoch``, sorted."""
         return sorted(name for name, named in self._tags.items() if named == epoch)
 
-    def resolve(self, snapshot: int | str, root: str) -> int:
+    def resolve(self, snapshot: int | str, root: SnapshotRoot) -> int:
         """The epoch of ``snapshot``: an epoch number, or the name of a savepoint.
 
         Raises:

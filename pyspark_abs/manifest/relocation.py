@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.storage.root import SnapshotRoot
 
 _IN_ROOT = ("state/", "backedge/")
 """Prefixes of the table ids that lie in the root itself."""
@@ -40,7 +41,7 @@ def moved_prefix(old: str, new: str) -> tuple[str, str]:
     return "/".join(before[: len(before) - shared]), "/".join(after[: len(after) - shared])
 
 
-def relocated(root: str, entries: Iterable[ManifestEntry]) -> Iterator[ManifestEntry]:
+def relocated(root: SnapshotRoot, entries: Iterable[ManifestEntry]) -> Iterator[ManifestEntry]:
     """The entries, each with its tables inside the copied directory where they are now."""
     for entry in entries:
         where = written_at(entry)

@@ -23,11 +23,11 @@ from pyspark_abs.storage.store import (
 log = logger(__name__)
 
 
-def manifest_spec(root: str, pipeline: str) -> TableSpec:
+def manifest_spec(root: SnapshotRoot, pipeline: str) -> TableSpec:
     """The ``_manifest`` table of a snapshot root, with a new root id if it is created."""
     return TableSpec(
         table=MANIFEST_TABLE,
-        uri=SnapshotRoot(root).manifest_uri,
+        uri=root.manifest_uri,
         schema=MANIFEST_SCHEMA,
         description=json.dumps(
             {"pipeline": pipeline, "format_version": FORMAT_VERSION, "root_id": uuid.uuid4().hex}
@@ -35,7 +35,7 @@ def manifest_spec(root: str, pipeline: str) -> TableSpec:
     )
 
 
-def open_manifest(store: DeltaStore, root: str, pipeline: str) -> EpochLog:
+def open_manifest(store: DeltaStore, root: SnapshotRoot, pipeline: str) -> EpochLog:
     """Create the root's manifest, or load it after checking it belongs to ``pipeline``.
 
     A manifest written by an older pyspark-abs first gets the columns added since (null in
@@ -69,7 +69,7 @@ def load_epoch_log(store: DeltaStore, uri: str) -> EpochLog:
     Raises:
         ManifestError: The manifest cannot be read or breaks the epoch state machine.
     """
-    root = uri[: -len(MANIFEST_TABLE) - 1]
+    root = SnapshotRoot(uri[: -len(MANIFEST_TABLE) - 1])
     try:
         rows, version = store.read_versioned(uri)
         entries = entries_of(rows)
@@ -80,12 +80,12 @@ def load_epoch_log(store: DeltaStore, uri: str) -> EpochLog:
         raise ManifestError(f"cannot read the manifest at {uri}: {err}") from err
 
 
-def manifest_owner(store: DeltaStore, root: str) -> str | None:
+def manifest_owner(store: DeltaStore, root: SnapshotRoot) -> str | None:
     """The pipeline a snapshot root belongs to, from its manifest's description."""
     return _described(store, root, "pipeline")
 
 
-def manifest_root_id(store: DeltaStore, root: str) -> str | None:
+def manifest_root_id(store: DeltaStore, root: SnapshotRoot) -> str | None:
     """The id a snapshot root was created with (None: created before root ids existed).
 
     Every Delta transaction the root commits to a table carries it (see
@@ -95,9 +95,9 @@ def manifest_root_id(store: DeltaStore, root: str) -> str | None:
     return _described(store, root, "root_id")
 
 
-def _described(store: DeltaStore, root: str, key: str) -> str | None:
+def _described(store: DeltaStore, root: SnapshotRoot, key: str) -> str | None:
     try:
-        value = json.loads(store.description(SnapshotRoot(root).manifest_uri) or "{}").get(key)
+        value = json.loads(store.description(root.manifest_uri) or "{}").get(key)
     except json.JSONDecodeError:
         value = None
     return value if isinstance(value, str) else None
@@ -111,18 +111,18 @@ def tables_of(entries: Iterable[ManifestEntry]) -> dict[str, str]:
     return tables
 
 
-def open_root(store: DeltaStore, root: str) -> EpochLog:
+def open_root(store: DeltaStore, root: SnapshotRoot) -> EpochLog:
     """The epoch log of a snapshot root, opened for the pipeline that owns it."""
     return open_manifest(store, root, root_owner(store, root))
 
 
-def root_owner(store: DeltaStore, root: str) -> str:
+def root_owner(store: DeltaStore, root: SnapshotRoot) -> str:
     """The pipeline that owns a snapshot root.
 
     Raises:
         SnapshotNotFoundError: ``root`` is not a snapshot root.
     """
-    owner = manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
+    owner = manifest_owner(store, root) if store.exists(root.manifest_uri) else None
     if owner is None:
-        raise SnapshotRoot(root).not_found()
+        raise root.not_found()
     return owner

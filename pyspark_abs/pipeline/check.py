@@ -28,8 +28,13 @@ from pyspark_abs.operators.envelope import Kind
 from pyspark_abs.pipeline.declaration import Pipeline
 from pyspark_abs.pipeline.targets import table_targets
 from pyspark_abs.sources.rewind import require_rewindable
-from pyspark_abs.storage.root import SINK_PREFIX, STATE_PREFIX, SnapshotRoot, state_table
-from pyspark_abs.storage.store import DeltaStore, TableSpec, normalize_uri
+from pyspark_abs.storage.root import (
+    SINK_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    state_table,
+)
+from pyspark_abs.storage.store import DeltaStore, TableSpec
 
 
 class Verdict(str, Enum):
@@ -74,7 +79,7 @@ class UpgradeReport:
         items: One verdict per operator, sink and back-edge log.
     """
 
-    root: str
+    root: SnapshotRoot
     pipeline: str
     items: tuple[CheckItem, ...]
 
@@ -105,10 +110,10 @@ def check(pipeline: Pipeline, root: str | None = None) -> UpgradeReport:
     """
     if not isinstance(pipeline, Pipeline):
         raise ConfigError(f"check needs a pyspark_abs.Pipeline, got {type(pipeline).__name__}")
-    root = normalize_uri(root or pipeline.root)
+    root = SnapshotRoot(root or pipeline.root)
     store = DeltaStore()
-    if not store.exists(SnapshotRoot(root).manifest_uri):
-        raise SnapshotRoot(root).not_found()
+    if not store.exists(root.manifest_uri):
+        raise root.not_found()
     owner = manifest_owner(store, root)
     if owner != pipeline.name:
         item = CheckItem(
@@ -149,7 +154,7 @@ def check(pipeline: Pipeline, root: str | None = None) -> UpgradeReport:
 
 
 def _operator_item(
-    store: DeltaStore, root: str, pipeline: Pipeline, latest: ManifestEntry | None
+    store: DeltaStore, root: SnapshotRoot, pipeline: Pipeline, latest: ManifestEntry | None
 ) -> CheckItem:
     plan = pipeline.plan
     migration = plan_migration(store, root, plan, pipeline.operator.evolution, latest)

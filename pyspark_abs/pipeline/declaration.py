@@ -43,9 +43,10 @@ from pyspark_abs.sources import RewindableSource
 from pyspark_abs.sources.channel.log import Channel
 from pyspark_abs.sources.channel.source import ChannelSource
 from pyspark_abs.storage.root import (
+    SnapshotRoot,
+    normalize_uri,
     sink_table,
 )
-from pyspark_abs.storage.store import normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -135,7 +136,7 @@ class Pipeline:
         self.operator = operator
         self.spark = frame.sparkSession
         self.config = config if config is not None else AbsConfig.from_spark_conf(self.spark)
-        self.root = normalize_uri(root)
+        self.root = SnapshotRoot(root)
         self.checkpoint = normalize_uri(checkpoint) if checkpoint else f"{self.root}/_checkpoint"
         self.plan = resolve_plan(
             name,

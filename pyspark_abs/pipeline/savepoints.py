@@ -54,7 +54,7 @@ from pyspark_abs.sources.rewind import require_no_channels, require_rewindable
 from pyspark_abs.storage.root import (
     SnapshotRoot,
 )
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -94,7 +94,7 @@ def rollback(root: str, epoch: int | str, *, config: AbsConfig | None = None) ->
         CommitError: A table could not be restored; the rollback is finished by the next
             start or rollback once that is fixed.
     """
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     config = config if config is not None else AbsConfig()
     store = DeltaStore()
     writer = open_writer(store, root, None, config)
@@ -148,7 +148,7 @@ def restore(
         SnapshotRootError: ``into`` already holds epochs, or is ``root`` itself. Running
             the same restore again after it was interrupted finishes it instead.
     """
-    root, into = normalize_uri(root), normalize_uri(into)
+    root, into = SnapshotRoot(root), SnapshotRoot(into)
     config = config if config is not None else AbsConfig()
     source = open_writer(DeltaStore(), root, None, config)
     target = snapshot_of(source.epochs, epoch, root)
@@ -217,9 +217,9 @@ def write_state(
     from pyspark_abs.operators.contract import TimeoutMode
     from pyspark_abs.operators.plan import resolve_plan
 
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
-    owner = manifest_owner(store, root) if store.exists(SnapshotRoot(root).manifest_uri) else None
+    owner = manifest_owner(store, root) if store.exists(root.manifest_uri) else None
     if owner is not None and pipeline is not None and pipeline != owner:
         raise PipelineMismatchError(
             f"snapshot root {root} belongs to pipeline {owner!r}, not {pipeline!r}"

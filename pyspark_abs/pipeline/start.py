@@ -66,7 +66,6 @@ from pyspark_abs.storage.root import (
     SINK_PREFIX,
     STATE_PREFIX,
     SnapshotRoot,
-    root_tag,
 )
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import require_sound_start
@@ -87,7 +86,7 @@ class Declared(Protocol):
     operator: Operator
     plan: OperatorPlan
     config: AbsConfig
-    root: str
+    root: SnapshotRoot
     checkpoint: str
     back_edges: tuple[BackEdge, ...]
     sinks: dict[str, DeltaSink]
@@ -255,7 +254,7 @@ def ready_tables(declared: Declared, opened: Opened, remote: bool) -> list[Kafka
         declared.sinks,
         declared.plan,
         opened.layout.tables,
-        opened.writer.root_id or root_tag(declared.root),
+        opened.writer.root_id or declared.root.tag,
         opened.faults,
         snapshots=declared.config.snapshots,
         remote=remote,
@@ -316,7 +315,7 @@ def start_stream(
         )
         frame = rewound or frame
     for edge in declared.back_edges:
-        uri = SnapshotRoot(declared.root).table_uri(edge.table)
+        uri = declared.root.table_uri(edge.table)
         frame = frame.unionByName(
             loop_head(declared.spark, edge, uri, lineage.restore), allowMissingColumns=True
         )

@@ -11,12 +11,12 @@ from pyspark_abs.pipeline.sinks import DeltaSink
 from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.snapshots.reading import state_table_description
-from pyspark_abs.storage.root import SnapshotRoot, sink_table, state_table
-from pyspark_abs.storage.store import TableSpec, normalize_uri
+from pyspark_abs.storage.root import SnapshotRoot, normalize_uri, sink_table, state_table
+from pyspark_abs.storage.store import TableSpec
 
 
 def table_targets(
-    root: str,
+    root: SnapshotRoot,
     plan: OperatorPlan,
     snapshots: bool,
     back_edges: Sequence[BackEdge],
@@ -28,7 +28,7 @@ def table_targets(
         targets.append(
             TableTarget(
                 table=state_table(plan.name),
-                uri=SnapshotRoot(root).table_uri(state_table(plan.name)),
+                uri=root.table_uri(state_table(plan.name)),
                 kind=Kind.STATE,
                 index=0,
                 payload_schema=plan.change_schema,
@@ -42,7 +42,7 @@ def table_targets(
             targets.append(
                 TableTarget(
                     table,
-                    SnapshotRoot(root).table_uri(table),
+                    root.table_uri(table),
                     Kind.OUTPUT,
                     index,
                     schema,

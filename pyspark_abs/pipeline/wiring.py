@@ -31,7 +31,7 @@ from pyspark_abs.operators.task import KeyGroupTask
 from pyspark_abs.sources import REWINDABLE, DeltaSource, RewindableSource, SparkFileSource
 from pyspark_abs.sources.backedge_log import split_offsets
 from pyspark_abs.sources.files.rewinds import rewound_files
-from pyspark_abs.storage.root import state_table
+from pyspark_abs.storage.root import SnapshotRoot, state_table
 from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ def rewound_frame(
     transform: Callable[[DataFrame], DataFrame] | None,
     restore: ManifestEntry,
     spark: SparkSession,
-    root: str,
+    root: SnapshotRoot,
 ) -> DataFrame | None:
     """The source rewound to a restore epoch's offsets, or None if the epoch has none.
 

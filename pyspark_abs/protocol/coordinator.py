@@ -61,7 +61,7 @@ from pyspark_abs.protocol.publishing import KafkaPublisher
 from pyspark_abs.protocol.replay import check_replay_reached
 from pyspark_abs.protocol.spark_checkpoint import BatchOffsets, CheckpointReader
 from pyspark_abs.storage.files import FileEntry, delete_files
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, root_tag, state_table
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, state_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -387,7 +387,7 @@ class EpochCoordinator:
             targets=self.layout.targets,
             target_file_bytes=self.config.target_file_bytes,
             faults=self.config.faults,
-            root_tag=root_tag(self.layout.root),
+            root_tag=self.layout.root.tag,
         )
         rows = batch.mapInArrow(PrecommitTask(plan), MARKER_DDL).collect()
         return [BarrierMarker.from_dict(r.asDict(recursive=True)) for r in rows]

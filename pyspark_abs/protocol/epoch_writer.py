@@ -48,7 +48,7 @@ class EpochWriter:
     def __init__(
         self,
         pipeline: str,
-        root: str,
+        root: SnapshotRoot,
         store: DeltaStore,
         epochs: EpochLog,
         run_id: str,
@@ -88,7 +88,7 @@ class EpochWriter:
     @property
     def manifest_uri(self) -> str:
         """Location of the ``_manifest`` table."""
-        return SnapshotRoot(self.root).manifest_uri
+        return self.root.manifest_uri
 
     def record(self, entry: ManifestEntry) -> None:
         """Append an entry to the manifest (durably), then to the in-memory log.

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.storage.files import FileEntry, delete_files, file_sizes
+from pyspark_abs.storage.root import SnapshotRoot
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class SnapshotLayout:
     """
 
     pipeline: str
-    root: str
+    root: SnapshotRoot
     operator: str
     targets: tuple[TableTarget, ...] = field(default_factory=tuple)
 

@@ -50,6 +50,7 @@ import pyarrow.fs as pafs
 
 from pyspark_abs.errors import FencingError, SnapshotRootError
 from pyspark_abs.logs import logger
+from pyspark_abs.storage.root import SnapshotRoot
 
 log = logger(__name__)
 
@@ -121,7 +122,7 @@ class LeaseRecord:
         )
 
 
-def read_lease(root: str) -> LeaseRecord | None:
+def read_lease(root: SnapshotRoot) -> LeaseRecord | None:
     """The root's lease, or None if nobody holds it.
 
     Raises:
@@ -130,7 +131,7 @@ def read_lease(root: str) -> LeaseRecord | None:
     return _current(root)[1]
 
 
-def break_lease(root: str) -> LeaseRecord | None:
+def break_lease(root: SnapshotRoot) -> LeaseRecord | None:
     """Free a root whose lease holder you know is gone; return the lease it held.
 
     A holder that is in fact still running stops at its next write with a FencingError.
@@ -148,7 +149,7 @@ def break_lease(root: str) -> LeaseRecord | None:
     )
 
 
-def require_no_live_holder(root: str, action: str) -> None:
+def require_no_live_holder(root: SnapshotRoot, action: str) -> None:
     """Refuse ``action`` while a live run holds the root.
 
     Raises:
@@ -166,7 +167,7 @@ def require_no_live_holder(root: str, action: str) -> None:
 class Lease:
     """A run's lease on a snapshot root, renewed in the background until released."""
 
-    def __init__(self, root: str, record: LeaseRecord) -> None:
+    def __init__(self, root: SnapshotRoot, record: LeaseRecord) -> None:
         self.root = root
         self.record = record
         self._stop = threading.Event()
@@ -175,7 +176,7 @@ class Lease:
         )
 
     @classmethod
-    def acquire(cls, root: str, pipeline: str, run_id: str) -> Lease:
+    def acquire(cls, root: SnapshotRoot, pipeline: str, run_id: str) -> Lease:
         """Take the root's lease for a run, unless a live run holds it.
 
         Raises:
@@ -207,7 +208,7 @@ class Lease:
         return lease
 
     @classmethod
-    def adopt(cls, root: str, record: LeaseRecord) -> Lease:
+    def adopt(cls, root: SnapshotRoot, record: LeaseRecord) -> Lease:
         """Take a run's lease over into this process, which writes the run's epochs.
 
         Under Spark Connect the client starts the run and acquires its lease, but the
@@ -328,7 +329,7 @@ class Lease:
                 continue  # a transient storage error: renew at the next beat
 
 
-def _current(root: str) -> tuple[int, LeaseRecord | None]:
+def _current(root: SnapshotRoot) -> tuple[int, LeaseRecord | None]:
     """The root's highest lease generation and its holder (None: released or none).
 
     Raises:
@@ -366,7 +367,7 @@ def _read(fs: pafs.FileSystem, path: str, location: str) -> bytes | None:
         raise SnapshotRootError(f"cannot read the lease {location}: {err}") from None
 
 
-def _parse(data: bytes, location: str, root: str, generation: int) -> LeaseRecord | None:
+def _parse(data: bytes, location: str, root: SnapshotRoot, generation: int) -> LeaseRecord | None:
     try:
         fields = json.loads(data)
         if fields.get("run_id") is None:
@@ -380,7 +381,7 @@ def _parse(data: bytes, location: str, root: str, generation: int) -> LeaseRecor
         ) from None
 
 
-def _publish(root: str, generation: int, record: LeaseRecord | None) -> bool:
+def _publish(root: SnapshotRoot, generation: int, record: LeaseRecord | None) -> bool:
     """Create lease generation ``generation`` (``record`` None: nobody holds the root).
 
     Returns False when that generation exists already: another writer changed the lease

@@ -27,7 +27,7 @@ log = logger(__name__)
 def require_own_sinks(
     store: DeltaStore,
     pipeline: str,
-    root: str,
+    root: SnapshotRoot,
     root_id: str | None,
     sinks: Mapping[str, str],
     newest_decided: int | None,
@@ -87,7 +87,7 @@ def require_own_sinks(
 def _refuse_copy(
     store: DeltaStore,
     pipeline: str,
-    root: str,
+    root: SnapshotRoot,
     root_id: str | None,
     table: str,
     uri: str,
@@ -103,15 +103,16 @@ def _refuse_copy(
     if root_id is None or not isinstance(elsewhere, str) or elsewhere == root:
         return
     if elsewhere not in originals:
-        uri_of = SnapshotRoot(elsewhere).manifest_uri
-        same = store.exists(uri_of) and manifest_root_id(store, elsewhere) == root_id
-        originals[elsewhere] = tables_of(load_epoch_log(store, uri_of).entries) if same else {}
+        other = SnapshotRoot(elsewhere)
+        same = store.exists(other.manifest_uri) and manifest_root_id(store, other) == root_id
+        entries = load_epoch_log(store, other.manifest_uri).entries if same else []
+        originals[elsewhere] = tables_of(entries)
     if originals[elsewhere].get(table) == uri:
         raise PipelineMismatchError(
             f"snapshot root {root} is a copy of {elsewhere} (both have root id {root_id}), "
             f"which wrote sink {table} at {uri} (epoch {commit.get(EPOCH_KEY)}). Writing to "
             f"it from the copy would mix the two roots' outputs. Give the copy its own sink "
-            f"tables, or make copies with pyspark_abs.install, which gives the copy its own id"
+            f"tables, or make copies with pyspark_abs.restore, which gives the copy its own id"
         )
 
 
@@ -139,7 +140,7 @@ class Lineage:
     superseded: bool = False
 
 
-def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> Lineage:
+def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: SnapshotRoot) -> Lineage:
     """Check that the checkpoint belongs to the snapshot root, and map its micro-batches.
 
     A checkpoint superseded by a restore epoch (a rollback) is moved aside, and the run
@@ -164,7 +165,7 @@ def resolve_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -
     return lineage
 
 
-def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: str) -> Lineage:
+def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: SnapshotRoot) -> Lineage:
     """:func:`resolve_lineage` without its side effect: a superseded checkpoint stays.
 
     What a look before a start asks (is the checkpoint fresh, or does it continue?).

@@ -134,7 +134,7 @@ class LocalLiveState:
         change_share: See :func:`~pyspark_abs.protocol.state_chain.extends_chain`.
     """
 
-    root: str
+    root: SnapshotRoot
     root_key: str
     table: str
     uri: str
@@ -145,7 +145,7 @@ class LocalLiveState:
 
     @staticmethod
     def for_root(
-        root: str,
+        root: SnapshotRoot,
         root_id: str | None,
         table: str,
         uri: str,
@@ -337,7 +337,7 @@ class LocalLiveState:
 
     def _manifest(self, epoch: int, *, reload: bool = False) -> EpochLog:
         """The manifest, read once per Python worker and micro-batch (or now, ``reload``)."""
-        uri = SnapshotRoot(self.root).manifest_uri
+        uri = self.root.manifest_uri
         cached = _MANIFESTS.get(uri)
         if reload or cached is None or cached[0] != epoch:
             cached = (epoch, load_epoch_log(DeltaStore(), uri))

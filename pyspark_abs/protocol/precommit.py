@@ -78,7 +78,8 @@ class PrecommitPlan:
         targets: Tables to write to.
         target_file_bytes: Roll over to a new file past this size.
         faults: Faults to inject in tasks.
-        root_tag: The snapshot root's tag (see :func:`root_tag`), put in every file name.
+        root_tag: The snapshot root's tag
+            (:attr:`~pyspark_abs.storage.root.SnapshotRoot.tag`), put in every file name.
     """
 
     operator: str

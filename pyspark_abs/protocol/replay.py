@@ -18,7 +18,7 @@ from pyspark_abs.operators.schema import KEY_GROUP
 from pyspark_abs.protocol.lineage import Lineage
 from pyspark_abs.protocol.spark_checkpoint import CheckpointReader
 from pyspark_abs.storage.files import read_files
-from pyspark_abs.storage.root import state_table
+from pyspark_abs.storage.root import SnapshotRoot, state_table
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -51,7 +51,7 @@ def check_replay_reached(
     reached: Set[int],
     *,
     pipeline: str,
-    root: str,
+    root: SnapshotRoot,
     operator: str,
     epoch: int,
 ) -> None:

@@ -34,7 +34,7 @@ from pyspark_abs.storage.root import (
 )
 from pyspark_abs.storage.schemas import arrow_schema
 from pyspark_abs.storage.spark import load_dataframe
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.store import DeltaStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -63,11 +63,11 @@ class Snapshots:
         Raises:
             SnapshotNotFoundError: There is no manifest under ``root``.
         """
-        self.root = normalize_uri(root)
+        self.root = SnapshotRoot(root)
         self.spark = spark
         self._store = DeltaStore()
-        if not self._store.exists(SnapshotRoot(self.root).manifest_uri):
-            raise SnapshotRoot(self.root).not_found()
+        if not self._store.exists(self.root.manifest_uri):
+            raise self.root.not_found()
 
     @property
     def pipeline(self) -> str | None:
@@ -168,7 +168,7 @@ class Snapshots:
     def manifest(self) -> DataFrame:
         """The ``_manifest`` table as a DataFrame, one row per epoch transition."""
         spark = self._spark()
-        uri = SnapshotRoot(self.root).manifest_uri
+        uri = self.root.manifest_uri
         return load_dataframe(spark, uri, int(self._store.open(uri).version()))
 
     def state(
@@ -265,7 +265,7 @@ class Snapshots:
 
     def _log(self) -> EpochLog:
         # a copied root's entries name the original's tables: read them where they are now
-        return load_epoch_log(self._store, SnapshotRoot(self.root).manifest_uri)
+        return load_epoch_log(self._store, self.root.manifest_uri)
 
     def _spark(self) -> SparkSession:
         if self.spark is not None:

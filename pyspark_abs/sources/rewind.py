@@ -18,6 +18,7 @@ from pyspark_abs.sources.delta.spark import SparkDeltaSource
 from pyspark_abs.sources.files.source import FileSource
 from pyspark_abs.sources.files.spark import SparkFileSource
 from pyspark_abs.sources.kafka.source import KafkaSource
+from pyspark_abs.storage.root import SnapshotRoot
 
 
 def unrewindable(source_offsets: str | None) -> list[tuple[str, str]]:
@@ -62,7 +63,7 @@ def _why_not(line: str) -> str | None:
         )
 
 
-def require_rewindable(snapshot: ManifestEntry, root: str, action: str) -> None:
+def require_rewindable(snapshot: ManifestEntry, root: SnapshotRoot, action: str) -> None:
     """Refuse ``action`` when a run could not resume the sources after ``snapshot``.
 
     Raises:
@@ -80,7 +81,7 @@ def require_rewindable(snapshot: ManifestEntry, root: str, action: str) -> None:
         )
 
 
-def require_no_channels(snapshot: ManifestEntry, root: str, action: str) -> None:
+def require_no_channels(snapshot: ManifestEntry, root: SnapshotRoot, action: str) -> None:
     """Refuse ``action`` on one stage of a job: its epochs must stay its upstreams'.
 
     Raises:

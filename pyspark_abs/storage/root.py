@@ -49,40 +49,55 @@ def backedge_table(edge: str) -> str:
     return f"{BACKEDGE_PREFIX}{edge}"
 
 
-@dataclass(frozen=True)
-class SnapshotRoot:
-    """A snapshot root at a location (a normalized URI).
+def normalize_uri(location: str) -> str:
+    """A table location as delta-rs and pyarrow want it: absolute path or URL."""
+    if "://" in location:
+        return location.rstrip("/")
+    return os.path.abspath(os.path.expanduser(location))
 
-    Attributes:
-        uri: The root's location.
+
+class SnapshotRoot(str):
+    """A snapshot root's location, normalized once: an absolute path or a URL.
+
+    It is a ``str`` (users read and format it as one), and a type of its own: the modules
+    below the public entries take a ``SnapshotRoot``, never a bare string, so a location is
+    normalized where it enters (``SnapshotRoot(location)``) and nowhere else.
     """
 
-    uri: str
+    __slots__ = ()
+
+    def __new__(cls, location: str | os.PathLike[str]) -> SnapshotRoot:
+        """The root at ``location``, a path (``~`` expanded, made absolute) or a URL."""
+        if isinstance(location, SnapshotRoot):
+            return location
+        return super().__new__(cls, normalize_uri(os.fspath(location)))
+
+    def __getnewargs__(self) -> tuple[str]:
+        return (str(self),)
 
     @property
     def manifest_uri(self) -> str:
         """Location of the root's ``_manifest`` table."""
-        return f"{self.uri}/{MANIFEST_TABLE}"
+        return f"{self}/{MANIFEST_TABLE}"
 
     def table_uri(self, table: str) -> str:
         """Location of a table the root holds (a state table or a back-edge log)."""
-        return f"{self.uri}/{table}"
+        return f"{self}/{table}"
+
+    @property
+    def tag(self) -> str:
+        """The root's tag in the names of the files it writes (8 hex digits).
+
+        A sink table can be written by several pipelines; the tag tells vacuum which files
+        are this root's to delete.
+        """
+        return hashlib.sha256(self.encode()).hexdigest()[:8]
 
     def not_found(self) -> SnapshotNotFoundError:
         """The error for a location that holds no snapshot root."""
         return SnapshotNotFoundError(
-            f"{self.uri} is not a pyspark-abs snapshot root (it has no {MANIFEST_TABLE} table)"
+            f"{self} is not a pyspark-abs snapshot root (it has no {MANIFEST_TABLE} table)"
         )
-
-
-def root_tag(root: str) -> str:
-    """A snapshot root's tag in the names of the files it writes (8 hex digits).
-
-    A sink table can be written by several pipelines; the tag tells vacuum which files are
-    this root's to delete.
-    """
-    location = root.rstrip("/") if "://" in root else os.path.abspath(os.path.expanduser(root))
-    return hashlib.sha256(location.encode()).hexdigest()[:8]
 
 
 def file_prefix(epoch: int, writer: str, tag: str = "") -> str:
@@ -91,7 +106,7 @@ def file_prefix(epoch: int, writer: str, tag: str = "") -> str:
     Args:
         epoch: The epoch the files are written for.
         writer: Who writes them, e.g. ``p00003-a0`` (partition 3, attempt 0) or ``restore``.
-        tag: The writing root's :func:`root_tag`, or empty.
+        tag: The writing root's :attr:`SnapshotRoot.tag`, or empty.
     """
     tagged = f"t{tag}-" if tag else ""
     return f"abs-e{epoch:012d}-{tagged}{writer}-{uuid.uuid4().hex[:12]}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import threading
 import time
@@ -35,6 +34,7 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.operators.arrow_files import read_parquet
 from pyspark_abs.storage.files import FileEntry, damaged, files_after
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.schemas import arrow_schema, schema_differences
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, epoch_commit
 
@@ -44,13 +44,6 @@ KEEP_LOG = {"delta.enableExpiredLogCleanup": "false"}
 of a snapshot root keep the log of every retained snapshot's version; vacuum removes the
 log below the oldest one (see :func:`~pyspark_abs.upkeep.retention.vacuum`). A property, not a
 table feature: delta-spark reads such tables and honours it."""
-
-
-def normalize_uri(location: str) -> str:
-    """A table location as delta-rs and pyarrow want it: absolute path or URL."""
-    if "://" in location:
-        return location.rstrip("/")
-    return os.path.abspath(os.path.expanduser(location))
 
 
 @dataclass(frozen=True)
@@ -94,7 +87,7 @@ class DeltaStore:
         self._swapped: dict[str, DeltaTable] = {}  # after compare-and-swap appends
         self._swap_lock = threading.Lock()
 
-    def ensure_root(self, root: str) -> None:
+    def ensure_root(self, root: SnapshotRoot) -> None:
         """Create the snapshot root if needed and check that it is writable.
 
         Raises:
@@ -344,7 +337,7 @@ class DeltaStore:
         *,
         overwrite: bool = False,
         schema: str | None = None,
-        root: str | None = None,
+        root: SnapshotRoot | None = None,
     ) -> CommitResult:
         """Commit pre-written files to the table at ``uri`` as epoch ``epoch``, exactly once.
 
@@ -418,7 +411,7 @@ class DeltaStore:
             )
 
     def restore_version(
-        self, uri: str, version: int, app_id: str, epoch: int, root: str | None = None
+        self, uri: str, version: int, app_id: str, epoch: int, root: SnapshotRoot | None = None
     ) -> int:
         """Restore the table at ``uri`` to ``version`` as epoch ``epoch``, exactly once.
 

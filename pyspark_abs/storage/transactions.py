@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from deltalake import CommitProperties, Transaction
 
+from pyspark_abs.storage.root import SnapshotRoot
+
 EPOCH_KEY = "pyspark_abs.epoch"
 
 
@@ -25,11 +27,11 @@ def app_id(pipeline: str, table: str, root_id: str | None, query_id: str | None 
     return "/".join(["pyspark-abs", pipeline, *scope, table])
 
 
-def epoch_commit(app_id: str, epoch: int, root: str | None) -> CommitProperties:
+def epoch_commit(app_id: str, epoch: int, root: SnapshotRoot | None) -> CommitProperties:
     """Commit properties that make a commit epoch ``epoch`` of ``app_id``, exactly once."""
     metadata = {EPOCH_KEY: str(epoch), APP_ID_KEY: app_id}
     if root is not None:
-        metadata[ROOT_KEY] = root
+        metadata[ROOT_KEY] = str(root)
     return CommitProperties(
         custom_metadata=metadata,
         app_transactions=[Transaction(app_id, epoch)],

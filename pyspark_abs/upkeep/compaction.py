@@ -12,7 +12,6 @@ from pyspark_abs.storage.rewrites import compact_small_files
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import (
     DeltaStore,
-    normalize_uri,
 )
 
 
@@ -28,7 +27,7 @@ def compact(
         SnapshotNotFoundError: The root does not exist.
         CommitError: Delta kept reporting conflicts.
     """
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
     epochs = open_root(store, root)
     snapshots = epochs.snapshots()
@@ -39,5 +38,5 @@ def compact(
         store, latest, FaultInjector((config or AbsConfig()).faults), progress
     )
     progress("compacting _manifest")
-    compact_small_files(SnapshotRoot(root).manifest_uri)
+    compact_small_files(root.manifest_uri)
     return results

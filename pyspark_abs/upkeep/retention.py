@@ -37,8 +37,13 @@ from pyspark_abs.storage.files import (
     removed_paths,
 )
 from pyspark_abs.storage.log_files import remove_log_below
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, STATE_PREFIX, file_name, root_tag
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.root import (
+    BACKEDGE_PREFIX,
+    STATE_PREFIX,
+    SnapshotRoot,
+    file_name,
+)
+from pyspark_abs.storage.store import DeltaStore
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def expire(root: str, keep_last: int, *, dry_run: bool = False) -> list[int]:
     """
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise ConfigError(f"keep_last must be an integer of at least 1, got {keep_last!r}")
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
     attempts = MANIFEST_RETRIES
     while True:
@@ -168,14 +173,14 @@ def vacuum(
         )
     faults = FaultInjector((config or AbsConfig()).faults)
     expired = expire(root, keep_last, dry_run=dry_run) if keep_last is not None else []
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
     epochs = open_root(store, root)
     expiring = set(expired)
     retained = [s for s in epochs.snapshots() if s.epoch not in expiring]
     decided = epochs.latest_decided()
     newest_decided = decided.epoch if decided is not None else -1
-    tag = root_tag(root)
+    tag = root.tag
     deleted: dict[str, list[str]] = {}
     log_removed: dict[str, list[str]] = {}
     kept = 0
@@ -310,7 +315,7 @@ def _referenced(store: DeltaStore, uri: str, versions: Iterable[int]) -> set[str
 
 def _still_dead(
     store: DeltaStore,
-    root: str,
+    root: SnapshotRoot,
     table: str,
     uri: str,
     versions: set[int],

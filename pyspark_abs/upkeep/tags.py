@@ -16,7 +16,8 @@ from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog, is_tag_name
 from pyspark_abs.manifest.table import open_root, root_owner
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
-from pyspark_abs.storage.store import DeltaStore, normalize_uri
+from pyspark_abs.storage.root import SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore
 
 
 def tag(root: str, epoch: int | str, name: str, *, move: bool = False) -> SnapshotInfo:
@@ -40,7 +41,7 @@ def tag(root: str, epoch: int | str, name: str, *, move: bool = False) -> Snapsh
             epoch is not a snapshot.
     """
     check_name(name)
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
     epochs = open_root(store, root)
     target = epochs.require_snapshot(epochs.resolve(epoch, root), root).epoch
@@ -68,7 +69,7 @@ def untag(root: str, name: str) -> int:
     Raises:
         SnapshotNotFoundError: The root does not exist, or no savepoint has that name.
     """
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
     epochs = open_root(store, root)
     named = epochs.resolve(name, root)
@@ -90,7 +91,7 @@ def check_name(name: object) -> None:
         )
 
 
-def _writer(store: DeltaStore, root: str, epochs: EpochLog) -> EpochWriter:
+def _writer(store: DeltaStore, root: SnapshotRoot, epochs: EpochLog) -> EpochWriter:
     return EpochWriter(root_owner(store, root), root, store, epochs, f"tag-{uuid.uuid4().hex}")
 
 

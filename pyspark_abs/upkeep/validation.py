@@ -36,8 +36,8 @@ from pyspark_abs.storage.commits import commits_between
 from pyspark_abs.storage.files import add_actions, damaged, file_sizes, missing_files
 from pyspark_abs.storage.log_files import log_entries
 from pyspark_abs.storage.rewrites import history
-from pyspark_abs.storage.root import BACKEDGE_PREFIX, MANIFEST_TABLE, STATE_PREFIX
-from pyspark_abs.storage.store import DeltaStore, brief_error, normalize_uri
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, MANIFEST_TABLE, STATE_PREFIX, SnapshotRoot
+from pyspark_abs.storage.store import DeltaStore, brief_error
 from pyspark_abs.storage.transactions import APP_ID_KEY, EPOCH_KEY, app_id
 
 
@@ -76,7 +76,7 @@ def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
     Raises:
         SnapshotNotFoundError: The root does not exist.
     """
-    root = normalize_uri(root)
+    root = SnapshotRoot(root)
     store = DeltaStore()
     pipeline = root_owner(store, root)
     root_id = manifest_root_id(store, root)
@@ -111,7 +111,7 @@ def validate(root: str, *, progress: Progress = quiet) -> list[Problem]:
     return problems
 
 
-def require_intact(root: str, epochs: EpochLog, epoch: int, consequence: str) -> None:
+def require_intact(root: SnapshotRoot, epochs: EpochLog, epoch: int, consequence: str) -> None:
     """Refuse to build on a damaged snapshot, naming the newest intact one.
 
     Checks that every table version of the snapshot loads, that its files exist with the
@@ -161,7 +161,7 @@ def require_intact(root: str, epochs: EpochLog, epoch: int, consequence: str) ->
     )
 
 
-def require_sound_start(root: str, epochs: EpochLog) -> None:
+def require_sound_start(root: SnapshotRoot, epochs: EpochLog) -> None:
     """Refuse to start a pipeline whose newest snapshot is damaged (see require_intact).
 
     Raises:

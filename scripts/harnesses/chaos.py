@@ -63,6 +63,7 @@ from pyspark_abs.job_ledger.listing import job_snapshots_at
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
 from pyspark_abs.sources.files.offsets import FileOffset
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import validate
 
@@ -253,7 +254,8 @@ def last_file_read(root: Path, epochs: list[int]) -> list[int]:
     logged the micro-batch's offsets makes the next micro-batch read both files.
     """
     store = DeltaStore()
-    manifest = open_manifest(store, str(root), manifest_owner(store, str(root)) or "")
+    location = SnapshotRoot(root)
+    manifest = open_manifest(store, location, manifest_owner(store, location) or "")
     read = []
     for epoch in epochs:
         prepared = manifest.prepared(epoch)
@@ -429,7 +431,7 @@ def check_job(root: Path, input_dir: Path) -> dict[str, Any]:
         for f in files
     ]
     stages = {name: root / "stages" / name for name in medallion.STAGES}
-    bronze = open_manifest(DeltaStore(), str(stages["bronze"]), "bronze")
+    bronze = open_manifest(DeltaStore(), SnapshotRoot(stages["bronze"]), "bronze")
     snapshots = job_snapshots_at(str(root))
     mismatches = 0
     for snapshot in snapshots:

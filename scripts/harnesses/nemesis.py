@@ -66,6 +66,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
+from pyspark_abs.storage.root import SnapshotRoot
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
 PIPELINE = "nemesis"
@@ -993,7 +995,7 @@ class Nemesis(Harness):
             return "finished_first"
         signal_group(zombie.process.pid, signal.SIGSTOP)  # its JVM too: a paused driver host
         try:
-            break_lease(str(root))
+            break_lease(SnapshotRoot(root))
             self.expect_ok(self.spawn("run", root, *self.run_args(root)), "takeover run")
             before = self.footprint(root)
             signal_group(zombie.process.pid, signal.SIGCONT)

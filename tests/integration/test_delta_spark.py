@@ -25,7 +25,7 @@ from pyspark_abs import compact, rollback, vacuum
 from pyspark_abs.examples import medallion
 from pyspark_abs.job_ledger.manifest import job_manifest_uri
 from pyspark_abs.manifest.table import open_root
-from pyspark_abs.storage.root import sink_table
+from pyspark_abs.storage.root import SnapshotRoot, sink_table
 from pyspark_abs.storage.spark import load_with_delta_rs
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.inputs import EPOCHS
@@ -62,7 +62,7 @@ def history(spark: SparkSession, uri: str) -> set[int]:
 def assert_every_snapshot_reads_alike(spark: SparkSession, root: str) -> int:
     """Each table of each snapshot of ``root``, at its recorded version; returns the count."""
     checked = 0
-    for entry in open_root(DeltaStore(), root).snapshots():
+    for entry in open_root(DeltaStore(), SnapshotRoot(root)).snapshots():
         for table, version in entry.table_versions.items():
             uri = entry.tables[table]
             assert_reads_alike(spark, uri, version)
@@ -171,7 +171,7 @@ def test_after_a_rollback_a_downstream_stream_needs_skip_change_commits_and_sees
 
 def first_version(root: Path) -> int:
     """The sink's version as of epoch 0."""
-    (entry,) = [e for e in open_root(DeltaStore(), str(root)).snapshots() if e.epoch == 0]
+    (entry,) = [e for e in open_root(DeltaStore(), SnapshotRoot(root)).snapshots() if e.epoch == 0]
     return entry.table_versions[sink_table("output")]
 
 

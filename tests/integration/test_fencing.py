@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark_abs import EpochStatus, Snapshots, rollback
 from pyspark_abs.errors import FencingError
 from pyspark_abs.protocol.lease import break_lease, read_lease
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import validate
 from tests.support.children import paused_child
@@ -43,7 +44,7 @@ def test_a_second_start_and_a_rollback_are_refused_while_a_run_holds_the_root(
             rollback(str(root), 0)
     finally:
         first.stop()
-    assert read_lease(str(root)) is None
+    assert read_lease(SnapshotRoot(root)) is None
     write_epochs(inputs, EPOCHS)
     word_pipeline(inputs, root, bronze=True).run()
     assert_word_counts(spark, root, EPOCHS)
@@ -59,7 +60,7 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
     lease check fences it before it records anything."""
     inputs, root, log, zombie = paused_word_count(tmp_path, "--pause", pause)
     try:
-        holder = read_lease(str(root))
+        holder = read_lease(SnapshotRoot(root))
         assert holder is not None
         assert holder.pid == zombie.pid
         with pytest.raises(
@@ -67,7 +68,7 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
         ):
             word_pipeline(inputs, root).start()
 
-        break_lease(str(root))  # its operator declares it gone; it is only paused
+        break_lease(SnapshotRoot(root))  # its operator declares it gone; it is only paused
         taken_over = word_pipeline(inputs, root).run()
         assert taken_over.recovered_epochs == [1]
         versions = {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
@@ -126,7 +127,7 @@ def test_a_zombie_compaction_commits_nothing_after_the_takeover(
         # stopped in its compaction thread, its files written and not committed; stop its
         # JVM too, which would go on planning micro-batches in the checkpoint
         os.killpg(zombie.pid, signal.SIGSTOP)
-        break_lease(str(root))
+        break_lease(SnapshotRoot(root))
         word_pipeline(inputs, root).run()
         versions = {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
     finally:

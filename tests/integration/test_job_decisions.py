@@ -43,6 +43,7 @@ from pyspark_abs.install.installing import StateInstall
 from pyspark_abs.job_ledger.manifest import DecisionStatus, JobRecord, open_job
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.jobs import (
     FILES,
@@ -87,7 +88,7 @@ def test_a_stage_redeployed_with_a_new_state_schema_migrates_with_the_whole_job(
         timeout=600,
     )
     assert crashed.returncode == EXIT_CODE, crashed.stderr.decode()[-2000:]
-    unfinished = open_job(DeltaStore(), str(tmp_path / "job"), None).unfinished
+    unfinished = open_job(DeltaStore(), SnapshotRoot(tmp_path / "job"), None).unfinished
     assert unfinished is not None
     assert (unfinished.kind, unfinished.restore_epoch, list(unfinished.states)) == (
         JobRecord.MIGRATE,

@@ -39,6 +39,7 @@ from pyspark_abs.errors import (
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
 from pyspark_abs.protocol.lease import break_lease
+from pyspark_abs.storage.root import SnapshotRoot
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import assert_same_words_and_updates, words_and_updates
@@ -215,7 +216,7 @@ def test_a_kafka_sink_fences_a_paused_run_that_held_its_transaction_open(
     log = tmp_path / "zombie.log"
     zombie = paused_child([*command, "during_publish:1:pause", out], kafka_child_env(), log)
     try:
-        break_lease(str(root))
+        break_lease(SnapshotRoot(root))
         from_kafka(root, servers, "zombie", publish_to=out).run()
     finally:
         os.kill(zombie.pid, signal.SIGCONT)

@@ -39,6 +39,7 @@ from pyspark_abs.operators.state_codec import (
 )
 from pyspark_abs.protocol.live_state import LocalLiveState
 from pyspark_abs.protocol.state_chain import read_chain
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.compaction import compact
 from pyspark_abs.upkeep.retention import vacuum
@@ -331,8 +332,8 @@ def test_a_rebuild_racing_compaction_and_vacuum_reads_the_manifest_again(
         pipeline.run()
     table = "state/word_count"
     live = LocalLiveState.for_root(
-        str(root),
-        manifest_root_id(DeltaStore(), str(root)),
+        SnapshotRoot(root),
+        manifest_root_id(DeltaStore(), SnapshotRoot(root)),
         table,
         f"{root}/{table}",
         str(tmp_path / "worker"),

@@ -24,7 +24,7 @@ from pyspark_abs.errors import CommitError, ConfigError, ManifestError, Snapshot
 from pyspark_abs.faults import Fault, FaultAction, FaultStep
 from pyspark_abs.manifest.table import open_root
 from pyspark_abs.operators.changelog import latest_per_key
-from pyspark_abs.storage.root import root_tag, sink_table
+from pyspark_abs.storage.root import SnapshotRoot, sink_table
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.compaction import compact
 from pyspark_abs.upkeep.retention import vacuum
@@ -177,7 +177,7 @@ def live_state(root: Path, epoch: int | None = None) -> dict[str, int]:
     uri = str(root / STATE)
     version = None
     if epoch is not None:
-        entry = open_root(store, str(root)).latest(epoch)
+        entry = open_root(store, SnapshotRoot(root)).latest(epoch)
         assert entry is not None
         version = entry.table_versions[STATE]
     live = latest_per_key(store.read(uri, version), ["word"], epoch)
@@ -253,7 +253,7 @@ def test_vacuum_deletes_only_files_it_can_prove_dead(spark: SparkSession, tmp_pa
     root = tmp_path / "root"
     word_pipeline(write_epochs(tmp_path / "in", EPOCHS), root).run()
     state, sink = root / STATE, root / "sinks" / "word_counts"
-    mine = root_tag(str(root))
+    mine = SnapshotRoot(root).tag
     assert all(f"-t{mine}-" in name for name in live_files(sink))
     long_ago = time.time() - 86_400 * 2
     kept = {
@@ -410,7 +410,9 @@ def test_vacuum_keeps_a_sinks_removed_files_for_its_retention(
 
 
 def version_of_epoch(root: Path, epoch: int) -> int:
-    (entry,) = [e for e in open_root(DeltaStore(), str(root)).snapshots() if e.epoch == epoch]
+    (entry,) = [
+        e for e in open_root(DeltaStore(), SnapshotRoot(root)).snapshots() if e.epoch == epoch
+    ]
     return int(entry.table_versions[sink_table("output")])
 
 

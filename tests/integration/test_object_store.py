@@ -29,6 +29,7 @@ from pyspark_abs.faults import EXIT_CODE
 from pyspark_abs.protocol.lease import break_lease, read_lease
 from pyspark_abs.sources.delta.stream import DeltaDataSource
 from pyspark_abs.sources.readers import ReadAllAvailable
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore, TableSpec
 from pyspark_abs.upkeep.validation import validate
 from tests.support.children import paused_child
@@ -203,12 +204,12 @@ def test_of_two_runs_on_an_s3_root_the_one_that_lost_it_commits_nothing(
     command += ["--root", root, "--key-groups", "8", "--commit-mode", "sync"]
     zombie = paused_child([*command, "--pause", "after_prepared:1"], env, log)
     try:
-        holder = read_lease(root)
+        holder = read_lease(SnapshotRoot(root))
         assert holder is not None
         assert holder.pid == zombie.pid
         with pytest.raises(FencingError, match=rf"held by run {holder.run_id} .* is refused"):
             rollback(root, 0)
-        break_lease(root)
+        break_lease(SnapshotRoot(root))
         taker = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert taker.returncode == 0, taker.stderr[-4000:]
         assert "recovery committed PREPARED epoch(s) [1]" in taker.stdout
@@ -302,7 +303,7 @@ def test_a_root_on_s3_without_spark_s3_support_is_refused_with_what_to_add(
     with pytest.raises(ConfigError, match=r"no file system for s3://.*fs\.s3\.impl"):
         pipeline.run()
     assert Snapshots(root).list(include_aborted=True) == []
-    assert read_lease(root) is None
+    assert read_lease(SnapshotRoot(root)) is None
 
 
 def test_a_delta_source_whose_store_goes_away_names_the_table(tmp_path: Path) -> None:

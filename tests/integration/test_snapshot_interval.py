@@ -39,6 +39,7 @@ from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_root_id, open_manifest
 from pyspark_abs.sources import DeltaSource
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.spark import load_dataframe
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.storage.transactions import EPOCH_KEY, app_id
@@ -155,7 +156,7 @@ def test_sync_run_snapshots_every_third_epoch_and_the_stop_commits_the_open_grou
     ]
     assert [m["commit_ms"] is not None for m in metrics] == [s is C for _, s, _ in EVERY_THIRD]
 
-    log = open_manifest(store, str(root), "wordcount")
+    log = open_manifest(store, SnapshotRoot(root), "wordcount")
     lost = FileEntry("sink/output", "abs-lost.parquet", 1, 1, 0)
     damaged = EpochLog(
         replace(e, files=(*e.files, lost))
@@ -168,7 +169,7 @@ def test_sync_run_snapshots_every_third_epoch_and_the_stop_commits_the_open_grou
         match=r"epoch 2 .* file abs-lost.parquet, which epoch 0 \(merged into this snapshot\) "
         r"prepared, is not in version 1",
     ):
-        require_intact(str(root), damaged, 2, "It cannot be restored.")
+        require_intact(SnapshotRoot(root), damaged, 2, "It cannot be restored.")
 
 
 def test_async_run_until_quiescent_commits_the_same_groups(
@@ -196,7 +197,7 @@ def test_crash_after_an_intermediate_epoch_is_prepared_then_vacuum_and_restart(
         crashing.run()
     P = EpochStatus.PREPARED
     assert statuses(root) == [(0, M, 2), (1, M, 2), (2, C, 2), (3, P, None), (4, P, None)]
-    pending = open_manifest(DeltaStore(), str(root), "wordcount").pending()
+    pending = open_manifest(DeltaStore(), SnapshotRoot(root), "wordcount").pending()
     files = [Path(e.tables[f.table]) / f.path for e in pending for f in e.files]
     written = {(e.epoch, f.table) for e in pending for f in e.files}
     assert written == {(e, t) for e in (3, 4) for t in ("state/word_count", "sink/output")}
@@ -231,7 +232,7 @@ def test_crash_between_the_table_commits_of_a_group_then_restart_and_roll_back(
         DeltaTable(str(root / "state" / "word_count")),
         DeltaTable(str(root / "sinks" / "word_counts")),
     )
-    root_id = manifest_root_id(DeltaStore(), str(root))
+    root_id = manifest_root_id(DeltaStore(), SnapshotRoot(root))
     assert state.transaction_version(app_id("wordcount", "state/word_count", root_id)) == 5
     assert sink.transaction_version(app_id("wordcount", "sink/output", root_id)) == 2
 

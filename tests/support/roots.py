@@ -12,6 +12,7 @@ from pyspark_abs.manifest.entries import ManifestEntry
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.manifest import entry
 
@@ -23,16 +24,16 @@ def make_root(tmp_path: Path) -> tuple[str, str]:
     """A snapshot root with an empty manifest, and a sink table outside it."""
     root, sink = str(tmp_path / "root"), str(tmp_path / "sink")
     store = DeltaStore()
-    store.ensure_root(root)
-    open_manifest(store, root, PIPELINE)
+    store.ensure_root(SnapshotRoot(root))
+    open_manifest(store, SnapshotRoot(root), PIPELINE)
     DeltaTable.create(sink, pa.schema([pa.field("word", pa.string())]))
     return root, sink
 
 
 def writer_of(root: str, run_id: str = "run", faults: tuple[Fault, ...] = ()) -> EpochWriter:
     store = DeltaStore()
-    epochs = open_manifest(store, root, PIPELINE)
-    return EpochWriter(PIPELINE, root, store, epochs, run_id, FaultInjector(faults))
+    epochs = open_manifest(store, SnapshotRoot(root), PIPELINE)
+    return EpochWriter(PIPELINE, SnapshotRoot(root), store, epochs, run_id, FaultInjector(faults))
 
 
 def prepared(epoch: int, sink: str, interval: int = 2, run_id: str = "run") -> ManifestEntry:

@@ -13,6 +13,7 @@ from pyspark_abs.manifest.table import load_epoch_log, manifest_spec
 from pyspark_abs.sources.channel.log import ManifestFollower
 from pyspark_abs.storage.files import FileEntry
 from pyspark_abs.storage.rewrites import compact_small_files
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 NOW = dt.datetime(2026, 11, 25, tzinfo=dt.timezone.utc)
@@ -44,9 +45,9 @@ def _statuses(log: EpochLog | None) -> list[tuple[int, str, int]]:
 def test_new_versions_are_read_alone_and_a_rewrite_makes_a_full_read(tmp_path: Path) -> None:
     store = DeltaStore()
     root = str(tmp_path / "up")
-    store.ensure_root(root)
-    spec = manifest_spec(root, "up")
-    follower = ManifestFollower(root)
+    store.ensure_root(SnapshotRoot(root))
+    spec = manifest_spec(SnapshotRoot(root), "up")
+    follower = ManifestFollower(SnapshotRoot(root))
     assert follower.read(store) is None, "no manifest yet"
     store.ensure_table(spec)
     version = 0
@@ -89,11 +90,11 @@ def test_a_reader_polling_an_unchanged_manifest_only_looks_for_its_next_commit(
     it waits: no poll may bring the table up to date (a listing of its whole log)."""
     store = _CountingStore()
     root = str(tmp_path / "up")
-    store.ensure_root(root)
-    spec = manifest_spec(root, "up")
+    store.ensure_root(SnapshotRoot(root))
+    spec = manifest_spec(SnapshotRoot(root), "up")
     store.ensure_table(spec)
     version = _epoch(store, spec.uri, 0, 0)
-    follower = ManifestFollower(root)
+    follower = ManifestFollower(SnapshotRoot(root))
     first = follower.read(store)
     opened = store.opened
     assert all(follower.read(store) is first for _ in range(20))

@@ -20,6 +20,7 @@ from pyspark_abs.sources.channel.plan import (
     next_epoch,
 )
 from pyspark_abs.sources.channel.source import ChannelSource
+from pyspark_abs.storage.root import SnapshotRoot
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -136,7 +137,9 @@ def _channel(name: str, ddl: str) -> Channel:
     """A channel of stage ``name`` whose rows have the columns ``ddl`` ("k string, x long")."""
     fields = [StructField(n, _TYPES[t]) for n, t in (c.split() for c in ddl.split(", "))]
     schema = StructType(fields).json()
-    return Channel(name, name, f"/roots/{name}", "sink/output", f"/tables/{name}", schema)
+    return Channel(
+        name, name, SnapshotRoot(f"/roots/{name}"), "sink/output", f"/tables/{name}", schema
+    )
 
 
 def test_a_fan_in_unites_the_columns_and_names_each_rows_channel() -> None:

@@ -16,12 +16,13 @@ from pyspark_abs.protocol.coordinator import EpochCoordinator
 from pyspark_abs.protocol.epoch_writer import EpochWriter
 from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.roots import PIPELINE, SINK, make_root, prepared, writer_of
 
 
 def statuses(root: str) -> list[tuple[int, str]]:
-    epochs = open_manifest(DeltaStore(), root, PIPELINE)
+    epochs = open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE)
     return [(e.epoch, e.status.value) for e in epochs.entries]
 
 
@@ -46,7 +47,7 @@ def test_a_group_is_not_committed_past_an_earlier_pending_epoch(tmp_path: Path) 
 
 def coordinator(root: str, writer: EpochWriter, tmp_path: Path) -> EpochCoordinator:
     config = AbsConfig(commit_mode="sync", snapshot_interval=2, compaction_ratio=0)
-    layout = SnapshotLayout(PIPELINE, root, "op")
+    layout = SnapshotLayout(PIPELINE, SnapshotRoot(root), "op")
     checkpoint = CheckpointReader(str(tmp_path / "checkpoint"), ArrowFiles())
     return EpochCoordinator(layout, config, writer, checkpoint)
 

@@ -14,13 +14,14 @@ from pyspark_abs.install.sink_restores import keeping_other_writers
 from pyspark_abs.sources.channel.log import Rewrites
 from pyspark_abs.storage.commits import commits_between
 from pyspark_abs.storage.files import add_actions, files_at
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.storage.transactions import epoch_commit
 
 
 def ours(uri: str, epoch: int, values: list[int]) -> None:
     """An epoch's commit as pyspark-abs makes it (its application transaction)."""
-    props = epoch_commit("pyspark-abs/p/r/sink/out", epoch, "/root")
+    props = epoch_commit("pyspark-abs/p/r/sink/out", epoch, SnapshotRoot("/root"))
     write_deltalake(uri, pa.table({"a": values}), mode="append", commit_properties=props)
 
 

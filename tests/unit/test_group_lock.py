@@ -20,6 +20,7 @@ from pyspark_abs.protocol.layout import SnapshotLayout
 from pyspark_abs.protocol.precommit import TableTarget
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.manifest import entry
 
@@ -35,11 +36,13 @@ def test_drains_during_micro_batches_commit_every_epoch_once_in_order(
     sink = f"{root}/sink"
     DeltaTable.create(sink, SCHEMA)
     store = DeltaStore()
-    writer = EpochWriter("p", root, store, open_manifest(store, root, "p"), "run")
+    writer = EpochWriter(
+        "p", SnapshotRoot(root), store, open_manifest(store, SnapshotRoot(root), "p"), "run"
+    )
     config = AbsConfig(commit_mode=mode, snapshot_interval=5, max_pending_epochs=1)
     target = TableTarget("sink/out", sink, Kind.OUTPUT, 0, SCHEMA, SCHEMA)
     coordinator = EpochCoordinator(
-        SnapshotLayout("p", root, "op", (target,)),
+        SnapshotLayout("p", SnapshotRoot(root), "op", (target,)),
         config,
         writer,
         CheckpointReader(f"{root}/_checkpoint", ArrowFiles()),
@@ -72,7 +75,7 @@ def test_drains_during_micro_batches_commit_every_epoch_once_in_order(
     coordinator.drain()
     coordinator.close()
 
-    log = open_manifest(store, root, "p")
+    log = open_manifest(store, SnapshotRoot(root), "p")
     assert log.pending() == []
     snapshots = [e.epoch for e in log.snapshots()]
     assert snapshots[-1] == EPOCHS - 1

@@ -19,6 +19,7 @@ from pyspark_abs.job_ledger.manifest import (
     record_decisions,
 )
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -35,7 +36,7 @@ def test_a_rollback_finished_by_a_host_whose_clock_is_behind_is_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = DeltaStore()
-    manifest = open_job(store, str(tmp_path / "job"), "j")
+    manifest = open_job(store, SnapshotRoot(tmp_path / "job"), "j")
     manifest = record(store, manifest, record=JobRecord.STAGES.value, stages={"a": "/a"})
     decided = JobDecision(JobRecord.ROLLBACK, 1, 3, {"a": 1}, DecisionStatus.PREPARED)
     manifest = record_decisions(store, manifest, decided)
@@ -43,17 +44,17 @@ def test_a_rollback_finished_by_a_host_whose_clock_is_behind_is_finished(
     clock(monkeypatch, -30)
     manifest = record_decisions(store, manifest, replace(decided, status=DecisionStatus.COMMITTED))
     assert manifest.unfinished is None
-    again = open_job(store, str(tmp_path / "job"), None)
+    again = open_job(store, SnapshotRoot(tmp_path / "job"), None)
     assert again.unfinished is None
     assert again.decisions[-1].status is DecisionStatus.COMMITTED
     clock(monkeypatch, -60)
     again = record(store, again, record=JobRecord.STAGES.value, stages={"a": "/a", "b": "/b"})
-    assert open_job(store, str(tmp_path / "job"), None).stages == {"a": "/a", "b": "/b"}
+    assert open_job(store, SnapshotRoot(tmp_path / "job"), None).stages == {"a": "/a", "b": "/b"}
 
 
 def test_a_record_against_a_stale_version_is_refused(tmp_path: Path) -> None:
     store = DeltaStore()
-    stale = open_job(store, str(tmp_path / "job"), "j")
+    stale = open_job(store, SnapshotRoot(tmp_path / "job"), "j")
     record(store, stale, record=JobRecord.STAGES.value, stages={"a": "/a"})
     with pytest.raises(ConcurrentWriteError):
         record(store, stale, record=JobRecord.STAGES.value, stages={"b": "/b"})
@@ -61,7 +62,7 @@ def test_a_record_against_a_stale_version_is_refused(tmp_path: Path) -> None:
 
 def test_a_decision_abandoned_and_decided_again_folds_to_the_new_one(tmp_path: Path) -> None:
     store = DeltaStore()
-    manifest = open_job(store, str(tmp_path / "job"), "j")
+    manifest = open_job(store, SnapshotRoot(tmp_path / "job"), "j")
     state = StateInstall(
         "state/dedup",
         "/r/state/dedup",
@@ -83,13 +84,13 @@ def test_a_decision_abandoned_and_decided_again_folds_to_the_new_one(tmp_path: P
     stale = manifest
     manifest = record_decisions(store, manifest, abandoned, again)
     assert manifest.version == stale.version + 1  # one commit: both rows or neither
-    read = open_job(store, str(tmp_path / "job"), None)
+    read = open_job(store, SnapshotRoot(tmp_path / "job"), None)
     assert read.unfinished == again
     assert [d.status for d in read.decisions] == [DecisionStatus.ABANDONED, DecisionStatus.PREPARED]
     assert StateInstall.from_json(read.unfinished.states["a"]) == state
     with pytest.raises(ConcurrentWriteError):
         record_decisions(store, stale, abandoned, replace(decided, restore_epoch=6))
-    assert open_job(store, str(tmp_path / "job"), None) == read
+    assert open_job(store, SnapshotRoot(tmp_path / "job"), None) == read
 
 
 def test_job_snapshots_made_by_a_decision_say_which() -> None:

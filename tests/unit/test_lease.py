@@ -22,6 +22,7 @@ from pyspark_abs.protocol.lease import (
     read_lease,
     require_no_live_holder,
 )
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.manifest import entry
 
@@ -50,43 +51,43 @@ def dead_pid() -> int:
 
 
 def test_a_live_run_keeps_the_root_until_it_releases_it(tmp_path: Path) -> None:
-    first = Lease.acquire(str(tmp_path), "wc", "first")
+    first = Lease.acquire(SnapshotRoot(tmp_path), "wc", "first")
     with pytest.raises(
         FencingError,
         match=r"pipeline 'wc' cannot start: snapshot root .* is held by run first of pipeline "
         r"'wc' \(host .*, pid \d+, lease renewed 0 s ago\)\. Stop that run first",
     ):
-        Lease.acquire(str(tmp_path), "wc", "second")
+        Lease.acquire(SnapshotRoot(tmp_path), "wc", "second")
     with pytest.raises(FencingError, match="rollback is refused while it runs"):
-        require_no_live_holder(str(tmp_path), "rollback")
+        require_no_live_holder(SnapshotRoot(tmp_path), "rollback")
     first.check("epoch 1 PREPARED")
     first.release()
-    assert read_lease(str(tmp_path)) is None
-    require_no_live_holder(str(tmp_path), "rollback")
-    Lease.acquire(str(tmp_path), "wc", "second").release()
+    assert read_lease(SnapshotRoot(tmp_path)) is None
+    require_no_live_holder(SnapshotRoot(tmp_path), "rollback")
+    Lease.acquire(SnapshotRoot(tmp_path), "wc", "second").release()
 
 
 def test_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
     plant(tmp_path, pid=dead_pid())
-    lease = Lease.acquire(str(tmp_path), "wc", "mine")
-    assert read_lease(str(tmp_path)) == lease.record
+    lease = Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine")
+    assert read_lease(SnapshotRoot(tmp_path)) == lease.record
     lease.release()
 
 
 def test_another_host_holds_the_root_until_its_lease_expires(tmp_path: Path) -> None:
     plant(tmp_path, host="elsewhere")
     with pytest.raises(FencingError, match=r"held by run other .*host elsewhere"):
-        Lease.acquire(str(tmp_path), "wc", "mine")
+        Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine")
     plant(tmp_path, host="elsewhere", renewed_at=time.time() - LEASE_SECONDS - 1)
-    Lease.acquire(str(tmp_path), "wc", "mine").release()
+    Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine").release()
 
 
 def test_a_run_that_lost_the_root_is_fenced_and_leaves_the_new_lease(tmp_path: Path) -> None:
-    zombie = Lease.acquire(str(tmp_path), "wc", "zombie")
-    break_lease(str(tmp_path))  # the operator declares the zombie gone
+    zombie = Lease.acquire(SnapshotRoot(tmp_path), "wc", "zombie")
+    break_lease(SnapshotRoot(tmp_path))  # the operator declares the zombie gone
     with pytest.raises(FencingError, match=r"no longer holds .* now held by nobody"):
         zombie.check("epoch 3 COMMITTED")
-    owner = Lease.acquire(str(tmp_path), "wc", "owner")
+    owner = Lease.acquire(SnapshotRoot(tmp_path), "wc", "owner")
     with pytest.raises(
         FencingError,
         match=r"run zombie of pipeline 'wc' no longer holds snapshot root .*, now held by run "
@@ -94,7 +95,7 @@ def test_a_run_that_lost_the_root_is_fenced_and_leaves_the_new_lease(tmp_path: P
     ):
         zombie.check("epoch 3 COMMITTED")
     zombie.release()
-    assert read_lease(str(tmp_path)) == owner.record
+    assert read_lease(SnapshotRoot(tmp_path)) == owner.record
     owner.release()
 
 
@@ -107,15 +108,17 @@ def test_a_renewal_racing_a_break_never_puts_the_lease_back(tmp_path: Path) -> N
     """Renewal is compare-and-swap: of a renewal and a break racing, the break stands."""
     root = str(tmp_path)
     for round_ in range(20):
-        zombie = Lease.acquire(root, "wc", f"zombie-{round_}")
+        zombie = Lease.acquire(SnapshotRoot(root), "wc", f"zombie-{round_}")
         zombie._stop.set()  # only the racing renewal below renews
         start = threading.Barrier(2)
         thread = threading.Thread(target=renew_after, args=(start, zombie))
         thread.start()
         start.wait()
-        break_lease(root)
+        break_lease(SnapshotRoot(root))
         thread.join()
-        assert read_lease(root) is None, f"round {round_}: the renewal put the lease back"
+        assert read_lease(SnapshotRoot(root)) is None, (
+            f"round {round_}: the renewal put the lease back"
+        )
         assert zombie.renew() is False
         with pytest.raises(FencingError, match="now held by nobody"):
             zombie.check("epoch 1 COMMITTED")
@@ -124,12 +127,12 @@ def test_a_renewal_racing_a_break_never_puts_the_lease_back(tmp_path: Path) -> N
 
 
 def test_a_renewal_after_a_takeover_fails_and_leaves_the_new_lease(tmp_path: Path) -> None:
-    zombie = Lease.acquire(str(tmp_path), "wc", "zombie")
-    break_lease(str(tmp_path))
-    owner = Lease.acquire(str(tmp_path), "wc", "owner")
+    zombie = Lease.acquire(SnapshotRoot(tmp_path), "wc", "zombie")
+    break_lease(SnapshotRoot(tmp_path))
+    owner = Lease.acquire(SnapshotRoot(tmp_path), "wc", "owner")
     assert zombie.renew() is False
     assert owner.renew() is True
-    assert read_lease(str(tmp_path)) == owner.record
+    assert read_lease(SnapshotRoot(tmp_path)) == owner.record
     assert owner.record.generation == 4
     owner.release()
     zombie.release()
@@ -139,7 +142,7 @@ def test_a_lease_whose_renewals_lapsed_fences_its_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lease_module, "LEASE_SECONDS", 0.6)
-    lease = Lease.acquire(str(tmp_path), "wc", "mine")
+    lease = Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine")
     lease.check("epoch 0 PREPARED")
     lease._stop.set()  # renewals stop, as in a run whose renewal thread stalled
     lease._thread.join()
@@ -152,48 +155,53 @@ def test_a_lease_whose_renewals_lapsed_fences_its_run(
         lease.check("epoch 1 PREPARED")
     assert lease.renew() is False  # a lapsed lease is not renewed: another run may hold it
     store = DeltaStore()
-    store.ensure_root(str(tmp_path))
+    store.ensure_root(SnapshotRoot(tmp_path))
     writer = EpochWriter(
-        "wc", str(tmp_path), store, open_manifest(store, str(tmp_path), "wc"), "mine", lease=lease
+        "wc",
+        SnapshotRoot(tmp_path),
+        store,
+        open_manifest(store, SnapshotRoot(tmp_path), "wc"),
+        "mine",
+        lease=lease,
     )
     prepared = entry(0, pipeline="wc", recorded_at=now(), run_id="mine")
     with pytest.raises(FencingError, match="epoch 0 PREPARED is not written"):
         writer.record(prepared)
-    assert open_manifest(store, str(tmp_path), "wc").entries == []
-    Lease.acquire(str(tmp_path), "wc", "next").release()  # the root can be taken over
+    assert open_manifest(store, SnapshotRoot(tmp_path), "wc").entries == []
+    Lease.acquire(SnapshotRoot(tmp_path), "wc", "next").release()  # the root can be taken over
     lease.release()
 
 
 def test_a_lease_file_of_an_older_version_is_honoured_then_replaced(tmp_path: Path) -> None:
     plant(tmp_path, host="elsewhere")
     with pytest.raises(FencingError, match=r"held by run other .*host elsewhere"):
-        Lease.acquire(str(tmp_path), "wc", "mine")
+        Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine")
     plant(tmp_path, pid=dead_pid())
-    lease = Lease.acquire(str(tmp_path), "wc", "mine")
+    lease = Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine")
     assert not (tmp_path / LEASE_FILE).exists()
-    assert read_lease(str(tmp_path)) == lease.record
+    assert read_lease(SnapshotRoot(tmp_path)) == lease.record
     lease.release()
-    assert read_lease(str(tmp_path)) is None
+    assert read_lease(SnapshotRoot(tmp_path)) is None
 
 
 def test_the_writing_process_adopts_the_lease_and_renews_it(tmp_path: Path) -> None:
     """Spark Connect: the client acquires, the server-side run adopts and renews."""
     root = str(tmp_path)
-    client = Lease.acquire(root, "wc", "run-1")
-    writer = Lease.adopt(root, client.record)
+    client = Lease.acquire(SnapshotRoot(root), "wc", "run-1")
+    writer = Lease.adopt(SnapshotRoot(root), client.record)
     assert writer.record.generation == client.record.generation + 1
-    assert read_lease(root) == writer.record
+    assert read_lease(SnapshotRoot(root)) == writer.record
     assert client.renew() is False  # its generation is gone: the client stops renewing
     assert writer.renew() is True
     writer.check("epoch 0 PREPARED")
     with pytest.raises(FencingError, match="cannot start"):
-        Lease.acquire(root, "wc", "run-2")
+        Lease.acquire(SnapshotRoot(root), "wc", "run-2")
 
     client.release()  # the query has stopped: the client frees the root
-    assert read_lease(root) is None
+    assert read_lease(SnapshotRoot(root)) is None
     assert writer.renew() is False
     with pytest.raises(FencingError, match="no longer holds"):
         writer.check("epoch 1 PREPARED")
     with pytest.raises(FencingError, match="cannot take its lease"):
-        Lease.adopt(root, writer.record)
+        Lease.adopt(SnapshotRoot(root), writer.record)
     writer.release()

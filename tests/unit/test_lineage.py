@@ -15,6 +15,7 @@ from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.protocol.lineage import Lineage, read_lineage, resolve_lineage
 from pyspark_abs.protocol.spark_checkpoint import ArrowFiles, CheckpointReader
+from pyspark_abs.storage.root import SnapshotRoot
 from tests.support.manifest import entry
 
 
@@ -74,12 +75,14 @@ def test_the_look_before_a_start_sees_what_the_start_does_and_moves_nothing(
     reader = CheckpointReader(str(location), ArrowFiles())
     before = listing(location)
     try:
-        looked: Lineage | PipelineMismatchError = read_lineage(epochs, reader, "root")
+        looked: Lineage | PipelineMismatchError = read_lineage(epochs, reader, SnapshotRoot("root"))
     except PipelineMismatchError as err:
         looked = err
     assert listing(location) == before, "the look moved or changed the checkpoint"
     try:
-        started: Lineage | PipelineMismatchError = resolve_lineage(epochs, reader, "root")
+        started: Lineage | PipelineMismatchError = resolve_lineage(
+            epochs, reader, SnapshotRoot("root")
+        )
     except PipelineMismatchError as err:
         started = err
     if isinstance(looked, PipelineMismatchError):
@@ -112,9 +115,9 @@ def test_a_checkpoint_that_began_before_a_rollback_is_superseded_and_moved_only_
     location = tmp_path / "checkpoint"
     checkpoint_folder(location, "q0", 3, 3)
     reader = CheckpointReader(str(location), ArrowFiles())
-    looked = read_lineage(epochs, reader, "root")
+    looked = read_lineage(epochs, reader, SnapshotRoot("root"))
     assert (looked.fresh, looked.superseded, looked.epoch_base) == (True, True, 4)
     assert location.exists()
-    assert resolve_lineage(epochs, reader, "root") == looked
+    assert resolve_lineage(epochs, reader, SnapshotRoot("root")) == looked
     assert not location.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-superseded-by-epoch-3"]

@@ -27,6 +27,7 @@ from pyspark_abs.protocol import live_state, state_chain
 from pyspark_abs.protocol.live_state import LocalLiveState, rebuild_steps
 from pyspark_abs.protocol.local_folders import mark_used, operator_home
 from pyspark_abs.protocol.state_chain import MAX_DEPTH, extends_chain, read_chain
+from pyspark_abs.storage.root import SnapshotRoot
 from tests.support.key_groups import word_plan
 from tests.support.manifest import entry
 
@@ -97,7 +98,7 @@ def test_local_files_follow_the_committed_markers_through_retries_and_zombies(
     rng = random.Random(seed)
     plan = word_plan(lambda rows, state, ctx: None)
     live = LocalLiveState.for_root(
-        "/root", "r", "state/wc", "/root/state", str(tmp_path), 0, "run", SHARE
+        SnapshotRoot("/root"), "r", "state/wc", "/root/state", str(tmp_path), 0, "run", SHARE
     )
     folder = tmp_path / "pyspark-abs-state" / live.root_key / "wc" / "kg-5"
     committed: list[bytes | None] = [None]  # the marker of each state-store version
@@ -147,9 +148,11 @@ def test_a_root_copied_as_a_directory_never_shares_the_originals_files(tmp_path:
     plan = word_plan(lambda rows, state, ctx: None)
     folder = str(tmp_path)
     original = LocalLiveState.for_root(
-        "/d/prod", "id", "state/wc", "/d/prod/s", folder, 0, "a", SHARE
+        SnapshotRoot("/d/prod"), "id", "state/wc", "/d/prod/s", folder, 0, "a", SHARE
     )
-    copy = LocalLiveState.for_root("/d/copy", "id", "state/wc", "/d/copy/s", folder, 0, "b", SHARE)
+    copy = LocalLiveState.for_root(
+        SnapshotRoot("/d/copy"), "id", "state/wc", "/d/copy/s", folder, 0, "b", SHARE
+    )
     assert original.root_key != copy.root_key
     marker = copy.save(plan, 5, word_state(plan, {"bee": 1}), 3, None, None)
     loaded = copy.load(plan, 5, marker, 4)  # memory-mapped
@@ -166,7 +169,7 @@ def test_a_save_overwrites_only_files_its_own_run_wrote(tmp_path: Path) -> None:
 
     def run(name: str) -> LocalLiveState:
         return LocalLiveState.for_root(
-            "/r", "id", "state/wc", "/r/s", str(tmp_path), 0, name, SHARE
+            SnapshotRoot("/r"), "id", "state/wc", "/r/s", str(tmp_path), 0, name, SHARE
         )
 
     old, new = run("old"), run("new")
@@ -233,7 +236,7 @@ def test_change_files_read_back_every_committed_state_through_retries_and_zombie
     rng = random.Random(seed)
     plan = word_plan(lambda rows, state, ctx: None)
     live = LocalLiveState.for_root(
-        "/root", "r", "state/wc", "/root/state", str(tmp_path), 0, "run", SHARE
+        SnapshotRoot("/root"), "r", "state/wc", "/root/state", str(tmp_path), 0, "run", SHARE
     )
     folder = tmp_path / "pyspark-abs-state" / live.root_key / "wc" / "kg-5"
     committed: list[bytes | None] = [None]
@@ -321,7 +324,9 @@ def test_a_chain_bounds_the_bytes_written_per_change_and_the_bytes_read(
 def test_markers_handed_back_as_bytearrays_go_on_chains(tmp_path: Path) -> None:
     """Spark 4.0's state store hands values back as bytearrays, not bytes."""
     plan = word_plan(lambda rows, state, ctx: None)
-    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    live = LocalLiveState.for_root(
+        SnapshotRoot("/r"), "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE
+    )
     counts = {f"w{i}": i for i in range(500)}
     whole = bytearray(live.save(plan, 5, word_state(plan, counts), 1, None, None))
     loaded = live.load(plan, 5, whole, 2)  # type: ignore[arg-type]
@@ -343,7 +348,9 @@ def test_a_change_file_this_worker_parsed_before_is_still_checked_on_disk(
     """A worker keeps the change files it parsed, but a chain read again still sees a
     change file that was lost or written again since, and refuses the chain."""
     plan = word_plan(lambda rows, state, ctx: None)
-    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    live = LocalLiveState.for_root(
+        SnapshotRoot("/r"), "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE
+    )
     counts = {f"w{i}": i for i in range(500)}
     markers = [live.save(plan, 5, word_state(plan, counts), 1, None, None)]
     for batch in range(2, 5):
@@ -381,7 +388,9 @@ def test_chains_read_in_a_cycle_larger_than_the_cache_still_find_parsed_files(
     change files of twice the cache's bytes, forgetting the oldest first would parse every
     file again on every read; the cache must keep serving some, and stay within its bytes."""
     plan = word_plan(lambda rows, state, ctx: None)
-    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    live = LocalLiveState.for_root(
+        SnapshotRoot("/r"), "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE
+    )
     newest = {}
     for key_group in range(12):
         counts = {f"w{i}": i for i in range(400)}
@@ -427,7 +436,9 @@ def test_a_state_is_measured_alike_whether_written_whole_or_on_a_chain(
     """A state at the bound passes and one byte over it fails, written whole and on a
     chain alike: whether an epoch fails must not depend on how a retry writes it."""
     plan = word_plan(lambda rows, state, ctx: None)
-    live = LocalLiveState.for_root("/r", "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE)
+    live = LocalLiveState.for_root(
+        SnapshotRoot("/r"), "id", "state/wc", "/r/s", str(tmp_path), 0, "run", SHARE
+    )
     counts = {f"w{i}": i for i in range(500)}
     first = live.save(plan, 5, word_state(plan, counts), 1, None, None)
     state, kept = next_state(plan, live.load(plan, 5, first, 2), counts | {"w1": 99})

@@ -29,6 +29,7 @@ from pyspark_abs.manifest.log import (
 )
 from pyspark_abs.manifest.table import manifest_spec, open_manifest
 from pyspark_abs.storage.files import FileEntry
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from tests.support.manifest import T0, entry
 
@@ -278,19 +279,19 @@ def test_an_epoch_is_merged_only_into_a_later_snapshot() -> None:
 
 def test_reading_a_merged_epoch_names_its_snapshot_and_the_readable_epochs() -> None:
     log = interval_log()
-    assert log.require_snapshot(2, "/root").epoch == 2
+    assert log.require_snapshot(2, SnapshotRoot("/root")).epoch == 2
     with pytest.raises(
         SnapshotNotFoundError,
         match=r"epoch 1 of snapshot root /root is not a snapshot: it was MERGED into snapshot 2 "
         r"\(snapshot_interval 3\).* Use epoch 2 or another readable epoch: 2$",
     ):
-        log.require_snapshot(1, "/root")
+        log.require_snapshot(1, SnapshotRoot("/root"))
     with pytest.raises(
         SnapshotNotFoundError, match=r"epoch 3 .* is PREPARED; readable epochs are 2"
     ):
-        log.require_snapshot(3, "/root")
+        log.require_snapshot(3, SnapshotRoot("/root"))
     with pytest.raises(SnapshotNotFoundError, match=r"epoch 9 .* is not in the manifest"):
-        log.require_snapshot(9, "/root")
+        log.require_snapshot(9, SnapshotRoot("/root"))
 
 
 @pytest.mark.parametrize(
@@ -362,17 +363,17 @@ def test_epoch_ranges() -> None:
 
 def test_a_manifest_without_the_interval_columns_gets_them_on_open(tmp_path: Path) -> None:
     root = str(tmp_path)
-    spec = manifest_spec(root, "p")
+    spec = manifest_spec(SnapshotRoot(root), "p")
     old = pa.schema([f for f in MANIFEST_SCHEMA if not f.name.startswith("snapshot_")])
     DeltaTable.create(spec.uri, old, description=spec.description)
     store = DeltaStore()
     rows = entries_to_table([prepared(0), committed(0)]).select(old.names)
     store.append(spec.uri, rows)
-    log = open_manifest(store, root, "p")
+    log = open_manifest(store, SnapshotRoot(root), "p")
     assert set(MANIFEST_SCHEMA.names) <= set(DeltaTable(spec.uri).schema().to_arrow().names)
     assert [e.epoch for e in log.snapshots()] == [0]
     store.append(spec.uri, entries_to_table([prepared(1)]))
-    assert [e.epoch for e in open_manifest(store, root, "p").pending()] == [1]
+    assert [e.epoch for e in open_manifest(store, SnapshotRoot(root), "p").pending()] == [1]
 
 
 def test_a_status_prints_as_its_name() -> None:

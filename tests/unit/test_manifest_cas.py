@@ -17,6 +17,7 @@ import pytest
 from pyspark_abs.errors import ManifestError
 from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, entries_to_table
 from pyspark_abs.manifest.table import open_manifest
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.retention import expire
 from tests.support.inputs import race
@@ -58,7 +59,9 @@ def test_a_stale_writer_whose_transition_is_still_allowed_retries(tmp_path: Path
     second.record(prepared(1, sink, run_id="second"))
     assert raw_statuses(root) == {(0, "PREPARED"): 1, (1, "PREPARED"): 1}
     assert [e.epoch for e in second.epochs.pending()] == [0, 1]
-    assert [e.epoch for e in open_manifest(DeltaStore(), root, PIPELINE).pending()] == [0, 1]
+    assert [
+        e.epoch for e in open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE).pending()
+    ] == [0, 1]
 
 
 def test_threads_racing_to_prepare_one_epoch_record_it_once(tmp_path: Path) -> None:
@@ -70,9 +73,9 @@ def test_threads_racing_to_prepare_one_epoch_record_it_once(tmp_path: Path) -> N
         assert sum(o is None for o in outcomes) == 1, outcomes
         assert all(o is None or isinstance(o, ManifestError) for o in outcomes), outcomes
     assert set(raw_statuses(root).values()) == {1}
-    assert [e.epoch for e in open_manifest(DeltaStore(), root, PIPELINE).pending()] == list(
-        range(6)
-    )
+    assert [
+        e.epoch for e in open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE).pending()
+    ] == list(range(6))
 
 
 def test_a_zombie_cannot_record_a_second_committed(tmp_path: Path) -> None:
@@ -85,7 +88,7 @@ def test_a_zombie_cannot_record_a_second_committed(tmp_path: Path) -> None:
     assert takeover.recover() == [0]
     outcome = zombie.commit([known(zombie.epochs.prepared(0))])
     assert raw_statuses(root) == {(0, "PREPARED"): 1, (0, "COMMITTED"): 1}
-    recorded = known(open_manifest(DeltaStore(), root, PIPELINE).latest(0))
+    recorded = known(open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE).latest(0))
     assert recorded.run_id == "takeover"
     assert outcome.table_versions == recorded.table_versions
     # A stale writer whose outcome differs from the recorded one is refused.
@@ -107,7 +110,7 @@ def test_concurrent_expires_mark_each_epoch_expired_once(tmp_path: Path) -> None
     counts = raw_statuses(root)
     assert {e for (e, s), n in counts.items() if s == "EXPIRED" and n == 1} == set(range(7))
     assert all(n == 1 for n in counts.values()), counts
-    epochs = open_manifest(DeltaStore(), root, PIPELINE)
+    epochs = open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE)
     assert [e.epoch for e in epochs.snapshots()] == [7]
     assert epochs.duplicates == []
 
@@ -136,7 +139,7 @@ def test_a_manifest_with_duplicated_transitions_still_loads(tmp_path: Path) -> N
     zombie = known(writer.epochs.latest(1))
     append(replace(zombie, run_id="zombie", recorded_at=T0))
 
-    epochs = open_manifest(store, root, PIPELINE)
+    epochs = open_manifest(store, SnapshotRoot(root), PIPELINE)
     assert known(epochs.latest(0)).run_id == "vacuum-1"
     assert known(epochs.prepared(2)).restored_from == 1
     assert known(epochs.latest(1)).run_id == "run"
@@ -145,7 +148,7 @@ def test_a_manifest_with_duplicated_transitions_still_loads(tmp_path: Path) -> N
     # The root works again: recovery commits the restore epoch the first rollback prepared.
     again = writer_of(root, "next")
     assert again.recover() == [2]
-    assert open_manifest(store, root, PIPELINE).status(2) is EpochStatus.RESTORED
+    assert open_manifest(store, SnapshotRoot(root), PIPELINE).status(2) is EpochStatus.RESTORED
 
 
 def test_a_conflicting_transition_that_is_no_duplicate_still_fails_to_load(
@@ -157,4 +160,4 @@ def test_a_conflicting_transition_that_is_no_duplicate_still_fails_to_load(
     )
     DeltaStore().append(f"{root}/_manifest", entries_to_table([merged]))
     with pytest.raises(ManifestError, match="epoch 0 cannot go from COMMITTED to MERGED"):
-        open_manifest(DeltaStore(), root, PIPELINE)
+        open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE)

@@ -10,6 +10,7 @@ from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.protocol.epoch_writer import now
 from pyspark_abs.sources.delta.spark import DeltaPosition, SparkDeltaSource
 from pyspark_abs.sources.rewind import require_rewindable, unrewindable
+from pyspark_abs.storage.root import SnapshotRoot
 from tests.support.manifest import entry
 
 DELTA = json.dumps({"source": "pyspark_abs_delta", "version": 3, "index": 0})
@@ -65,9 +66,9 @@ def test_the_refusal_names_the_epoch_the_offset_and_what_to_do() -> None:
         r"recorded offset is 17: a socket, a rate source.*Nothing was changed.*land "
         r"the input in a bronze Delta table",
     ):
-        require_rewindable(snapshot, "/r", "roll back to epoch 5")
+        require_rewindable(snapshot, SnapshotRoot("/r"), "roll back to epoch 5")
     plain = entry(5, EpochStatus.COMMITTED, pipeline="words", recorded_at=now(), run_id="run")
-    require_rewindable(plain, "/r", "x")
+    require_rewindable(plain, SnapshotRoot("/r"), "x")
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from pyspark_abs.manifest.entries import EpochStatus
 from pyspark_abs.manifest.log import EpochLog, is_tag_name
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.retention import expire
 from pyspark_abs.upkeep.tags import tag, untag
@@ -42,15 +43,15 @@ def test_a_name_follows_tags_and_untags_and_resolves() -> None:
     log.record(entry(2, TAGGED, tag="v2"))
     assert log.tags() == {"v1": 1, "v2": 2}
     assert log.tags_of(1) == ["v1"]
-    assert log.resolve("v2", "root") == 2
-    assert log.resolve(0, "root") == 0
+    assert log.resolve("v2", SnapshotRoot("root")) == 2
+    assert log.resolve(0, SnapshotRoot("root")) == 0
     log.record(entry(1, UNTAGGED, tag="v1"))
     assert log.tags() == {"v2": 2}
     with pytest.raises(
         SnapshotNotFoundError,
-        match=r"no savepoint of snapshot root r is named 'v1'; the names are 'v2'",
+        match=r"no savepoint of snapshot root /r is named 'v1'; the names are 'v2'",
     ):
-        log.resolve("v1", "r")
+        log.resolve("v1", SnapshotRoot("/r"))
 
 
 @pytest.mark.parametrize(
@@ -139,7 +140,7 @@ def test_a_name_racing_retention_either_keeps_the_snapshot_or_is_refused(tmp_pat
         writer.commit([done])
         name = f"n{epoch}"
         outcomes = race(partial(tag, root, epoch - 1, name), partial(expire, root, 1))
-        epochs = open_manifest(DeltaStore(), root, PIPELINE)
+        epochs = open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE)
         named = epochs.tags().get(name) == epoch - 1
         assert named != (epochs.status(epoch - 1) is EpochStatus.EXPIRED), (outcomes, epoch)
         if named:
@@ -168,7 +169,7 @@ def test_retention_that_loses_its_race_to_a_name_expires_the_rest(
 
     monkeypatch.setattr(EpochWriter, "record_all", name_first)
     assert expire(root, 1) == [0, 1, 3]
-    epochs = open_manifest(DeltaStore(), root, PIPELINE)
+    epochs = open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE)
     assert [s.epoch for s in epochs.snapshots()] == [2, 4]
     assert epochs.tags() == {"late": 2}
 
@@ -209,11 +210,13 @@ def test_a_move_from_a_host_whose_clock_is_behind_holds(
     tag(root, 1, "prod")
     skewed(monkeypatch, -5)
     assert tag(root, 4, "prod", move=True).tags == ("prod",)
-    epochs = open_manifest(DeltaStore(), root, PIPELINE)
+    epochs = open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE)
     assert epochs.tags() == {"prod": 4}
-    assert epochs.resolve("prod", root) == 4
+    assert epochs.resolve("prod", SnapshotRoot(root)) == 4
     assert expire(root, 1) == [0, 1, 2, 3]
-    assert open_manifest(DeltaStore(), root, PIPELINE).status(4) is EpochStatus.COMMITTED
+    assert (
+        open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE).status(4) is EpochStatus.COMMITTED
+    )
 
 
 def test_an_untag_from_a_host_whose_clock_is_behind_holds(
@@ -224,7 +227,7 @@ def test_an_untag_from_a_host_whose_clock_is_behind_holds(
     tag(root, 1, "prod")
     skewed(monkeypatch, -10)
     assert untag(root, "prod") == 1
-    assert open_manifest(DeltaStore(), root, PIPELINE).tags() == {}
+    assert open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE).tags() == {}
     assert expire(root, 1) == [0, 1]
 
 
@@ -243,4 +246,6 @@ def test_names_fold_in_commit_order_under_any_clocks(
         else:
             tag(root, epoch, name, move=True)
             model[name] = epoch
-        assert open_manifest(DeltaStore(), root, PIPELINE).tags() == dict(sorted(model.items()))
+        assert open_manifest(DeltaStore(), SnapshotRoot(root), PIPELINE).tags() == dict(
+            sorted(model.items())
+        )

@@ -52,7 +52,7 @@ class Channel:
 
     name: str
     stage: str
-    root: str
+    root: SnapshotRoot
     table: str
     uri: str
     schema: str
@@ -80,7 +80,7 @@ class Channel:
 
 def channels_of(value: str) -> Sequence[Channel]:
     """The channels of the data source's ``channels`` option."""
-    return [Channel(**c) for c in json.loads(value)]
+    return [Channel(**{**c, "root": SnapshotRoot(c["root"])}) for c in json.loads(value)]
 
 
 class ManifestFollower:
@@ -96,8 +96,8 @@ class ManifestFollower:
         root: The upstream stage's snapshot root.
     """
 
-    def __init__(self, root: str) -> None:
-        self.uri = SnapshotRoot(root).manifest_uri
+    def __init__(self, root: SnapshotRoot) -> None:
+        self.uri = root.manifest_uri
         self._version: int | None = None
         self._entries: list[ManifestEntry] = []
         self._epochs: EpochLog | None = None

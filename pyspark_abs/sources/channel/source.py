@@ -112,13 +112,12 @@ class ChannelSource:
     def waiting_for(self, epoch: int) -> list[str]:
         """The channels whose upstream stage has not committed upstream ``epoch`` yet."""
         from pyspark_abs.manifest.table import load_epoch_log
-        from pyspark_abs.storage.root import SnapshotRoot
         from pyspark_abs.storage.store import DeltaStore
 
         store = DeltaStore()
         waiting = []
         for channel in self.channels:
-            uri = SnapshotRoot(channel.root).manifest_uri
+            uri = channel.root.manifest_uri
             if not store.exists(uri) or (
                 channel.upstream(load_epoch_log(store, uri)).visible_through < epoch
             ):

@@ -30,6 +30,7 @@ from pyspark_abs.errors import ConfigError, SnapshotDamagedError, SnapshotRootEr
 from pyspark_abs.runtime import require_python_sources, require_workers_import
 from pyspark_abs.sources.delta.log import COLUMN_MAPPING
 from pyspark_abs.sources.delta.offsets import SOURCE_NAME, Offset, parse_offset_json
+from pyspark_abs.storage.root import normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -154,7 +155,7 @@ class DeltaSource:
         """The data source's options, read from the table's log now (see :meth:`load`)."""
         from pyspark_abs.operators.arrow_types import to_spark
         from pyspark_abs.storage.schemas import arrow_schema
-        from pyspark_abs.storage.store import DeltaStore, normalize_uri
+        from pyspark_abs.storage.store import DeltaStore
 
         uri = normalize_uri(self.path)
         try:

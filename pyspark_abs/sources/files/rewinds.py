@@ -27,9 +27,11 @@ _FIELDS: list[pa.Field[Any]] = [
 REWINDS_SCHEMA = pa.schema(_FIELDS)
 
 
-def record_rewind(store: DeltaStore, root: str, epoch: int, run_id: str, paths: list[str]) -> None:
+def record_rewind(
+    store: DeltaStore, root: SnapshotRoot, epoch: int, run_id: str, paths: list[str]
+) -> None:
     """Keep the files read through restore epoch ``epoch``, installed by ``run_id``."""
-    uri = SnapshotRoot(root).table_uri(REWINDS_TABLE)
+    uri = root.table_uri(REWINDS_TABLE)
     store.ensure_table(
         TableSpec(
             REWINDS_TABLE,
@@ -45,13 +47,13 @@ def record_rewind(store: DeltaStore, root: str, epoch: int, run_id: str, paths: 
     store.append(uri, rows)
 
 
-def rewound_files(store: DeltaStore, root: str, epoch: int, run_id: str) -> list[str]:
+def rewound_files(store: DeltaStore, root: SnapshotRoot, epoch: int, run_id: str) -> list[str]:
     """The files read through restore epoch ``epoch`` of ``root``.
 
     Raises:
         SourceError: The root has no record of them.
     """
-    uri = SnapshotRoot(root).table_uri(REWINDS_TABLE)
+    uri = root.table_uri(REWINDS_TABLE)
     rows = store.read(uri) if store.exists(uri) else REWINDS_SCHEMA.empty_table()
     mine = rows.filter((pc.field("epoch") == epoch) & (pc.field("run_id") == run_id))
     if mine.num_rows == 0:

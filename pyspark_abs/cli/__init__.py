@@ -37,7 +37,7 @@ from pyspark_abs.errors import AbsError
 from pyspark_abs.manifest.entries import SNAPSHOT_STATUSES
 from pyspark_abs.pipeline.savepoints import restore, rollback
 from pyspark_abs.snapshots.reading import Snapshots
-from pyspark_abs.storage.root import BACKEDGE_PREFIX
+from pyspark_abs.storage.root import BACKEDGE_PREFIX, SnapshotRoot
 from pyspark_abs.upkeep.compaction import compact
 from pyspark_abs.upkeep.retention import vacuum
 from pyspark_abs.upkeep.tags import tag, untag
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def command(name: str, help_text: str, run: Any, *, json_output: bool = True) -> Any:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("root", metavar="ROOT", help="the snapshot root")
+        sub.add_argument("root", metavar="ROOT", type=SnapshotRoot, help="the snapshot root")
         if json_output:
             sub.add_argument("--json", action="store_true", help="print JSON")
         sub.set_defaults(run=run)
@@ -92,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     copy = command("restore", "copy a snapshot into a new root, to continue there", _restore)
     copy.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
-    copy.add_argument("--into", required=True, metavar="NEW_ROOT", help="the new snapshot root")
+    copy.add_argument(
+        "--into", required=True, metavar="NEW_ROOT", type=SnapshotRoot, help="the new snapshot root"
+    )
     name = command("tag", "name a snapshot: a savepoint that retention keeps", _tag)
     name.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=EPOCH_HELP)
     name.add_argument("name", metavar="NAME", help="the savepoint's name (starts with a letter)")

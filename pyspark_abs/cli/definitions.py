@@ -66,7 +66,7 @@ FORMATS = ("delta", "parquet", "csv")
 
 def _write_state(args: argparse.Namespace) -> int:
     operator = _operator(args.operator)
-    root = SnapshotRoot(args.root)
+    root: SnapshotRoot = args.root
     from pyspark_abs.session import local_session
 
     spark = local_session("pyspark-abs write-state")

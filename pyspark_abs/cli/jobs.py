@@ -11,6 +11,7 @@ from pyspark_abs.job_actions.rollbacks import restore_job, rollback_job
 from pyspark_abs.job_actions.tags import tag_job
 from pyspark_abs.job_ledger.listing import job_origins, job_snapshots_at, job_stages
 from pyspark_abs.job_ledger.manifest import open_job
+from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 
 
@@ -31,7 +32,11 @@ def add_job_commands(command: Callable[..., Any]) -> None:
     )
     copy_job.add_argument("epoch", metavar="EPOCH", type=epoch_or_name, help=JOB_EPOCH_HELP)
     copy_job.add_argument(
-        "--into", required=True, metavar="NEW_ROOT", help="the new job root (stages go under it)"
+        "--into",
+        required=True,
+        metavar="NEW_ROOT",
+        type=SnapshotRoot,
+        help="the new job root (stages go under it)",
     )
     name = command(
         "job-tag", "name a job snapshot: a job savepoint that every stage keeps", _job_tag

@@ -62,13 +62,14 @@ def keep_files_read(
 
 def _source_log(target: ManifestEntry, root: SnapshotRoot, index: int) -> dict[str, str]:
     where = f"epoch {target.epoch} of {root}"
-    if target.checkpoint is None or target.query_id is None:
+    checkpoint = target.run.checkpoint if target.run is not None else None
+    if checkpoint is None or target.query_id is None:
         raise SourceError(f"{where} records no Spark checkpoint, whose log the rewind needs")
-    found = CheckpointReader(target.checkpoint, ArrowFiles()).find(target.query_id)
+    found = CheckpointReader(checkpoint, ArrowFiles()).find(target.query_id)
     if found is None:
         raise SourceError(
             f"cannot rewind Spark's file source to {where}: the checkpoint that read it "
-            f"({target.checkpoint}, query {target.query_id}) is gone, and only its log says "
+            f"({checkpoint}, query {target.query_id}) is gone, and only its log says "
             f"which files the epoch had read. The root is unchanged. Pick a snapshot read by "
             f"the current checkpoint, or restore the checkpoint directory"
         )

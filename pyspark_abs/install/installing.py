@@ -22,7 +22,7 @@ from pyspark_abs.install.sink_restores import (
     keeping_other_writers,
     sinks_written_later,
 )
-from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import EpochStatus, ManifestEntry, RestorePayload
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import EpochLog
 from pyspark_abs.manifest.table import manifest_owner, open_manifest
@@ -186,14 +186,16 @@ def install_tables(
         state_keys=state_keys if state_keys is not None else _of(target, "state_keys"),
         source_offsets=_of(target, "source_offsets"),
         watermark_ms=_of(target, "watermark_ms"),
-        watermark_after_ms=None
-        if target is None
-        else (target_epochs or writer.epochs).watermark_after(target.epoch),
         restored_from=_of(target, "epoch"),
-        restore_versions=dict(restore_versions),
         origin=origin,
-        table_schemas=dict(schemas or {}),
-        job=job,
+        restore=RestorePayload(
+            versions=dict(restore_versions),
+            schemas=dict(schemas or {}),
+            watermark_after_ms=None
+            if target is None
+            else (target_epochs or writer.epochs).watermark_after(target.epoch),
+            job=job,
+        ),
     )
     replaced = [
         entry.transition(

@@ -318,7 +318,8 @@ def _is_part(entry: ManifestEntry, manifest: JobManifest, decision: JobDecision,
         entry.epoch == decision.restore_epoch
         and entry.is_restore
         and entry.restored_from == decision.stage_epochs[name]
-        and entry.job in (None, manifest.root)
+        and entry.restore is not None
+        and entry.restore.job in (None, manifest.root)
     )
 
 

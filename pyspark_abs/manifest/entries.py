@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -220,72 +220,94 @@ class EpochRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunPayload:
+    """What an epoch of a run records about the run that processed it.
+
+    Attributes:
+        checkpoint: The Spark checkpoint location of the run.
+        commit_mode: ``sync`` or ``async``.
+        slots: The slots the run's checkpoint groups key groups into, one call of the
+            operator per slot and epoch (None: one call per key group).
+        snapshot_interval: The run's ``snapshot_interval``, which recovery uses to close
+            the groups the run would have closed.
+    """
+
+    checkpoint: str | None = None
+    commit_mode: str | None = None
+    slots: int | None = None
+    snapshot_interval: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestorePayload:
+    """What a restore epoch records about the snapshot it installs.
+
+    Attributes:
+        versions: The Delta version each sink table goes back to.
+        schemas: The Delta schema (JSON) each state table and back-edge log takes with
+            the installed files; a migration or a rollback across one changes it.
+        watermark_after_ms: The watermark the epoch after the installed one ran with, when
+            its root knew it. Spark moves the watermark after every micro-batch, so a run
+            continued from the restore epoch starts there.
+        job: For a job-wide decision (a job rollback, restore, migration or written
+            state): the job's root. The stages reading this stage's channels tell such a
+            restore epoch from a rollback of this stage alone.
+    """
+
+    versions: Mapping[str, int] = field(default_factory=dict)
+    schemas: Mapping[str, str] = field(default_factory=dict)
+    watermark_after_ms: int | None = None
+    job: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ManifestEntry(EpochRecord):
     """One transition of one epoch: a row of the manifest.
 
-    The fields of :class:`EpochRecord`, and those below, which say who recorded the row and
-    what a restart, a recovery or a restore needs. Which fields a row fills depends on its
-    status and on what wrote it:
-
-    - every row: ``pipeline``, ``epoch``, ``status``, ``recorded_at``, ``run_id``,
-      ``manifest_version`` (on load);
-    - an epoch of a run (PREPARED, then COMMITTED or MERGED, ABORTED): ``query_id``,
-      ``batch_id``, ``commit_mode``, ``num_partitions``, ``key_groups``, ``slots``,
-      ``checkpoint``, ``snapshot_interval``, ``tables``, ``files`` (PREPARED), the figures
-      and timings, ``source_offsets``, ``watermark_ms``;
-    - a restore epoch (PREPARED, then RESTORED): ``restored_from``, ``origin``,
-      ``restore_versions``, ``table_schemas``, ``watermark_after_ms``, ``job`` (a job's
-      decision), ``tables``, ``files``;
-    - COMMITTED, RESTORED, MERGED: ``table_versions`` (snapshots), ``snapshot_epoch``;
-      ABORTED: ``error``; TAGGED, UNTAGGED: ``tag``.
+    The fields of :class:`EpochRecord`, the fields below, which every row has, and the
+    payload of what wrote it: ``run`` for an epoch of a run (PREPARED, then COMMITTED or
+    MERGED, ABORTED, EXPIRED), ``restore`` for a restore epoch (PREPARED, then RESTORED).
+    Of the header, an epoch of a run fills ``query_id``, ``batch_id``, the figures and
+    timings, ``source_offsets`` and ``watermark_ms``; a restore epoch ``restored_from`` and
+    ``origin``; COMMITTED, RESTORED and MERGED rows ``table_versions`` (snapshots) and
+    ``snapshot_epoch``; ABORTED rows ``error``; TAGGED and UNTAGGED rows ``tag``. A
+    transition copies the payload of the row before it.
 
     Attributes:
         pipeline: The pipeline's name.
         run_id: The pipeline run (process) that recorded it.
-        commit_mode: ``sync`` or ``async``.
-        num_partitions: Partitions that acknowledged the epoch.
-        key_groups: Key groups the operator used.
+        num_partitions: Partitions that acknowledged the epoch (a restore epoch: those
+            of the epoch it installs).
+        key_groups: Key groups the operator's state is split into.
         tables: Table id to table URI, for every table of the pipeline.
         files: Pre-committed files (PREPARED).
-        checkpoint: The Spark checkpoint location of the run.
-        restore_versions: Restore epochs: the Delta version each sink table goes back to.
-        snapshot_interval: Micro-batch epochs: the run's ``snapshot_interval``, which
-            recovery uses to close the groups the run would have closed.
         tag: TAGGED and UNTAGGED rows: the savepoint name given to or taken from the
             epoch's snapshot.
-        table_schemas: Restore epochs: the Delta schema (JSON) each state table and
-            back-edge log takes with the installed files; a migration or a rollback across
-            one changes it.
         manifest_version: The manifest's Delta version whose commit appended the row: the
             order in which rows were recorded (None: written by an older pyspark-abs).
             ``recorded_at`` comes from the writer's clock, which may be behind another
             writer's, so it is for display only.
-        job: Restore epochs of a job-wide decision (a job rollback, restore, migration or
-            written state): the job's root. The stages reading this stage's channels tell
-            such a restore epoch from a rollback of this stage alone.
-        watermark_after_ms: Restore epochs: the watermark the epoch after the installed
-            one ran with, when its root knew it. Spark moves the watermark after every
-            micro-batch, so a run continued from the restore epoch starts there.
-        slots: Epochs of a run: the slots its checkpoint groups key groups into, one call
-            of the operator per slot and epoch (None: one call per key group).
+        run: An epoch of a run: what the run was.
+        restore: A restore epoch: what it installs; set exactly when ``origin`` is (empty
+            when only ``origin`` is given).
     """
 
     pipeline: str
     run_id: str
-    commit_mode: str | None = None
     num_partitions: int | None = None
     key_groups: int | None = None
     tables: Mapping[str, str] = field(default_factory=dict)
     files: tuple[FileEntry, ...] = ()
-    checkpoint: str | None = None
-    restore_versions: Mapping[str, int] = field(default_factory=dict)
-    snapshot_interval: int | None = None
     tag: str | None = None
-    table_schemas: Mapping[str, str] = field(default_factory=dict)
     manifest_version: int | None = None
-    job: str | None = None
-    watermark_after_ms: int | None = None
-    slots: int | None = None
+    run: RunPayload | None = None
+    restore: RestorePayload | None = None
+
+    def __post_init__(self) -> None:
+        if self.origin is None and self.restore is not None:
+            raise ValueError(f"epoch {self.epoch}: a restore payload needs the origin of it")
+        if self.origin is not None and self.restore is None:
+            object.__setattr__(self, "restore", RestorePayload())
 
     @property
     def watermark_floor_ms(self) -> int:
@@ -294,16 +316,22 @@ class ManifestEntry(EpochRecord):
         That is its own, or for a restore epoch the one the epoch after the installed one
         ran with.
         """
-        return max(self.watermark_ms or 0, self.watermark_after_ms or 0)
+        after = self.restore.watermark_after_ms if self.restore is not None else None
+        return max(self.watermark_ms or 0, after or 0)
 
     @property
     def is_restore(self) -> bool:
         """Whether this is a restore epoch, which installs a snapshot instead of a batch."""
-        return self.origin is not None
+        return self.restore is not None
 
     def to_row(self) -> dict[str, Any]:
         """The entry as a row of MANIFEST_SCHEMA."""
-        row = {name: getattr(self, name) for name in MANIFEST_SCHEMA.names}
+        run, restore = self.run or RunPayload(), self.restore or RestorePayload()
+        row = {
+            **{name: getattr(self, name) for name in _HEADER_FIELDS},
+            **{name: getattr(run, name) for name in _RUN_FIELDS},
+            **{column: getattr(restore, name) for column, name in _RESTORE_COLUMNS.items()},
+        }
         row["status"] = self.status.value
         row["files"] = [f.to_dict() for f in self.files]
         for name in _MAP_FIELDS:
@@ -318,6 +346,12 @@ class ManifestEntry(EpochRecord):
         values["files"] = tuple(FileEntry.from_dict(f) for f in values["files"] or ())
         for name in _MAP_FIELDS:
             values[name] = dict(values[name] or ())
+        run = {name: values.pop(name, None) for name in _RUN_FIELDS}
+        restore = {name: values.pop(column, None) for column, name in _RESTORE_COLUMNS.items()}
+        if values.get("origin") is not None:
+            values["restore"] = RestorePayload(**restore)
+        elif any(v is not None for v in run.values()):
+            values["run"] = RunPayload(**run)
         return cls(**values)
 
     def transition(self, status: EpochStatus, **changes: Any) -> ManifestEntry:
@@ -327,6 +361,17 @@ class ManifestEntry(EpochRecord):
 
 
 _MAP_FIELDS = ("tables", "table_versions", "rows", "bytes", "restore_versions", "table_schemas")
+_RUN_FIELDS = tuple(f.name for f in fields(RunPayload))
+_RESTORE_COLUMNS = {
+    "restore_versions": "versions",
+    "table_schemas": "schemas",
+    "watermark_after_ms": "watermark_after_ms",
+    "job": "job",
+}
+"""Manifest columns of the restore payload, and its fields."""
+_HEADER_FIELDS = tuple(
+    name for name in MANIFEST_SCHEMA.names if name not in (*_RUN_FIELDS, *_RESTORE_COLUMNS)
+)
 
 
 def commit_order(entry: ManifestEntry) -> tuple[int, int, float]:

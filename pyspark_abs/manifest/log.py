@@ -252,10 +252,11 @@ class EpochLog:
             return entry
         readable = epoch_ranges([e.epoch for e in self.snapshots()])
         if entry is not None and entry.status is EpochStatus.MERGED:
+            interval = entry.run.snapshot_interval if entry.run is not None else None
             raise SnapshotNotFoundError(
                 f"epoch {epoch} of snapshot root {root} is not a snapshot: it was MERGED into "
                 f"snapshot {entry.snapshot_epoch} (snapshot_interval "
-                f"{entry.snapshot_interval}), whose commit made its outputs visible. Use "
+                f"{interval}), whose commit made its outputs visible. Use "
                 f"epoch {entry.snapshot_epoch} or another readable epoch: {readable}"
             )
         shown = "not in the manifest" if entry is None else entry.status.value
@@ -308,7 +309,7 @@ class EpochLog:
         if following is not None and not following.is_restore:
             return following.watermark_ms
         own = self.latest(epoch)
-        return own.watermark_after_ms if own is not None else None
+        return own.restore.watermark_after_ms if own is not None and own.restore else None
 
     def latest_decided(self) -> ManifestEntry | None:
         """The latest entry of the newest epoch that was PREPARED."""
@@ -385,7 +386,8 @@ def recovery_groups(
             groups.append(tuple(open_group))
             open_group = []
         open_group.append(entry)
-        if entry.is_restore or closes_group(entry.epoch, last, entry.snapshot_interval or 1):
+        interval = entry.run.snapshot_interval if entry.run is not None else None
+        if entry.is_restore or closes_group(entry.epoch, last, interval or 1):
             groups.append(tuple(open_group))
             open_group = []
             last = entry.epoch

@@ -147,7 +147,7 @@ def with_watermark_floors(plan: OperatorPlan, epochs: EpochLog | None) -> Operat
     decided = epochs.latest_decided() if epochs is not None else None
     if decided is None:
         return plan
-    restored = decided.watermark_after_ms is not None
+    restored = decided.restore is not None and decided.restore.watermark_after_ms is not None
     return replace(
         plan,
         watermark_floor_ms=decided.watermark_floor_ms,

@@ -46,7 +46,7 @@ from pyspark_abs.errors import (
 )
 from pyspark_abs.faults import FaultStep
 from pyspark_abs.logs import logger, working_for
-from pyspark_abs.manifest.entries import EpochDecision, EpochStatus, ManifestEntry
+from pyspark_abs.manifest.entries import EpochDecision, EpochStatus, ManifestEntry, RunPayload
 from pyspark_abs.manifest.info import SnapshotInfo
 from pyspark_abs.manifest.log import closes_group
 from pyspark_abs.protocol.alignment import align, check_channel_epoch, check_files
@@ -297,7 +297,7 @@ class EpochCoordinator:
             EpochStatus.PREPARED,
             num_partitions=aligned.num_partitions,
             key_groups=self.config.key_groups,
-            slots=self.slots,
+            run=self._run(slots=self.slots, snapshot_interval=self.config.snapshot_interval),
             tables=self.layout.tables,
             files=aligned.files,
             rows=aligned.rows_by_table(),
@@ -311,7 +311,6 @@ class EpochCoordinator:
             align_wait_ms=aligned.align_wait_ms,
             align_ms=align_ms,
             pending_epochs=self.pending_epochs,
-            snapshot_interval=self.config.snapshot_interval,
         )
         self.writer.record(entry)
         entry = replace(entry, prepare_ms=_ms_since(started))
@@ -392,8 +391,15 @@ class EpochCoordinator:
         rows = batch.mapInArrow(PrecommitTask(plan), MARKER_DDL).collect()
         return [BarrierMarker.from_dict(r.asDict(recursive=True)) for r in rows]
 
+    def _run(self, **fields: Any) -> RunPayload:
+        """What this run records with an epoch: its checkpoint and commit mode, and ``fields``."""
+        return RunPayload(
+            checkpoint=self.checkpoint.location, commit_mode=self.config.commit_mode, **fields
+        )
+
     def _entry(self, epoch: int, status: EpochStatus, **fields: Any) -> ManifestEntry:
-        """A transition of ``epoch`` by this run, now."""
+        """A transition of ``epoch`` by this run, now (with the run's payload by default)."""
+        fields.setdefault("run", self._run())
         return ManifestEntry(
             pipeline=self.layout.pipeline,
             epoch=epoch,
@@ -402,8 +408,6 @@ class EpochCoordinator:
             run_id=self.run_id,
             query_id=self._current_query_id(),
             batch_id=epoch - self.epoch_base,
-            checkpoint=self.checkpoint.location,
-            commit_mode=self.config.commit_mode,
             **fields,
         )
 

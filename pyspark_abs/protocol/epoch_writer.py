@@ -23,6 +23,7 @@ from pyspark_abs.manifest.entries import (
     TAG_STATUSES,
     EpochStatus,
     ManifestEntry,
+    RestorePayload,
     entries_to_table,
 )
 from pyspark_abs.manifest.log import EpochLog, check_group, epoch_ranges, recovery_groups
@@ -299,11 +300,12 @@ class EpochWriter:
         self.fence(f"the commit of epoch {epoch}")
         started = time.perf_counter()
         versions = {}
+        restore = end.restore or RestorePayload()
         for position, (table, uri) in enumerate(end.tables.items()):
             txn = self.app_id(table)
-            if table in end.restore_versions:
+            if table in restore.versions:
                 version = self.store.restore_version(
-                    uri, end.restore_versions[table], txn, epoch, self.root
+                    uri, restore.versions[table], txn, epoch, self.root
                 )
             else:
                 files = {e.epoch: [f for f in e.files if f.table == table] for e in group}
@@ -313,7 +315,7 @@ class EpochWriter:
                     txn,
                     epoch,
                     overwrite=end.is_restore,
-                    schema=end.table_schemas.get(table),
+                    schema=restore.schemas.get(table),
                     root=self.root,
                 ).version
             versions[table] = version

@@ -202,7 +202,7 @@ def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: SnapshotR
             restore=start if start is not None and start.is_restore else None,
             fresh=False,
             key_groups=last.key_groups,
-            slots=last.slots,
+            slots=last.run.slots if last.run is not None else None,
         )
     committed = checkpoint.committed_batches()
     if committed:
@@ -215,9 +215,10 @@ def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: SnapshotR
         return Lineage()
     if decided.is_restore:
         return _start_from(decided)
+    written = decided.run.checkpoint if decided.run is not None else None
     raise PipelineMismatchError(
         f"snapshot root {root} holds epochs up to {decided.epoch} written through checkpoint "
-        f"{decided.checkpoint or decided.query_id}, but checkpoint {checkpoint.location} is "
+        f"{written or decided.query_id}, but checkpoint {checkpoint.location} is "
         f"new. Restart with the checkpoint the root was written with; to start a new "
         f"checkpoint (e.g. with another partition or key-group count), first run "
         f"pyspark_abs.rollback({root!r}, {decided.epoch})"
@@ -227,7 +228,8 @@ def read_lineage(epochs: EpochLog, checkpoint: CheckpointReader, root: SnapshotR
 def written_slots(epochs: EpochLog, query_id: str | None) -> int | None:
     """The slots the checkpoint of ``query_id`` recorded with its newest epoch (None: none)."""
     mine = [e for e in epochs.entries if query_id is not None and e.query_id == query_id]
-    return next((e.slots for e in reversed(mine) if e.batch_id is not None), None)
+    ran = [e.run for e in mine if e.batch_id is not None and e.run is not None]
+    return ran[-1].slots if ran else None
 
 
 def _start_from(restore: ManifestEntry) -> Lineage:

@@ -356,8 +356,9 @@ def missing_for_commit(
         done = store.open(uri).transaction_version(app_id_of(table))
         if done is not None and done >= entry.epoch:
             continue
-        if table in entry.restore_versions:
-            version = entry.restore_versions[table]
+        restored = entry.restore.versions if entry.restore is not None else {}
+        if table in restored:
+            version = restored[table]
             gone = missing_files(uri, version)
             if gone:
                 return (

@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from pyspark_abs.faults import Fault, FaultInjector
-from pyspark_abs.manifest.entries import ManifestEntry
+from pyspark_abs.manifest.entries import ManifestEntry, RunPayload
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.protocol.epoch_writer import EpochWriter, now
 from pyspark_abs.storage.files import FileEntry
@@ -47,7 +47,7 @@ def prepared(epoch: int, sink: str, interval: int = 2, run_id: str = "run") -> M
         batch_id=epoch,
         tables={SINK: sink},
         files=(FileEntry(SINK, f"abs-e{epoch:012d}.parquet", 10, 1, 0),),
-        snapshot_interval=interval,
+        run=RunPayload(snapshot_interval=interval),
     )
 
 

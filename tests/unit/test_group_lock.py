@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pyspark_abs.config import AbsConfig, CommitMode
+from pyspark_abs.manifest.entries import RunPayload
 from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.envelope import Kind
 from pyspark_abs.protocol.coordinator import EpochCoordinator
@@ -59,7 +60,7 @@ def test_drains_during_micro_batches_commit_every_epoch_once_in_order(
                 run_id="run",
                 tables={"sink/out": sink},
                 files=(FileEntry("sink/out", f"e{epoch}.parquet", 10, 1, 0),),
-                snapshot_interval=5,
+                run=RunPayload(snapshot_interval=5),
             )
             writer.record(prepared)
             coordinator._join_group(prepared)

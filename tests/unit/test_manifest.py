@@ -16,6 +16,8 @@ from pyspark_abs.manifest.entries import (
     EpochDecision,
     EpochStatus,
     ManifestEntry,
+    RestorePayload,
+    RunPayload,
     check_transition,
     entries_of,
     entries_to_table,
@@ -228,7 +230,11 @@ TABLES = {"state/wc": "/r/state/wc", "sink/out": "/s"}
 def prepared(epoch: int, interval: int = 3, tables: dict[str, str] = TABLES) -> ManifestEntry:
     files = tuple(file(t, epoch) for t in tables)
     return entry(
-        epoch, EpochStatus.PREPARED, tables=tables, files=files, snapshot_interval=interval
+        epoch,
+        EpochStatus.PREPARED,
+        tables=tables,
+        files=files,
+        run=RunPayload(snapshot_interval=interval),
     )
 
 
@@ -391,7 +397,7 @@ def test_a_restore_epoch_knows_the_watermark_the_epoch_after_the_installed_one_r
         None,
     )
     restore = entry(3, origin="rollback to epoch 1", restored_from=1, watermark_ms=100)
-    log.record(replace(restore, watermark_after_ms=log.watermark_after(1)))
+    log.record(replace(restore, restore=RestorePayload(watermark_after_ms=log.watermark_after(1))))
     assert log.watermark_after(2) is None  # the epoch after 2 is a restore epoch
     assert log.watermark_after(3) == 120  # nothing ran after it yet: what it carries
     installed = log.latest(3)

@@ -67,7 +67,7 @@ class Channel:
             closing = log.latest(epoch if entry.snapshot_epoch is None else entry.snapshot_epoch)
             barrier = None if closing is None else closing.table_versions.get(self.table)
             restored = entry.restored_from if entry.is_restore else None
-            epochs.append(UpstreamEpoch(epoch, barrier, restored, entry.job is not None))
+            epochs.append(UpstreamEpoch(epoch, barrier, restored, _job_wide(entry)))
         return Upstream.of(self.stage, epochs)
 
     def files(self, log: EpochLog, epoch: int) -> list[FileEntry]:
@@ -76,6 +76,11 @@ class Channel:
         if prepared is None or prepared.is_restore:
             return []
         return [f for f in prepared.files if f.table == self.table]
+
+
+def _job_wide(entry: ManifestEntry) -> bool:
+    """Whether ``entry`` is a stage's part of a job-wide decision."""
+    return entry.restore is not None and entry.restore.job is not None
 
 
 def channels_of(value: str) -> Sequence[Channel]:

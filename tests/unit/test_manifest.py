@@ -200,6 +200,41 @@ def test_entry_round_trips_through_arrow() -> None:
     assert ManifestEntry.from_row(table.to_pylist()[0]) == original
 
 
+def test_each_kind_of_entry_round_trips_with_its_payload() -> None:
+    run = entry(
+        4,
+        EpochStatus.PREPARED,
+        batch_id=4,
+        key_groups=8,
+        run=RunPayload(
+            checkpoint="/r/_checkpoint", commit_mode="sync", slots=2, snapshot_interval=3
+        ),
+    )
+    restore = entry(
+        5,
+        EpochStatus.PREPARED,
+        restored_from=2,
+        origin="rollback to epoch 2",
+        restore=RestorePayload(
+            versions={"sink/out": 7}, schemas={"state/wc": "{}"}, watermark_after_ms=9, job="/j"
+        ),
+    )
+    tagged = run.transition(EpochStatus.TAGGED, tag="v1")
+    rows = entries_to_table([run, restore, tagged]).to_pylist()
+    assert [ManifestEntry.from_row(r) for r in rows] == [run, restore, tagged]
+    assert rows[1]["restore_versions"] == [("sink/out", 7)]
+    assert rows[0]["slots"] == 2
+    assert (run.is_restore, restore.is_restore, tagged.run) == (False, True, run.run)
+
+
+def test_a_restore_payload_goes_with_an_origin() -> None:
+    assert entry(5, origin="rollback to epoch 2").restore == RestorePayload()
+    assert entry(5).restore is None
+    assert entry(5).run is None
+    with pytest.raises(ValueError, match="epoch 5: a restore payload needs the origin of it"):
+        entry(5, restore=RestorePayload(job="/j"))
+
+
 def test_entries_read_from_arrow_without_pandas_as_pyarrow_converts_them(tmp_path: Path) -> None:
     later = T0 + dt.timedelta(days=400, microseconds=123_457)
     table = entries_to_table(

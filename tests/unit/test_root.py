@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import pickle
+from pathlib import Path
+
 import pytest
 
 from pyspark_abs.errors import SnapshotNotFoundError
@@ -26,3 +30,33 @@ def test_a_location_without_a_manifest_is_not_a_root() -> None:
         match=r"^/x is not a pyspark-abs snapshot root \(it has no _manifest table\)$",
     ):
         raise SnapshotRoot("/x").not_found()
+
+
+@pytest.mark.parametrize(
+    ("location", "normalized", "tag"),
+    [
+        ("/data/abs/wc", "/data/abs/wc", "a044dea9"),
+        ("/data/abs/../abs/wc/", "/data/abs/wc", "a044dea9"),
+        ("s3://bucket/abs/wc/", "s3://bucket/abs/wc", "eec80c1d"),
+    ],
+)
+def test_a_root_is_normalized_once_and_keeps_the_tag_its_files_are_named_with(
+    location: str, normalized: str, tag: str
+) -> None:
+    root = SnapshotRoot(location)
+    assert root == normalized
+    assert root.tag == tag  # persisted in file names: vacuum tells a root's files by it
+    assert SnapshotRoot(root) is root
+
+
+def test_a_relative_root_is_made_absolute_and_survives_pickling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    root = SnapshotRoot("roots/wc")
+    assert root == str(tmp_path / "roots" / "wc")
+    assert SnapshotRoot(Path("roots/wc")) == root
+    copied = pickle.loads(pickle.dumps(root))
+    assert type(copied) is SnapshotRoot
+    assert copied == root
+    assert json.loads(json.dumps({"root": root})) == {"root": str(root)}

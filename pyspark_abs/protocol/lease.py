@@ -8,12 +8,20 @@ the holder is alive: on the same host, while its process exists and has renewed 
 crashed run's lease is taken over at once on the same host, and after :data:`LEASE_SECONDS`
 from elsewhere; :func:`break_lease` frees it at once when you know the holder is gone.
 
-A run checks that it still holds the lease, and that its lease has not lapsed (renewed within
-:data:`LEASE_SECONDS`), before every manifest entry and table commit it writes, so a *zombie*
-(a run that was paused or partitioned while another took over, or whose renewals stopped)
-stops with a FencingError instead of recording anything, and its late table commits are
-no-ops because a table's application-transaction version never goes backwards. Rollback,
-restore and written state (which hold no lease) are refused while a run holds the root.
+A run checks that it still holds the lease before every manifest entry and table commit it
+writes, so a *zombie* (a run that was paused or partitioned while another took over) stops
+with a :class:`~pyspark_abs.errors.FencingError` instead of recording anything, and its late
+table commits are no-ops because a table's application-transaction version never goes
+backwards. Rollback, restore and written state (which hold no lease) are refused while a run
+holds the root; when they find a lease that is no longer live, they break it before they
+write, so its holder cannot take it back.
+
+**A lapse nobody acted on.** A run whose renewals were late (its process or machine stalled,
+or the wall clock stepped forward) finds its lease lapsed. Where creating a generation is
+exclusive (local file systems), it renews the lease again if nobody changed it since its last
+renewal, by the same compare-and-swap as every renewal: whoever acted on the lapse (a start
+that took the root over, a rollback that broke the lease) created that generation first, and
+the run stops. On object stores, where that is best effort, a lapsed run stops.
 
 **Generations.** Every change of the lease (acquire, renew, release, break) is a
 compare-and-swap: the lease lives in ``<root>/_lease/`` as one file per *generation*,
@@ -150,18 +158,28 @@ def break_lease(root: SnapshotRoot) -> LeaseRecord | None:
 
 
 def require_no_live_holder(root: SnapshotRoot, action: str) -> None:
-    """Refuse ``action`` while a live run holds the root.
+    """Refuse ``action`` while a live run holds the root; break a lease no longer live.
 
     Raises:
         FencingError: A live run holds the root's lease.
+        SnapshotRootError: The lease cannot be read or written.
     """
-    record = read_lease(root)
-    now = time.time()
-    if record is not None and record.is_live(now):
-        raise FencingError(
-            f"snapshot root {root} is held by {record.describe(now)}; {action} is refused "
-            f"while it runs. Stop that pipeline first"
-        )
+    for _attempt in range(10):
+        generation, record = _current(root)
+        now = time.time()
+        if record is None:
+            return
+        if record.is_live(now):
+            raise FencingError(
+                f"snapshot root {root} is held by {record.describe(now)}; {action} is refused "
+                f"while it runs. Stop that pipeline first"
+            )
+        if _publish(root, generation + 1, None):
+            return  # broken: a holder that only stalled cannot renew it again
+    raise SnapshotRootError(
+        f"cannot write {action} to snapshot root {root}: its lease keeps changing; stop the "
+        f"runs that start on it, then try again"
+    )
 
 
 class Lease:
@@ -226,7 +244,11 @@ class Lease:
         for _attempt in range(_ADOPT_ATTEMPTS):
             generation, current = _current(root)
             now = time.time()
-            if current is None or current.run_id != record.run_id or current.lapsed(now):
+            if (
+                current is None
+                or current.run_id != record.run_id
+                or (current.lapsed(now) and not _exclusive(root))
+            ):
                 holder = "nobody" if current is None else current.describe(now)
                 raise FencingError(
                     f"run {record.run_id} of pipeline {record.pipeline!r} cannot take its lease "
@@ -263,6 +285,19 @@ class Lease:
         if current is not None and current.run_id == self.record.run_id:
             if not current.lapsed(now):
                 return
+            if self.renew():
+                log.warning(
+                    "run %s of pipeline %r renewed its lapsed lease on snapshot root %s (last "
+                    "renewed %.0f s before: a stall or a clock step); nobody had acted on it",
+                    self.record.run_id,
+                    self.record.pipeline,
+                    self.root,
+                    now - current.renewed_at,
+                )
+                return
+            current = read_lease(self.root)
+            now = time.time()
+        if current is not None and current.run_id == self.record.run_id:
             raise FencingError(
                 f"the lease of run {self.record.run_id} of pipeline {self.record.pipeline!r} "
                 f"on snapshot root {self.root} lapsed: it was last renewed "
@@ -296,24 +331,26 @@ class Lease:
             log.warning("run %s could not release its lease: %s", self.record.run_id, err)
 
     def renew(self) -> bool:
-        """Renew the lease once, if this run still holds it and it has not lapsed.
+        """Renew the lease once, if nobody changed it since this run's last renewal.
 
         A compare-and-swap: it writes the generation after the one holding this run's last
-        renewal, so it fails when anyone changed the lease since. Returns whether it renewed;
+        renewal, so it fails when anyone changed the lease since. A lapsed lease is renewed
+        only where that is exclusive (see the module docstring). Returns whether it renewed;
         once it has not, the run's next :meth:`check` fails and renewing stops.
 
         Raises:
             SnapshotRootError: The lease cannot be read or written.
         """
         generation, current = _current(self.root)
-        now = time.time()
         if (
             current is None
             or current.run_id != self.record.run_id
             or generation != self.record.generation
-            or current.lapsed(now)
         ):
-            return False  # taken over, broken, or lapsed and maybe being taken over
+            return False  # taken over, broken, or adopted by the writing process
+        now = time.time()
+        if current.lapsed(now) and not _exclusive(self.root):
+            return False  # lapsed where a takeover cannot be excluded: another run may hold it
         renewed = replace(current, renewed_at=now, generation=generation + 1)
         if not _publish(self.root, renewed.generation, renewed):
             return False
@@ -327,6 +364,11 @@ class Lease:
                     return
             except SnapshotRootError:
                 continue  # a transient storage error: renew at the next beat
+
+
+def _exclusive(root: SnapshotRoot) -> bool:
+    """Whether creating a lease generation on the root excludes every other writer of it."""
+    return isinstance(pafs.FileSystem.from_uri(root)[0], pafs.LocalFileSystem)
 
 
 def _current(root: SnapshotRoot) -> tuple[int, LeaseRecord | None]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +17,24 @@ from pyspark.sql import SparkSession
 
 from pyspark_abs import EpochStatus, Snapshots, rollback
 from pyspark_abs.errors import FencingError
-from pyspark_abs.protocol.lease import break_lease, read_lease
+from pyspark_abs.protocol.lease import (
+    LEASE_DIR,
+    LEASE_SECONDS,
+    break_lease,
+    read_lease,
+)
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import validate
 from tests.support.children import paused_child
 from tests.support.inputs import EPOCHS, write_epochs
-from tests.support.pipelines import assert_word_counts, word_pipeline
+from tests.support.pipelines import (
+    assert_same,
+    assert_word_counts,
+    expected_sink,
+    expected_state,
+    word_pipeline,
+)
 
 REPO = Path(__file__).parents[2]
 
@@ -93,6 +107,69 @@ def test_a_zombie_that_lost_the_root_records_and_commits_nothing(
     assert by_zombie == [(0, "PREPARED"), (0, "COMMITTED"), (1, "PREPARED")]
     assert versions == {t: DeltaStore().open(str(root / d)).version() for t, d in TABLES.items()}
     assert_word_counts(spark, root, EPOCHS)
+    assert validate(str(root)) == []
+
+
+def age_lease(root: Path) -> str:
+    """Make the root's lease look last renewed more than LEASE_SECONDS ago, without a new
+    generation (as a stall or a wall clock step would leave it): its run id."""
+    holder = read_lease(SnapshotRoot(root))
+    assert holder is not None
+    aged = {**asdict(holder), "renewed_at": time.time() - LEASE_SECONDS - 5}
+    del aged["generation"]
+    (root / LEASE_DIR / f"{holder.generation:012d}.json").write_text(json.dumps(aged))
+    lapsed = read_lease(SnapshotRoot(root))
+    assert lapsed is not None
+    assert lapsed.generation == holder.generation
+    assert not lapsed.is_live(time.time())
+    return holder.run_id
+
+
+def test_a_run_stalled_past_its_lease_that_nobody_took_over_goes_on_to_the_model(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A driver stalled longer than its lease (a long pause, a stalled machine, a wall clock
+    stepped forward) whose root nobody took over renews its lease on resume and finishes
+    its own run, with the counts of an uninterrupted one."""
+    _, root, log, stalled = paused_word_count(tmp_path, "--pause", "after_prepared:1")
+    try:
+        run_id = age_lease(root)
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+        stalled.wait(timeout=300)
+    assert stalled.returncode == 0, log.read_text()[-3000:]
+    by_run = {r["run_id"] for r in manifest_rows(root) if r["epoch"] >= 1}
+    assert by_run == {run_id}
+    entries = Snapshots(str(root)).list(include_aborted=True)
+    assert [e.status for e in entries] == [EpochStatus.COMMITTED] * len(EPOCHS)
+    assert read_lease(SnapshotRoot(root)) is None
+    assert_word_counts(spark, root, EPOCHS)
+    assert validate(str(root)) == []
+
+
+def test_a_rollback_of_a_stalled_run_whose_lease_lapsed_fences_it_for_good(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A rollback finding a lapsed lease breaks it before it writes: the stalled run, resumed,
+    cannot renew it and records nothing more; the next run gives the model's counts."""
+    inputs, root, log, stalled = paused_word_count(tmp_path, "--pause", "after_prepared:1")
+    try:
+        run_id = age_lease(root)
+        rollback(str(root), 0)
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+        stalled.wait(timeout=300)
+    assert stalled.returncode != 0
+    text = log.read_text()
+    assert f"run {run_id} of pipeline 'wordcount' no longer holds" in text, text[-3000:]
+    assert "now held by nobody (the lease was broken)" in text, text[-3000:]
+    by_run = [(r["epoch"], r["status"]) for r in manifest_rows(root) if r["run_id"] == run_id]
+    assert by_run == [(0, "PREPARED"), (0, "COMMITTED"), (1, "PREPARED")]
+    pipeline = word_pipeline(inputs, root)
+    pipeline.run()
+    snapshots = pipeline.snapshots
+    assert_same(snapshots.state("word_count"), expected_state(spark, EPOCHS))
+    assert_same(snapshots.sink("output"), expected_sink(spark, EPOCHS))
     assert validate(str(root)) == []
 
 

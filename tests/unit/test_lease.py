@@ -138,22 +138,66 @@ def test_a_renewal_after_a_takeover_fails_and_leaves_the_new_lease(tmp_path: Pat
     zombie.release()
 
 
-def test_a_lease_whose_renewals_lapsed_fences_its_run(
+class SteppedClock:
+    """The ``time`` module as the lease reads it, with the wall clock stepped forward."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+
+    def time(self) -> float:
+        return time.time() + self.step
+
+
+def stalled(root: Path, monkeypatch: pytest.MonkeyPatch, run_id: str = "mine") -> Lease:
+    """A run's lease whose renewals stopped until it lapsed, as in a process or machine that
+    stalled: the clock the lease reads is stepped past :data:`LEASE_SECONDS`."""
+    monkeypatch.setattr(lease_module, "time", time)  # unstepped, if an earlier call stepped it
+    lease = Lease.acquire(SnapshotRoot(root), "wc", run_id)
+    lease.check("epoch 0 PREPARED")
+    lease._stop.set()
+    lease._thread.join()
+    monkeypatch.setattr(lease_module, "time", SteppedClock(LEASE_SECONDS + 1))
+    assert read_lease(SnapshotRoot(root)) == lease.record
+    return lease
+
+
+def test_a_run_whose_lease_lapsed_with_nobody_acting_on_it_renews_it_and_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lease_module, "LEASE_SECONDS", 0.6)
+    lease = stalled(tmp_path, monkeypatch)
+    before = lease.record.generation
+    lease.check("epoch 1 PREPARED")
+    assert lease.record.generation == before + 1
+    assert read_lease(SnapshotRoot(tmp_path)) == lease.record
+    with pytest.raises(FencingError, match="cannot start"):  # held again: no takeover
+        Lease.acquire(SnapshotRoot(tmp_path), "wc", "next")
+    lease.release()
+
+
+def test_a_wall_clock_step_forward_does_not_stop_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lease = Lease.acquire(SnapshotRoot(tmp_path), "wc", "mine")
-    lease.check("epoch 0 PREPARED")
-    lease._stop.set()  # renewals stop, as in a run whose renewal thread stalled
-    lease._thread.join()
-    time.sleep(0.7)
-    lapsed = (
-        r"the lease of run mine of pipeline 'wc' on snapshot root .* lapsed: it was last "
-        r"renewed \d+ s ago .*; epoch 1 PREPARED is not written. This run must stop"
+    monkeypatch.setattr(lease_module, "time", SteppedClock(LEASE_SECONDS + 5))
+    lease.check("epoch 1 PREPARED")
+    assert lease.renew() is True
+    lease.release()
+    assert read_lease(SnapshotRoot(tmp_path)) is None
+
+
+def test_a_lapsed_lease_a_writer_without_a_lease_broke_fences_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = stalled(tmp_path, monkeypatch)
+    require_no_live_holder(SnapshotRoot(tmp_path), "epoch 3 ROLLED_BACK")  # a rollback writes
+    assert read_lease(SnapshotRoot(tmp_path)) is None
+    broken = (
+        r"run mine of pipeline 'wc' no longer holds snapshot root .*, now held by nobody "
+        r"\(the lease was broken\); epoch 1 PREPARED is not written. This run must stop"
     )
-    with pytest.raises(FencingError, match=lapsed):
+    with pytest.raises(FencingError, match=broken):
         lease.check("epoch 1 PREPARED")
-    assert lease.renew() is False  # a lapsed lease is not renewed: another run may hold it
+    assert lease.renew() is False
     store = DeltaStore()
     store.ensure_root(SnapshotRoot(tmp_path))
     writer = EpochWriter(
@@ -170,6 +214,59 @@ def test_a_lease_whose_renewals_lapsed_fences_its_run(
     assert open_manifest(store, SnapshotRoot(tmp_path), "wc").entries == []
     Lease.acquire(SnapshotRoot(tmp_path), "wc", "next").release()  # the root can be taken over
     lease.release()
+
+
+def test_a_lapsed_lease_where_creation_is_not_exclusive_fences_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On object stores a takeover cannot be excluded, so a lapsed run stops."""
+    lease = stalled(tmp_path, monkeypatch)
+    monkeypatch.setattr(lease_module, "_exclusive", lambda root: False)
+    lapsed = (
+        r"the lease of run mine of pipeline 'wc' on snapshot root .* lapsed: it was last "
+        r"renewed \d+ s ago .*; epoch 1 PREPARED is not written. This run must stop"
+    )
+    with pytest.raises(FencingError, match=lapsed):
+        lease.check("epoch 1 PREPARED")
+    assert lease.renew() is False
+    lease.release()
+
+
+def check_after(start: threading.Barrier, lease: Lease, outcomes: list[str]) -> None:
+    start.wait()
+    try:
+        lease.check("epoch 1 PREPARED")
+        outcomes.append("stalled run went on")
+    except FencingError:
+        outcomes.append("stalled run fenced")
+
+
+def test_of_a_stalled_run_and_a_takeover_racing_for_its_lapsed_lease_exactly_one_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for round_ in range(20):
+        root = tmp_path / str(round_)
+        lease = stalled(root, monkeypatch, f"stalled-{round_}")
+        outcomes: list[str] = []
+        start = threading.Barrier(2)
+        thread = threading.Thread(target=check_after, args=(start, lease, outcomes))
+        thread.start()
+        start.wait()
+        try:
+            taker: Lease | None = Lease.acquire(SnapshotRoot(root), "wc", f"taker-{round_}")
+        except FencingError:
+            taker = None
+        thread.join()
+        holder = read_lease(SnapshotRoot(root))
+        assert holder is not None
+        if taker is None:
+            assert outcomes == ["stalled run went on"], f"round {round_}"
+            assert holder.run_id == lease.record.run_id
+        else:
+            assert outcomes == ["stalled run fenced"], f"round {round_}"
+            assert holder == taker.record
+            taker.release()
+        lease.release()
 
 
 def test_a_lease_file_of_an_older_version_is_honoured_then_replaced(tmp_path: Path) -> None:

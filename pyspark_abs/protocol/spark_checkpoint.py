@@ -259,7 +259,7 @@ def _no_file_system(path: str) -> ConfigError:
     }.get(scheme, f"add a Hadoop file system for {scheme}:// to the session")
     return ConfigError(
         f"Spark has no file system for {scheme}:// and so cannot keep the checkpoint at "
-        f"{path}: {hint} (see the README's object store section), or pass checkpoint= a "
+        f"{path}: {hint} (see docs/operations/object-stores.md), or pass checkpoint= a "
         f"path Spark can write"
     )
 

@@ -76,8 +76,8 @@ def require_rewindable(snapshot: ManifestEntry, root: SnapshotRoot, action: str)
             f"({lines[0][1]}). Nothing was changed. Only a pyspark_abs.DeltaSource, "
             f"FileSource, KafkaSource, SparkFileSource or SparkDeltaSource can be rewound: "
             f"read files with FileSource or SparkFileSource, or land the input in a bronze "
-            f"Delta table and read it with DeltaSource or SparkDeltaSource (see the README's "
-            f"Savepoints section)"
+            f"Delta table and read it with DeltaSource or SparkDeltaSource (see "
+            f"docs/guide/savepoints.md)"
         )
 
 

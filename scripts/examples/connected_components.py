@@ -2,7 +2,7 @@
 
     python scripts/examples/connected_components.py --root DIR [--edges FILE.csv]
 
-See pyspark_abs/examples/components.py and the README's "Cycles" section.
+See pyspark_abs/examples/components.py and docs/guide/cycles.md.
 """
 
 import sys

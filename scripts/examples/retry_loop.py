@@ -2,7 +2,7 @@
 
     python scripts/examples/retry_loop.py --root DIR [--jobs 1000] [--max-attempts 3]
 
-See pyspark_abs/examples/retry.py and the README's "Cycles" section.
+See pyspark_abs/examples/retry.py and docs/guide/cycles.md.
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""The README's first command, ``scripts/demo``, on a small input: it crashes the word count
+"""The documentation's first command, ``scripts/demo``, on a small input: it crashes the word count
 after a PREPARED epoch, recovers, restores an earlier snapshot into a new root at another
 scale, and exits 0 only if its own checks hold. Its roots are then checked here against a
 word count computed from the input, not by the demo's code."""

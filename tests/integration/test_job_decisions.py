@@ -45,6 +45,7 @@ from pyspark_abs.manifest.table import open_manifest
 from pyspark_abs.operators.contract import KeyGroupContext, KeyGroupResult, vectorized_operator
 from pyspark_abs.storage.root import SnapshotRoot
 from pyspark_abs.storage.store import DeltaStore
+from tests.support.docs import run_block
 from tests.support.jobs import (
     FILES,
     Event,
@@ -56,7 +57,6 @@ from tests.support.jobs import (
     run_streaming,
 )
 from tests.support.pipelines import assert_same
-from tests.support.readme import run_block
 
 SYNC = AbsConfig(key_groups=4, commit_mode="sync")
 

@@ -41,6 +41,7 @@ from pyspark_abs.faults import EXIT_CODE, Fault, FaultStep
 from pyspark_abs.protocol.lease import break_lease
 from pyspark_abs.storage.root import SnapshotRoot
 from tests.support.children import paused_child
+from tests.support.docs import run_block
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import assert_same_words_and_updates, words_and_updates
 from tests.support.kafka import (
@@ -55,7 +56,6 @@ from tests.support.kafka import (
 )
 from tests.support.kafka_words import from_kafka, words_of_records
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
-from tests.support.readme import run_block
 from tests.support.servers import free_port
 from tests.support.versions import shuffle_partitions, sink_of
 
@@ -390,7 +390,7 @@ CLICKS = ["ann", "bob", "ann", "cy", "ann"]
 def run_clicks_block(
     spark: SparkSession, servers: str, tmp_path: Path, line: str, topic: str
 ) -> None:
-    """Write :data:`CLICKS` to ``topic``, then run the README block holding ``line`` on it,
+    """Write :data:`CLICKS` to ``topic``, then run the documentation block holding ``line`` on it,
     with its root and sink under ``tmp_path``."""
     frame = spark.createDataFrame([(u, "click") for u in CLICKS], "key string, value string")
     frame.write.format("kafka").option("kafka.bootstrap.servers", servers).option(

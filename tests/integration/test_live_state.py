@@ -44,6 +44,7 @@ from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.compaction import compact
 from pyspark_abs.upkeep.retention import vacuum
 from pyspark_abs.upkeep.validation import validate
+from tests.support.docs import run_block
 from tests.support.inputs import running_counts, write_epochs
 from tests.support.pipelines import (
     STATE_DDL,
@@ -53,7 +54,6 @@ from tests.support.pipelines import (
     expected_state,
     word_pipeline,
 )
-from tests.support.readme import run_block
 
 EPOCHS = (
     "a b c a",
@@ -432,7 +432,7 @@ def test_chains_of_change_files_survive_lost_links_a_crash_a_new_cluster_and_rol
 def test_the_readme_change_share_settings_chain_or_write_whole_files_with_equal_results(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """The README's two settings: a share of one half writes change files, a share of 0
+    """The documentation's two settings: a share of one half writes change files, a share of 0
     writes whole files only; both give the uninterrupted run's counts and sink."""
     shares = {
         "config = AbsConfig(local_state_change_share=0.5)": "chained = AbsConfig("

@@ -25,7 +25,7 @@ def test_a_running_session_keeps_its_shuffle_partitions_unless_they_are_given(
     before = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
-        # the write-state command and the README's examples call it in the user's process
+        # the write-state command and the documentation's examples call it in the user's process
         assert local_session() is spark
         assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
         assert local_session(shuffle_partitions=5) is spark

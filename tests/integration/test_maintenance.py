@@ -29,6 +29,7 @@ from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.compaction import compact
 from pyspark_abs.upkeep.retention import vacuum
 from pyspark_abs.upkeep.validation import validate
+from tests.support.docs import block_with
 from tests.support.inputs import EPOCHS, race, write_epochs
 from tests.support.pipelines import (
     STATE_DDL,
@@ -39,7 +40,6 @@ from tests.support.pipelines import (
     state_history,
     word_pipeline,
 )
-from tests.support.readme import block_with
 from tests.support.versions import land_and_run, sink_of
 
 STATE = "state/word_count"

@@ -1,4 +1,4 @@
-"""The README's how-to blocks that stand alone: running a pipeline, a snapshot interval, the
+"""The documentation's how-to blocks that stand alone: running a pipeline, a snapshot interval, the
 two versions of an evolved operator over a FileSource, a DeltaSource, a bronze table in front
 of a source that cannot rewind, a loop, and the pytest example. Each runs as printed, with
 the example's paths (and any ``...``) replaced by this run's; each result is checked against
@@ -31,9 +31,9 @@ from pyspark_abs import (
 from pyspark_abs.errors import OperatorDefinitionError
 from pyspark_abs.examples import components
 from pyspark_abs.examples.wordcount import word_count, words_of
+from tests.support.docs import run_block
 from tests.support.inputs import write_epochs
 from tests.support.pipelines import assert_same, counts_df, expected_sink, user_count, word_table
-from tests.support.readme import run_block
 
 TEXTS = ("a b a", "b c", "c c a")
 CLICKS = (
@@ -300,7 +300,7 @@ def test_the_cycles_block_reaches_the_components_of_a_union_find(
 
 
 def word_count_over(files_per_epoch: int | None) -> Any:
-    """A ``build_pipeline`` for the README's pytest example: the word count over a folder."""
+    """A ``build_pipeline`` for the documentation's pytest example: the word count over a folder."""
 
     def build_pipeline(landing: Path, *, root: Path) -> Pipeline:
         return Pipeline(

@@ -1,4 +1,4 @@
-"""The README's how-to blocks that are fragments of one story, run in order as a reader would:
+"""The documentation's how-to blocks that are fragments of one story, run in order as a reader would:
 the operators, reading snapshots and metrics, a listener, a rollback, a restore at another
 scale, named savepoints and written state, on one word count; and the blocks of a job. Each block runs as printed,
 with the example's paths and epochs replaced by this run's; the results are checked against
@@ -17,10 +17,10 @@ from pyspark.sql import functions as F
 from pyspark_abs import AbsConfig, FileSource, Job, Operator, Pipeline, Snapshots
 from pyspark_abs.examples import medallion
 from pyspark_abs.examples.wordcount import words_of
+from tests.support.docs import run_block
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.jobs import FILES
 from tests.support.pipelines import assert_same, counts_df
-from tests.support.readme import run_block
 from tests.support.versions import shuffle_partitions
 
 MORE = ("a l m", "n a b spam")
@@ -29,7 +29,7 @@ MORE = ("a l m", "n a b spam")
 def word_count_pipeline(
     root: Path, landing: Path, operator: Operator, **options: object
 ) -> Pipeline:
-    """The README's word count over the text files landed in ``landing``."""
+    """The documentation's word count over the text files landed in ``landing``."""
     return Pipeline(
         "wordcount",
         FileSource(str(landing), "text"),
@@ -158,7 +158,7 @@ def test_the_operator_snapshot_and_savepoint_blocks_run_as_one_story(
 
 
 def test_the_job_blocks_run_as_one_story(spark: SparkSession, tmp_path: Path) -> None:
-    """The four-stage job of the README: run, start and stop, read, roll back, restore into
+    """The four-stage job of the guide: run, start and stop, read, roll back, restore into
     a new job, name savepoints; each stage as the same job run uninterrupted."""
     landing, root = tmp_path / "landing", tmp_path / "job"
     medallion.write_events(landing, FILES[:2])

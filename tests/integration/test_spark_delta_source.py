@@ -30,10 +30,10 @@ from pyspark_abs.errors import ExternalChangeError, InjectedFault, SourceError
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.storage.spark import spark_reads_delta
+from tests.support.docs import block_with
 from tests.support.inputs import EPOCHS
 from tests.support.jobs import assert_same_words_and_updates, words_and_updates
 from tests.support.pipelines import OP, assert_same, counts_df
-from tests.support.readme import block_with
 from tests.support.versions import as_batched, older, shuffle_partitions, sink_of
 
 pytestmark = pytest.mark.delta_jvm
@@ -192,7 +192,7 @@ def test_the_readme_block_runs_a_pipeline_over_delta_lakes_own_source(
     for example, here in paths.items():
         block = block.replace(example, str(here))
     scope: dict[str, Any] = {"sessions": wordcount.word_count}
-    exec(compile(block, "README.md SparkDeltaSource", "exec"), scope)
+    exec(compile(block, "docs SparkDeltaSource", "exec"), scope)
     assert_same(Snapshots(str(root), delta_spark).state(OP), counts_df(delta_spark, EPOCHS[:1]))
 
 

@@ -16,9 +16,9 @@ from pyspark_abs import AbsConfig, Pipeline, Snapshots, restore, rollback
 from pyspark_abs.errors import InjectedFault, SourceError
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import Fault, FaultStep
+from tests.support.docs import block_with
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import OP, assert_same, counts_df, user_count
-from tests.support.readme import block_with
 from tests.support.versions import as_batched, shuffle_partitions, sink_of
 
 
@@ -138,6 +138,6 @@ def test_the_readme_block_runs_a_pipeline_over_sparks_own_file_source(
     for example, here in paths.items():
         block = block.replace(example, str(here))
     scope: dict[str, Any] = {"sessions": user_count}
-    exec(compile(block, "README.md SparkFileSource", "exec"), scope)
+    exec(compile(block, "docs SparkFileSource", "exec"), scope)
     expected = spark.createDataFrame([("ann", 2), ("bob", 1)], "user string, count long")
     assert_same(Snapshots(str(root), spark).state("user_count").select("user", "count"), expected)

@@ -3,7 +3,7 @@
 Each seed runs one per-key logic through Spark's own ``applyInPandasWithState`` and through
 pyspark-abs operators (per key, and in the Arrow form) on the same Parquet files, over a state schema drawn from every scalar
 Spark SQL type with nulls and extremes, and compares every call's output (the typed state it
-read and its ``repr``) with chispa; and the README's example of nulls. Longer schedules: ``python scripts/harnesses/spark_parity.py
+read and its ``repr``) with chispa; and the documentation's example of nulls. Longer schedules: ``python scripts/harnesses/spark_parity.py
 --seeds 200``.
 """
 
@@ -20,7 +20,7 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
 from pyspark_abs import AbsConfig, FileSource, Operator, Pipeline, operator
-from tests.support.readme import run_block
+from tests.support.docs import run_block
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts" / "harnesses"))
 
@@ -37,7 +37,7 @@ def test_per_key_state_and_outputs_match_spark(
 def test_the_readme_function_sees_none_and_exact_integers(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """The README's example of nulls: a key whose amount is null shares a key group with a
+    """The documentation's example of nulls: a key whose amount is null shares a key group with a
     key paying 2**60 + 1 (one key group); both totals are exact, and null is None."""
     big = 2**60 + 1
     batches = [

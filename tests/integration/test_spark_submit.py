@@ -1,4 +1,4 @@
-"""spark-submit on a local master, as the README documents, and ``--py-files`` refused clearly.
+"""spark-submit on a local master, as the documentation shows, and ``--py-files`` refused clearly.
 
 Spark's Python data source workers (a ``FileSource`` here) import pyspark-abs by name with
 the Python ``PYSPARK_PYTHON`` names; a wheel shipped with ``--py-files`` does not reach them.

@@ -16,9 +16,9 @@ from pyspark_abs import ChannelSource, DeltaSource, FileSource, Snapshots, resto
 from pyspark_abs.errors import SparkVersionError
 from pyspark_abs.examples import wordcount
 from pyspark_abs.manifest.entries import EpochStatus
+from tests.support.docs import docs_text
 from tests.support.inputs import EPOCHS, write_epochs
 from tests.support.pipelines import OP, assert_same, counts_df, word_table
-from tests.support.readme import README
 from tests.support.versions import files_pipeline, older, shuffle_partitions, word_count_arrow
 
 pytestmark = pytest.mark.compat
@@ -76,7 +76,7 @@ def test_read_limits_and_channels_need_spark_4_2_and_are_refused_before_anything
         with pytest.raises(SparkVersionError) as refused:
             FileSource("/landing/clicks", "text", max_files_per_trigger=1).load(spark)
         shown = f"SparkVersionError: {refused.value}".replace(spark.version, "4.1.4")
-        assert f"```text\n{shown}\n```" in README.read_text(), "the README shows this error"
+        assert f"```text\n{shown}\n```" in docs_text(), "the documentation shows this error"
     for name, source in loads.items():
         if older(spark):
             with pytest.raises(SparkVersionError, match=rf"^{name}\(.* needs Spark 4\.2 "):

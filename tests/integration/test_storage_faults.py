@@ -42,6 +42,7 @@ from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import Fault, FaultStep
 from pyspark_abs.storage.store import DeltaStore
 from pyspark_abs.upkeep.validation import validate
+from tests.support.docs import run_block
 from tests.support.inputs import EPOCHS, running_counts, write_epochs
 from tests.support.pipelines import (
     STATE_DDL,
@@ -51,7 +52,6 @@ from tests.support.pipelines import (
     expected_state,
     word_pipeline,
 )
-from tests.support.readme import run_block
 
 STATE = "state/word_count"
 SINK = "sink/output"

@@ -33,8 +33,8 @@ from pyspark_abs import (
     write_state,
 )
 from pyspark_abs.errors import StateEvolutionError
+from tests.support.docs import run_block
 from tests.support.pipelines import assert_same, event_table, session_pipeline
-from tests.support.readme import run_block
 from tests.support.timers import remind
 
 FIRST_MS, SECOND_MS = 5_000, 20_000
@@ -198,7 +198,7 @@ def test_a_single_timeout_becomes_a_timer_when_timers_are_turned_on(
 
 
 class CartModel:
-    """The README's cart reminders: an hour and a day after each add, until a checkout."""
+    """The documentation's cart reminders: an hour and a day after each add, until a checkout."""
 
     def __init__(self) -> None:
         self.keys: dict[str, tuple[int, set[int]]] = {}

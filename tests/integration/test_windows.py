@@ -1,4 +1,4 @@
-"""The README's tumbling and session windows against real Spark and Delta.
+"""The documentation's tumbling and session windows against real Spark and Delta.
 
 Each run is checked against the plain model in ``tests.support.windows_model``: the windows
 the sink holds, and the open windows (and timeouts) the state holds, after a run, after a
@@ -32,8 +32,8 @@ from pyspark_abs import (
     vectorized_operator,
 )
 from pyspark_abs.errors import OperatorDefinitionError, StateEvolutionError
+from tests.support.docs import run_block
 from tests.support.pipelines import assert_same
-from tests.support.readme import run_block
 from tests.support.windows_model import Model
 
 SINK = "user string, start long, end long, clicks long, paid long, spent double, biggest double"

@@ -14,8 +14,8 @@ from pyspark_abs import AbsConfig, DeltaSink, FileSource, Pipeline
 from pyspark_abs.errors import InjectedFault
 from pyspark_abs.examples import wordcount
 from pyspark_abs.faults import Fault, FaultStep
+from tests.support.docs import block_with
 from tests.support.inputs import EPOCHS
-from tests.support.readme import block_with
 from tests.support.servers import free_port, serving
 
 START_SECONDS = 30
@@ -46,10 +46,10 @@ def s3_environment(endpoint: str) -> dict[str, str]:
 def spark_s3_arguments(endpoint: str, jars: str) -> str:
     """``PYSPARK_SUBMIT_ARGS`` for a Spark that keeps ``s3://`` paths on the local server
     through Hadoop's S3A (``jars``: hadoop-aws and the AWS SDK modules it uses): the
-    README's settings, and those it gives for an S3-compatible store."""
+    documentation's settings, and those it gives for an S3-compatible store."""
     readme = block_with("spark.hadoop.fs.s3.impl", "bash")
     settings = dict(re.findall(r"--conf (\S+?)=(\S+)", readme))
-    assert settings, "the README's S3 block sets no --conf"
+    assert settings, "the documentation's S3 block sets no --conf"
     settings["spark.hadoop.fs.s3a.endpoint"] = endpoint
     settings["spark.hadoop.fs.s3a.path.style.access"] = "true"
     confs = " ".join(f"--conf {key}={value}" for key, value in settings.items())

@@ -18,7 +18,7 @@ import pytest
 from pyspark_abs.operators.evolution import Change, StateEvolution, compare_state, evolve_rows
 
 KEY = pa.schema([pa.field("k", pa.int64())])
-# every widening the README promises, written out pair by pair
+# every widening the documentation promises, written out pair by pair
 WIDER: dict[str, list[str]] = {
     "int8": ["int16", "int32", "int64", "float64"],
     "int16": ["int32", "int64", "float64"],

@@ -13,7 +13,7 @@ import pytest
 
 import pyspark_abs
 from pyspark_abs import errors
-from tests.support.readme import code_blocks
+from tests.support.docs import code_blocks
 
 INIT = Path(pyspark_abs.__file__)
 

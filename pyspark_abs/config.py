@@ -27,6 +27,9 @@ CommitMode = Literal["sync", "async"]
 
 SPARK_CONF_PREFIX = "spark.abs."
 
+CODE_ONLY = ("faults",)
+"""Fields set in code only: not from a file or a Spark conf."""
+
 
 @dataclass(frozen=True)
 class AbsConfig:
@@ -48,8 +51,9 @@ class AbsConfig:
             restore points exist) every N epochs, as with Flink's exactly-once sinks. The
             open group is committed when the query stops. Needs ``snapshots=True``.
         snapshots: When False, only sink outputs are written and committed (one Delta
-            commit per sink and epoch, idempotent by epoch); no state table, no manifest.
-            This is the baseline the overhead benchmark compares against.
+            commit per sink and epoch, idempotent by epoch); no state table, and a manifest
+            that records no epochs (it holds the root's id, which the sink transactions
+            carry). This is the baseline the overhead benchmark compares against.
         target_file_bytes: A pre-commit task starts a new Parquet file once the current
             one reaches this size.
         compaction_every_epochs: Compact the state table every this many epochs, in the
@@ -154,7 +158,7 @@ class AbsConfig:
         Raises:
             ConfigError: A key is unknown or a value cannot be converted.
         """
-        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "faults"}
+        known = {f.name: f for f in dataclasses.fields(cls) if f.name not in CODE_ONLY}
         _refuse_unknown({k: k for k in values}, list(known))
         converted = {name: _convert(name, known[name].type, v) for name, v in values.items()}
         return cls(**converted)  # type: ignore[arg-type]
@@ -204,8 +208,8 @@ class AbsConfig:
         try:
             _refuse_unknown(
                 fields,
-                [f.name for f in dataclasses.fields(cls) if f.name != "faults"],
-                spell=lambda name: SPARK_CONF_PREFIX + _camel(name),
+                [f.name for f in dataclasses.fields(cls) if f.name not in CODE_ONLY],
+                spell=spark_conf_key,
             )
         except ConfigError as err:
             raise ConfigError(f"in the Spark conf: {err}") from None
@@ -214,6 +218,11 @@ class AbsConfig:
             return cls.from_mapping(values)
         except ConfigError as err:
             raise ConfigError(f"in Spark conf {SPARK_CONF_PREFIX}*: {err}") from None
+
+
+def spark_conf_key(name: str) -> str:
+    """An :class:`AbsConfig` field's Spark conf key: ``spark.abs.keyGroups`` for ``key_groups``."""
+    return SPARK_CONF_PREFIX + _camel(name)
 
 
 def _snake(camel: str) -> str:

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_abs import AbsConfig
+from pyspark_abs.config import spark_conf_key
 from pyspark_abs.errors import ConfigError
 from pyspark_abs.pipeline.connect import require_supported
 
@@ -121,3 +122,9 @@ def test_a_misspelt_keyword_gets_the_known_keys() -> None:
         AbsConfig(key_group=16)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"\['nonsense'\]; known keys"):
         AbsConfig(commit_mode="sync", nonsense=1)  # type: ignore[call-arg]
+
+
+def test_each_field_has_the_spark_conf_key_a_session_sets_it_with() -> None:
+    assert spark_conf_key("key_groups") == "spark.abs.keyGroups"
+    assert spark_conf_key("local_state_change_share") == "spark.abs.localStateChangeShare"
+    assert spark_conf_key("snapshots") == "spark.abs.snapshots"

@@ -3,12 +3,15 @@ navigation, no missing example; and the README stays a front door."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pyspark_abs
+from pyspark_abs.config import CODE_ONLY, AbsConfig, spark_conf_key
 from tests.support.docs import nav_pages, page_path
 
 REPO = Path(__file__).parents[2]
@@ -26,6 +29,15 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert sorted(pages) == on_disk, "every page is in the navigation, and only pages"
     for page in pages:
         assert (tmp_path / page_path(page) / "index.html").exists(), f"{page} was not built"
+    api = (tmp_path / "reference/api/index.html").read_text()
+    undocumented = [n for n in pyspark_abs.__all__ if f'id="pyspark_abs.{n}"' not in api]
+    # AbsConfig is on the configuration page, as the table generated from its fields
+    assert undocumented == ["AbsConfig"], "the API page documents every public name"
+    configuration = (tmp_path / "operations/configuration/index.html").read_text()
+    for field in dataclasses.fields(AbsConfig):
+        conf = "(code only)" if field.name in CODE_ONLY else spark_conf_key(field.name)
+        row = rf"<td><code>{field.name}</code></td>\s*<td>(<code>)?{re.escape(conf)}"
+        assert re.search(row, configuration), f"the configuration page has no row {field.name}"
 
 
 def test_every_page_has_one_title() -> None:

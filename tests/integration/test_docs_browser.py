@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.docs import nav_entries, page_path
+from tests.support.servers import free_port, serving
 
 REPO = Path(__file__).parents[2]
 WAIT_SECONDS = 20
@@ -122,3 +124,13 @@ def test_the_search_finds_the_page_that_tells_how_to_roll_back(
         for a in browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")
     ]
     assert any("/guide/savepoints/" in href for href in found), found
+
+
+def test_scripts_docs_serves_the_site_locally(tmp_path: Path) -> None:
+    port = free_port()
+    command = [str(REPO / "scripts" / "docs"), "--dev-addr", f"127.0.0.1:{port}"]
+    with serving(command, port, tmp_path / "docs.log", start_seconds=120):
+        url = f"http://127.0.0.1:{port}/guide/savepoints/"
+        with urllib.request.urlopen(url, timeout=WAIT_SECONDS) as response:
+            page = response.read().decode()
+    assert re.search(r"<h1[^>]*>Savepoints: roll back, restore, rescale, edit state", page)

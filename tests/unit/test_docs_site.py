@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyspark_abs
 from pyspark_abs.config import CODE_ONLY, AbsConfig, spark_conf_key
+from pyspark_abs.errors import error_classes
 from tests.support.docs import nav_pages, page_path
 
 REPO = Path(__file__).parents[2]
@@ -33,6 +34,11 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     undocumented = [n for n in pyspark_abs.__all__ if f'id="pyspark_abs.{n}"' not in api]
     # AbsConfig is on the configuration page, as the table generated from its fields
     assert undocumented == ["AbsConfig"], "the API page documents every public name"
+    errors = (tmp_path / "reference/errors/index.html").read_text()
+    missing = [
+        c.__name__ for c in error_classes() if f'id="pyspark_abs.errors.{c.__name__}"' not in errors
+    ]
+    assert missing == [], "the errors page documents every error class"
     configuration = (tmp_path / "operations/configuration/index.html").read_text()
     for field in dataclasses.fields(AbsConfig):
         conf = "(code only)" if field.name in CODE_ONLY else spark_conf_key(field.name)
